@@ -1,0 +1,123 @@
+"""`ChipConfig`: the single source of truth for every size in mxu.
+
+The HDL, the golden model, the simulation drivers, the benches and the synthesis
+flows all take a `ChipConfig`; none of them copies one of its numbers.
+"""
+
+from dataclasses import dataclass, replace
+
+__all__ = ["ChipConfig"]
+
+
+def _is_pow2(n):
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclass(frozen=True)
+class ChipConfig:
+    """Sizes of one mxu chip.
+
+    Parameters
+    ----------
+    rows, cols : int
+        Systolic array height (the reduction dimension K of one weight tile) and
+        width (output columns N of one tile). Any value >= 1.
+    mac_stages : int
+        Pipeline depth of one `MacUnit` (bf16 multiply then fp32 add): 1, 2 or 3.
+    vmem_bytes : int
+        Capacity of the bf16 scratchpad (VMEM).
+    vmem_banks : int
+        Number of VMEM banks (a power of two).
+    acc_bytes : int
+        Capacity of the fp32 accumulator memory.
+    axi_data_bits : int
+        Data width of the AXI4 master (64, 128, 256 or 512).
+    axi_addr_bits : int
+        Address width of the AXI4 master.
+    ext_mem_bytes : int
+        Size of the external-memory model that whole-chip simulations put next
+        to the chip (a power of two).
+    """
+
+    rows: int = 16
+    cols: int = 16
+    mac_stages: int = 2
+    vmem_bytes: int = 1 << 20
+    vmem_banks: int = 2
+    acc_bytes: int = 512 << 10
+    axi_data_bits: int = 128
+    axi_addr_bits: int = 32
+    ext_mem_bytes: int = 64 << 20
+
+    def __post_init__(self):
+        for name in ("rows", "cols"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ChipConfig.{name} must be a positive integer, not {value!r}")
+        if self.mac_stages not in (1, 2, 3):
+            raise ValueError(f"ChipConfig.mac_stages must be 1, 2 or 3, not {self.mac_stages!r}")
+        if self.axi_data_bits not in (64, 128, 256, 512):
+            raise ValueError(
+                f"ChipConfig.axi_data_bits must be 64, 128, 256 or 512, not {self.axi_data_bits!r}")
+        if not _is_pow2(self.vmem_banks):
+            raise ValueError(f"ChipConfig.vmem_banks must be a power of two, not {self.vmem_banks!r}")
+        if not _is_pow2(self.ext_mem_bytes):
+            raise ValueError(
+                f"ChipConfig.ext_mem_bytes must be a power of two, not {self.ext_mem_bytes!r}")
+        if self.ext_mem_bytes > 1 << self.axi_addr_bits:
+            raise ValueError(
+                f"ChipConfig.ext_mem_bytes ({self.ext_mem_bytes}) does not fit in "
+                f"{self.axi_addr_bits} address bits")
+        if self.vmem_rows < 2 * self.vmem_banks:
+            raise ValueError(
+                f"ChipConfig.vmem_bytes ({self.vmem_bytes}) holds fewer than two rows per bank")
+        if self.acc_rows < 1:
+            raise ValueError(f"ChipConfig.acc_bytes ({self.acc_bytes}) holds no accumulator row")
+
+    # Derived sizes. Keep every derived number here so that nobody recomputes it.
+    @property
+    def vmem_row_elems(self):
+        """bf16 elements in one VMEM row: an activation row or a weight row."""
+        return max(self.rows, self.cols)
+
+    @property
+    def vmem_row_bytes(self):
+        return 2 * self.vmem_row_elems
+
+    @property
+    def vmem_rows(self):
+        return self.vmem_bytes // self.vmem_row_bytes
+
+    @property
+    def acc_row_bytes(self):
+        return 4 * self.cols
+
+    @property
+    def acc_rows(self):
+        return self.acc_bytes // self.acc_row_bytes
+
+    @property
+    def axi_data_bytes(self):
+        return self.axi_data_bits // 8
+
+    def replace(self, **changes):
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name):
+        """A named configuration: ``"default"`` (16x16 simulation chip) or ``"fpga"``
+        (8x8, memories sized for the block RAM of an LFE5U-85F)."""
+        try:
+            return _PRESETS[name]
+        except KeyError:
+            raise ValueError(
+                f"unknown ChipConfig preset {name!r}; choose one of {sorted(_PRESETS)}") from None
+
+
+_PRESETS = {
+    "default": ChipConfig(),
+    # LFE5U-85F: 208 DP16KD blocks of 18 Kib (~468 KiB). Keep well under half.
+    "fpga": ChipConfig(rows=8, cols=8, mac_stages=2, vmem_bytes=64 << 10, vmem_banks=2,
+                       acc_bytes=32 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20),
+}

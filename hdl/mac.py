@@ -1,0 +1,125 @@
+"""The multiply-accumulate unit: ``acc + a*w`` with a bf16 product and an fp32 sum."""
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .numerics import BF16, FP32, Bf16Multiplier, Fp32AddAlign, Fp32AddPartial, Fp32AddRound
+
+__all__ = ["MacOperands", "MacPipeline", "MacUnit", "MAC_STAGES"]
+
+MAC_STAGES = (1, 2, 3)
+
+
+class MacOperands(data.Struct):
+    """One MAC request: activation, weight and the incoming fp32 partial sum."""
+    a: BF16
+    w: BF16
+    acc: FP32
+
+
+class MacPipeline(wiring.Component):
+    """``result = acc + a*w`` (each operation rounded, DESIGN section 3) with a fixed
+    latency of `stages` cycles while ``en`` is high; everything holds while it is low.
+
+    The register boundaries are: stages=1, after the adder; stages=2, also between
+    multiplier and adder; stages=3, also between the adder's alignment and its
+    normalise/round halves.
+
+    Parameters
+    ----------
+    stages : int
+        Pipeline depth, 1, 2 or 3.
+
+    Interface
+    ---------
+    en : In(1)
+        Advance the pipeline.
+    operands : In(MacOperands)
+    valid : In(1)
+        Tags `operands`; travels with them and comes out as ``result_valid``.
+    result : Out(FP32)
+    result_valid : Out(1)
+    """
+
+    def __init__(self, stages):
+        if stages not in MAC_STAGES:
+            raise ValueError(f"MAC stages must be one of {MAC_STAGES}, not {stages!r}")
+        self.stages = stages
+        super().__init__({
+            "en": In(1),
+            "operands": In(MacOperands),
+            "valid": In(1),
+            "result": Out(FP32),
+            "result_valid": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mul = mul = Bf16Multiplier()
+        m.submodules.align = align = Fp32AddAlign()
+        m.submodules.round = rnd = Fp32AddRound()
+
+        def stage(value, registered, name):
+            if not registered:
+                return value
+            reg = Signal.like(value, name=name)
+            with m.If(self.en):
+                m.d.sync += reg.eq(value)
+            return reg
+
+        ops = self.operands
+        m.d.comb += [mul.a.eq(ops.a), mul.b.eq(ops.w)]
+        product = stage(mul.p, self.stages >= 2, "product")
+        acc = stage(ops.acc, self.stages >= 2, "acc_d")
+        valid = stage(self.valid, self.stages >= 2, "valid_mul")
+        m.d.comb += [align.a.eq(acc), align.b.eq(product)]
+        partial = stage(align.partial, self.stages >= 3, "partial")
+        valid = stage(valid, self.stages >= 3, "valid_align")
+        m.d.comb += rnd.partial.eq(partial)
+        m.d.comb += [
+            self.result.eq(stage(rnd.s, True, "result_q")),
+            self.result_valid.eq(stage(valid, True, "valid_q")),
+        ]
+        return m
+
+
+class MacUnit(wiring.Component):
+    """`MacPipeline` behind valid/ready streams.
+
+    The whole pipeline stalls while its output is valid and not accepted, so the
+    latency from an accepted input to a valid output is `stages` cycles and one
+    result can be taken per cycle.
+
+    Parameters
+    ----------
+    stages : int
+        Pipeline depth, 1, 2 or 3.
+
+    Interface
+    ---------
+    i : In(stream.Signature(MacOperands))
+    o : Out(stream.Signature(FP32))
+    """
+
+    def __init__(self, stages=2):
+        self.stages = stages
+        self._pipe = MacPipeline(stages)
+        super().__init__({
+            "i": In(stream.Signature(MacOperands)),
+            "o": Out(stream.Signature(FP32)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.pipe = pipe = self._pipe
+        advance = ~self.o.valid | self.o.ready
+        m.d.comb += [
+            pipe.en.eq(advance),
+            pipe.operands.eq(self.i.payload),
+            pipe.valid.eq(self.i.valid),
+            self.i.ready.eq(advance),
+            self.o.payload.eq(pipe.result),
+            self.o.valid.eq(pipe.result_valid),
+        ]
+        return m

@@ -1,0 +1,1 @@
+"""mxu.verif: how we know the chip is right. Golden models, testbenches, checkers."""

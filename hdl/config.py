@@ -37,6 +37,13 @@ class ChipConfig:
     ext_mem_bytes : int
         Size of the external-memory model that whole-chip simulations put next
         to the chip (a power of two).
+    acc_banks : int
+        Number of accumulator-memory banks (a power of two).
+    dma_max_outstanding : int
+        AXI bursts the DMA keeps in flight per direction (1..64).
+    dma_max_burst_beats : int
+        Longest AXI INCR burst the DMA issues: a power of two, 1..256 (bursts also
+        never cross a 4 KiB boundary).
     """
 
     rows: int = 16
@@ -48,6 +55,9 @@ class ChipConfig:
     axi_data_bits: int = 128
     axi_addr_bits: int = 32
     ext_mem_bytes: int = 64 << 20
+    acc_banks: int = 2
+    dma_max_outstanding: int = 4
+    dma_max_burst_beats: int = 256
 
     def __post_init__(self):
         for name in ("rows", "cols"):
@@ -73,6 +83,19 @@ class ChipConfig:
                 f"ChipConfig.vmem_bytes ({self.vmem_bytes}) holds fewer than two rows per bank")
         if self.acc_rows < 1:
             raise ValueError(f"ChipConfig.acc_bytes ({self.acc_bytes}) holds no accumulator row")
+        if not _is_pow2(self.acc_banks):
+            raise ValueError(f"ChipConfig.acc_banks must be a power of two, not {self.acc_banks!r}")
+        if self.acc_rows < 2 * self.acc_banks:
+            raise ValueError(
+                f"ChipConfig.acc_bytes ({self.acc_bytes}) holds fewer than two rows per bank")
+        if not isinstance(self.dma_max_outstanding, int) or not 1 <= self.dma_max_outstanding <= 64:
+            raise ValueError(
+                f"ChipConfig.dma_max_outstanding must be an integer from 1 to 64, "
+                f"not {self.dma_max_outstanding!r}")
+        if not _is_pow2(self.dma_max_burst_beats) or self.dma_max_burst_beats > 256:
+            raise ValueError(
+                f"ChipConfig.dma_max_burst_beats must be a power of two from 1 to 256, "
+                f"not {self.dma_max_burst_beats!r}")
 
     # Derived sizes. Keep every derived number here so that nobody recomputes it.
     @property

@@ -1,0 +1,265 @@
+"""The weight-stationary systolic array: ``rows x cols`` PEs, fp32 partial sums,
+bf16 operands, back-to-back weight tiles with no bubble.
+
+See docs/array.md for the interface contract, the timing in words, the latency
+formula and the weight-switch protocol; DESIGN sections 3 and 4 for the numerics
+and the microarchitecture this implements.
+
+Data flow (r = PE row = reduction index k, c = PE column = output column j)::
+
+    seed[j] --(skew c)--> PE[0][c] --> PE[1][c] --> ... --> PE[rows-1][c] --(de-skew cols-1-c)--> result[j]
+    act[k]  --(skew r*mac_stages)--> PE[r][0] --> PE[r][1] --> ... (one cycle per column)
+    weights --> queue --> shadow-weight bus of column c (skew c) --> PE[k][c].shadow
+
+so ``result[i, j] = (...((seed[i, j] + a[i, 0]*w[0, j]) + a[i, 1]*w[1, j]) + ...)``,
+the sequential fp32 dot product of DESIGN section 3.
+"""
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+
+from .mac import MAC_STAGES
+from .numerics import BF16, FP32
+from .pe import ProcessingElement
+
+__all__ = ["SystolicArray", "ActivationBeat", "array_latency", "default_weight_queue_depth"]
+
+
+def ActivationBeat(rows):
+    """Layout of one activation beat: ``data`` (`rows` bf16, element k feeds PE
+    row k) and ``first`` (this row starts a new weight tile)."""
+    return data.StructLayout({"data": data.ArrayLayout(BF16, rows), "first": 1})
+
+
+def array_latency(rows, cols, mac_stages):
+    """Cycles from the clock edge that accepts an activation beat to the cycle in
+    which its result beat is valid: ``rows * mac_stages + cols - 1``.
+
+    A run of N back-to-back activation beats therefore occupies
+    ``N + array_latency(...)`` cycles from its first accepted beat to its last
+    accepted result, both counted (docs/array.md, "cycle contract").
+    """
+    return rows * mac_stages + cols - 1
+
+
+def default_weight_queue_depth(rows, mac_stages):
+    """Depth (in weight rows) of the queue in front of the shadow registers.
+
+    With ``mac_stages == 1`` the tile-switch wave moves down one row per cycle,
+    as fast as weight rows arrive, and two entries suffice for back-to-back tiles.
+    With more stages the wave is slower than the weight stream, and a queue of
+    `rows` entries keeps tiles of ``M >= rows`` bubble-free (docs/array.md).
+    """
+    return 2 if mac_stages == 1 else max(2, rows)
+
+
+def _check_positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, not {value!r}")
+
+
+class SystolicArray(wiring.Component):
+    """Weight-stationary ``rows x cols`` systolic array of `ProcessingElement`.
+
+    One activation beat (row i of A: ``rows`` bf16 values, k = 0..rows-1) together
+    with one seed beat (``cols`` fp32 values) produces one result beat
+    ``result[j] = seed[j] + sum_k act[k] * W[k, j]``, accumulated in fp32 in the
+    order k = 0, 1, ..., rows-1, each product and each sum rounded to nearest-even
+    (DESIGN section 3). One beat per cycle in, one per cycle out.
+
+    Weights: a tile W (``rows x cols``) arrives on ``weight`` as `rows` beats, row
+    k = 0 first. It waits in a queue and then in the PEs' shadow registers until
+    an activation beat with ``first`` set is accepted; from that beat on, every
+    activation beat uses W, until the next beat with ``first`` set. The next tile
+    may be streamed in while the current one computes. Before the first tile the
+    active weights are zero.
+
+    Parameters
+    ----------
+    rows : int
+        PE rows: the reduction length K of one weight tile (>= 1).
+    cols : int
+        PE columns: output columns N of one weight tile (>= 1).
+    mac_stages : int
+        Pipeline depth of each PE's multiply-add, 1, 2 or 3.
+    weight_queue_depth : int or None
+        Weight rows the queue in front of the shadow registers holds (>= 1);
+        None picks `default_weight_queue_depth`, which keeps back-to-back tiles
+        of ``M >= rows`` rows bubble-free for ``mac_stages <= 2``.
+
+    Interface
+    ---------
+    act : In(stream.Signature(ActivationBeat(rows)))
+        Activation rows. A beat with ``first`` set is held off (``ready`` low)
+        until the next weight tile is completely staged (``weights_ready``).
+    seed : In(stream.Signature(ArrayLayout(FP32, cols)))
+        Partial-sum seeds, in lockstep with ``act``: a beat is taken from both
+        streams in the same cycle, never from one alone.
+    weight : In(stream.Signature(ArrayLayout(BF16, cols)))
+        Weight rows, `rows` beats per tile, k = 0 first.
+    result : Out(stream.Signature(ArrayLayout(FP32, cols)))
+        One fp32 row per accepted activation beat, in order. While ``valid`` is
+        high and ``ready`` low the whole array stalls (global clock enable);
+        a consumer that is always ready may tie ``ready`` high.
+    weights_ready : Out(1)
+        The next weight tile is completely staged: a beat with ``first`` set will
+        be accepted. It falls in the cycle such a beat is accepted.
+    busy : Out(1)
+        At least one accepted activation beat has not left as a result yet.
+
+    Attributes
+    ----------
+    latency : int
+        `array_latency` (rows, cols, mac_stages).
+    """
+
+    def __init__(self, rows, cols, mac_stages=2, *, weight_queue_depth=None):
+        _check_positive("rows", rows)
+        _check_positive("cols", cols)
+        if mac_stages not in MAC_STAGES:
+            raise ValueError(f"mac_stages must be one of {MAC_STAGES}, not {mac_stages!r}")
+        if weight_queue_depth is None:
+            weight_queue_depth = default_weight_queue_depth(rows, mac_stages)
+        _check_positive("weight_queue_depth", weight_queue_depth)
+        self.rows = rows
+        self.cols = cols
+        self.mac_stages = mac_stages
+        self.weight_queue_depth = weight_queue_depth
+        self.latency = array_latency(rows, cols, mac_stages)
+        super().__init__({
+            "act": In(stream.Signature(ActivationBeat(rows))),
+            "seed": In(stream.Signature(data.ArrayLayout(FP32, cols))),
+            "weight": In(stream.Signature(data.ArrayLayout(BF16, cols))),
+            "result": Out(stream.Signature(data.ArrayLayout(FP32, cols))),
+            "weights_ready": Out(1),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        rows, cols, stages = self.rows, self.cols, self.mac_stages
+
+        def chain(value, length, name):
+            """Taps ``[value, value delayed 1, ..., delayed length]`` of a shift
+            register that advances with the global clock enable."""
+            taps = [value]
+            for i in range(length):
+                reg = Signal(len(value), name=f"{name}_{i + 1}")
+                with m.If(en):
+                    m.d.sync += reg.eq(taps[-1])
+                taps.append(reg)
+            return taps
+
+        # Global clock enable: the only stall is a result that is not taken.
+        en = Signal()
+        m.d.comb += en.eq(~self.result.valid | self.result.ready)
+
+        pes = [[ProcessingElement(stages) for _ in range(cols)] for _ in range(rows)]
+        for r in range(rows):
+            for c in range(cols):
+                m.submodules[f"pe_{r}_{c}"] = pes[r][c]
+                m.d.comb += pes[r][c].en.eq(en)
+
+        # ---- Input join and tile-switch admission ------------------------------
+        act, seed = self.act, self.seed
+        first = act.payload.first
+        admit = ~first | self.weights_ready
+        take = Signal()
+        m.d.comb += [
+            act.ready.eq(en & seed.valid & admit),
+            seed.ready.eq(en & act.valid & admit),
+            take.eq(act.valid & act.ready),
+        ]
+        switch_in = Signal()
+        m.d.comb += switch_in.eq(take & first)
+
+        # ---- Activation skew: row r is delayed r*stages cycles -----------------
+        switch_taps = chain(switch_in, (rows - 1) * stages, "switch_skew")
+        switch_at_row = [switch_taps[r * stages] for r in range(rows)]
+        for r in range(rows):
+            a = chain(act.payload.data[r].as_value(), r * stages, f"act_skew_{r}")[-1]
+            m.d.comb += [
+                pes[r][0].west.data.eq(a),
+                pes[r][0].west.switch.eq(switch_at_row[r]),
+            ]
+        for r in range(rows):
+            for c in range(1, cols):
+                wiring.connect(m, pes[r][c - 1].east, pes[r][c].west)
+
+        # ---- Seed skew: column c is delayed c cycles ---------------------------
+        valid_taps = chain(take, cols - 1, "seed_valid_skew")
+        for c in range(cols):
+            s = chain(seed.payload[c].as_value(), c, f"seed_skew_{c}")[-1]
+            m.d.comb += [
+                pes[0][c].north.data.eq(s),
+                pes[0][c].north.valid.eq(valid_taps[c]),
+            ]
+        for r in range(1, rows):
+            for c in range(cols):
+                wiring.connect(m, pes[r - 1][c].south, pes[r][c].north)
+
+        # ---- Output de-skew: column c is delayed cols-1-c cycles ---------------
+        for c in range(cols):
+            out = chain(pes[rows - 1][c].south.data.as_value(), cols - 1 - c, f"out_deskew_{c}")[-1]
+            m.d.comb += self.result.payload[c].eq(out)
+        m.d.comb += self.result.valid.eq(pes[rows - 1][cols - 1].south.valid)
+
+        # ---- Weights: queue -> column-skewed shadow bus ------------------------
+        m.submodules.weight_queue = queue = SyncFIFO(width=16 * cols,
+                                                     depth=self.weight_queue_depth)
+        m.d.comb += [
+            queue.w_data.eq(self.weight.payload),
+            queue.w_en.eq(self.weight.valid),
+            self.weight.ready.eq(queue.w_rdy),
+        ]
+        # pending[k]: shadow row k holds weights that have not been switched in at
+        # column 0 yet. Column c sees every event c cycles after column 0 (both
+        # the shadow bus and the activations move one column per cycle), so the
+        # bookkeeping at column 0 holds for every column.
+        pending = Signal(rows)
+        drain_row = Signal(range(rows))
+        row_free = Signal()
+        for k in range(rows):
+            with m.If(drain_row == k):
+                m.d.comb += row_free.eq(~pending[k] | switch_at_row[k])
+        drain = Signal()
+        m.d.comb += [
+            drain.eq(en & queue.r_rdy & row_free),
+            queue.r_en.eq(drain),
+        ]
+        with m.If(en):
+            for k in range(rows):
+                with m.If(drain & (drain_row == k)):
+                    m.d.sync += pending[k].eq(1)
+                with m.Elif(switch_at_row[k]):
+                    m.d.sync += pending[k].eq(0)
+        with m.If(drain):
+            m.d.sync += drain_row.eq(Mux(drain_row == rows - 1, 0, drain_row + 1))
+
+        bus_row = chain(drain_row, cols - 1, "wbus_row")
+        bus_valid = chain(drain, cols - 1, "wbus_valid")
+        for c in range(cols):
+            w = chain(queue.r_data[16 * c:16 * (c + 1)], c, f"wbus_data_{c}")[-1]
+            for r in range(rows):
+                m.d.comb += [
+                    pes[r][c].weight.data.eq(w),
+                    pes[r][c].weight.load.eq(bus_valid[c] & (bus_row[c] == r)),
+                ]
+
+        # staged: weight rows accepted but not yet claimed by a `first` beat.
+        # A tile is admitted once all its rows are inside the array and its row 0
+        # is in the shadow registers: from then on every later row reaches its
+        # shadow register before the switch wave does (docs/array.md).
+        staged = Signal(range(rows + self.weight_queue_depth + 1))
+        accepted_w = self.weight.valid & self.weight.ready
+        m.d.sync += staged.eq(staged + accepted_w - Mux(switch_in, rows, 0))
+        m.d.comb += self.weights_ready.eq((staged >= rows) & pending[0])
+
+        # ---- busy: beats in flight ---------------------------------------------
+        in_flight = Signal(range(self.latency + 2))
+        done = self.result.valid & self.result.ready
+        m.d.sync += in_flight.eq(in_flight + take - done)
+        m.d.comb += self.busy.eq(in_flight != 0)
+        return m

@@ -1,0 +1,44 @@
+"""ChipConfig validation and derived sizes."""
+
+import dataclasses
+
+import pytest
+
+from mxu.hdl import ChipConfig
+
+
+def test_default_is_the_simulation_chip():
+    c = ChipConfig()
+    assert (c.rows, c.cols) == (16, 16)
+    assert c.vmem_row_elems == 16 and c.vmem_rows == (1 << 20) // 32
+    assert c.acc_rows == (512 << 10) // 64
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ChipConfig().rows = 3
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("rows", 0, "ChipConfig.rows must be a positive integer, not 0"),
+    ("cols", 2.5, "ChipConfig.cols must be a positive integer, not 2.5"),
+    ("mac_stages", 0, "ChipConfig.mac_stages must be 1, 2 or 3, not 0"),
+    ("axi_data_bits", 96, "ChipConfig.axi_data_bits must be 64, 128, 256 or 512, not 96"),
+    ("vmem_banks", 3, "ChipConfig.vmem_banks must be a power of two, not 3"),
+    ("ext_mem_bytes", 3 << 20, "ChipConfig.ext_mem_bytes must be a power of two"),
+])
+def test_rejects(field, value, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        ChipConfig(**{field: value})
+
+
+def test_non_square_rows_hold_the_wider_side():
+    c = ChipConfig(rows=4, cols=12)
+    assert c.vmem_row_elems == 12 and c.acc_row_bytes == 48
+
+
+def test_presets():
+    assert ChipConfig.preset("default") == ChipConfig()
+    assert ChipConfig.preset("fpga").rows == 8
+    with pytest.raises(ValueError, match="unknown ChipConfig preset 'asic'"):
+        ChipConfig.preset("asic")

@@ -1,0 +1,86 @@
+"""The numeric units: cocotb regression on every simulator, and large random
+volumes through the fast streaming path."""
+
+import json
+
+import numpy as np
+import pytest
+
+from mxu.sim import simulate_bf16_mul, simulate_fp32_add, simulate_fp32_to_bf16, simulate_mac
+from mxu.sim.build import cocotb_build, cocotb_test, to_verilog
+from mxu.sim.toolchain import icarus_available
+from mxu.verif import golden, vectors
+from mxu.verif.numerics_dut import NumericsTestTop
+
+SEED = 20261122
+# cocotb drives one vector per step from Python: 200k per unit on Verilator in
+# `make test`; Icarus' VPI is slower, so it gets a smaller share.
+COCOTB_VECTORS = {"verilator": 200_000, "icarus": 20_000}
+
+
+def _needs(simulator):
+    if simulator == "icarus" and not icarus_available():
+        pytest.skip("Icarus Verilog (iverilog) not installed; install it to run this case")
+
+
+@pytest.mark.parametrize("simulator", ["verilator", "icarus"])
+@pytest.mark.parametrize("unit", ["multiplier", "adder", "fp32_to_bf16", "mac_streams"])
+def test_cocotb_numerics(unit, simulator, tmp_path):
+    _needs(simulator)
+    build = cocotb_build(to_verilog(NumericsTestTop()), "top", simulator, name="numerics")
+    args = {"random": COCOTB_VECTORS[simulator], "seed": SEED}
+    cocotb_test(build, "top", "mxu.verif.tb_numerics", simulator, test_dir=tmp_path,
+                testcase=unit, extra_env={"MXU_TB_ARGS": json.dumps(args)})
+
+
+def _mac_case(n, seed):
+    rng = np.random.default_rng(seed)
+    a, w = vectors.pairs(vectors.special_bf16(), vectors.special_bf16())
+    acc = np.resize(vectors.special_fp32(), a.size)
+    ra, rw, racc = vectors.mac_vectors(rng, n)
+    return np.concatenate([a, ra]), np.concatenate([w, rw]), np.concatenate([acc, racc])
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_simulate_mac_2m_vectors(stages):
+    a, w, acc = _mac_case(2_000_000, SEED + stages)
+    golden.assert_bits_equal(simulate_mac(a, w, acc, stages=stages), golden.mac(a, w, acc),
+                             f"simulate_mac stages={stages}", {"a": a, "w": w, "acc": acc}, SEED)
+
+
+@pytest.mark.parametrize("simulator", ["icarus", "amaranth"])
+def test_simulate_mac_other_simulators(simulator):
+    _needs(simulator)
+    a, w, acc = _mac_case(3000, SEED)
+    golden.assert_bits_equal(simulate_mac(a, w, acc, simulator=simulator), golden.mac(a, w, acc),
+                             f"simulate_mac on {simulator}", {"a": a, "w": w, "acc": acc}, SEED)
+
+
+def test_simulate_units_1m_vectors():
+    rng = np.random.default_rng(SEED)
+    a, b = vectors.random_bf16(rng, 1_000_000), vectors.random_bf16(rng, 1_000_000)
+    golden.assert_bits_equal(simulate_bf16_mul(a, b), golden.mul(a, b), "mul", {"a": a, "b": b}, SEED)
+    x, y = vectors.add_vectors(rng, 1_000_000)
+    golden.assert_bits_equal(simulate_fp32_add(x, y), golden.add(x, y), "add", {"x": x, "y": y}, SEED)
+    golden.assert_bits_equal(simulate_fp32_to_bf16(x), golden.fp32_to_bf16(x), "cvt", {"x": x}, SEED)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_simulate_mac_10m_vectors(stages):
+    for chunk in range(5):
+        a, w, acc = _mac_case(2_000_000, SEED * 7 + 100 * stages + chunk)
+        golden.assert_bits_equal(simulate_mac(a, w, acc, stages=stages), golden.mac(a, w, acc),
+                                 f"simulate_mac stages={stages} chunk={chunk}",
+                                 {"a": a, "w": w, "acc": acc}, SEED)
+
+
+@pytest.mark.slow
+def test_simulate_units_10m_vectors():
+    for chunk in range(5):
+        rng = np.random.default_rng(SEED + 1000 + chunk)
+        a, b = vectors.random_bf16(rng, 2_000_000), vectors.random_bf16(rng, 2_000_000)
+        golden.assert_bits_equal(simulate_bf16_mul(a, b), golden.mul(a, b), "mul", seed=SEED)
+        x, y = vectors.add_vectors(rng, 2_000_000)
+        golden.assert_bits_equal(simulate_fp32_add(x, y), golden.add(x, y), "add", seed=SEED)
+        golden.assert_bits_equal(simulate_fp32_to_bf16(x), golden.fp32_to_bf16(x), "cvt", seed=SEED)

@@ -103,8 +103,9 @@ class MacUnit(wiring.Component):
     """
 
     def __init__(self, stages=2):
+        if stages not in MAC_STAGES:
+            raise ValueError(f"MAC stages must be one of {MAC_STAGES}, not {stages!r}")
         self.stages = stages
-        self._pipe = MacPipeline(stages)
         super().__init__({
             "i": In(stream.Signature(MacOperands)),
             "o": Out(stream.Signature(FP32)),
@@ -112,7 +113,7 @@ class MacUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.pipe = pipe = self._pipe
+        m.submodules.pipe = pipe = MacPipeline(self.stages)
         advance = ~self.o.valid | self.o.ready
         m.d.comb += [
             pipe.en.eq(advance),

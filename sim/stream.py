@@ -31,18 +31,20 @@ def _watchdog(n, ready_percent):
     return n * per_item + _WATCHDOG_SLACK
 
 
-def run_stream(component, payloads, *, simulator="verilator", name, ready_percent=100, seed=1):
-    """Send every uint64 payload through `component`; return (outputs uint64, cycles).
+def run_stream(make_component, payloads, *, simulator="verilator", name, ready_percent=100, seed=1):
+    """Send every uint64 payload through the component that `make_component()`
+    returns; return (outputs uint64, cycles).
 
     `ready_percent` below 100 withholds ``o.ready`` at random (seeded) to exercise
-    back-pressure. `name` names the cached build.
+    back-pressure. `name` names the build and must identify the design: a process
+    reuses the model it loaded under that name.
     """
     require_simulator(simulator)
     payloads = np.ascontiguousarray(payloads, dtype=np.uint64)
     if not 1 <= ready_percent <= 100:
         raise ValueError(f"ready_percent must be in 1..100, not {ready_percent!r}")
     runner = {"verilator": _run_verilator, "icarus": _run_icarus, "amaranth": _run_amaranth}
-    return runner[simulator](component, payloads, name, ready_percent, seed)
+    return runner[simulator](make_component, payloads, name, ready_percent, seed)
 
 
 def _stuck(name, n, done):
@@ -50,8 +52,16 @@ def _stuck(name, n, done):
                         f"({done} of {n} results after the cycle limit)")
 
 
-def _run_verilator(component, payloads, name, ready_percent, seed):
-    lib = load_native(build_native(to_verilog(component), "stream_harness.cpp", name=name))
+# Loaded libraries by design name: generating Verilog costs about a second, so a
+# process generates it once per design.
+_LOADED = {}
+
+
+def _run_verilator(make_component, payloads, name, ready_percent, seed):
+    if name not in _LOADED:
+        _LOADED[name] = load_native(build_native(to_verilog(make_component()), "stream_harness.cpp",
+                                                 name=name))
+    lib = _LOADED[name]
     run = lib.mxu_stream_run
     run.restype = ctypes.c_int64
     run.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
@@ -118,7 +128,8 @@ endmodule
 """
 
 
-def _run_icarus(component, payloads, name, ready_percent, seed):
+def _run_icarus(make_component, payloads, name, ready_percent, seed):
+    component = make_component()
     verilog = to_verilog(component)
     iw = len(component.i.payload.as_value())
     ow = len(component.o.payload.as_value())
@@ -148,7 +159,8 @@ def _run_icarus(component, payloads, name, ready_percent, seed):
     return np.array([int(v, 16) for v in values], np.uint64), cycles
 
 
-def _run_amaranth(component, payloads, name, ready_percent, seed):
+def _run_amaranth(make_component, payloads, name, ready_percent, seed):
+    component = make_component()
     rng = np.random.default_rng(seed)
     n = payloads.size
     out = np.zeros(n, np.uint64)

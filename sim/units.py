@@ -56,7 +56,7 @@ def simulate_mac(a, w, acc, *, stages=None, simulator="verilator"):
     payload = a.astype(np.uint64) | (w.astype(np.uint64) << 16) | (acc.astype(np.uint64) << 32)
     if payload.size == 0:
         return np.zeros(0, np.uint32)
-    out, _ = run_stream(MacUnit(stages), payload, simulator=simulator, name=f"mac{stages}")
+    out, _ = run_stream(lambda: MacUnit(stages), payload, simulator=simulator, name=f"mac{stages}")
     return out.astype(np.uint32)
 
 
@@ -65,7 +65,7 @@ def simulate_bf16_mul(a, b, *, simulator="verilator"):
     a, b = _operands(a=(a, np.uint16), b=(b, np.uint16))
     if a.size == 0:
         return np.zeros(0, np.uint32)
-    unit = StreamedUnit(Bf16Multiplier(), ("a", "b"), "p")
+    unit = lambda: StreamedUnit(Bf16Multiplier(), ("a", "b"), "p")
     payload = a.astype(np.uint64) | (b.astype(np.uint64) << 16)
     out, _ = run_stream(unit, payload, simulator=simulator, name="bf16mul")
     return out.astype(np.uint32)
@@ -76,7 +76,7 @@ def simulate_fp32_add(x, y, *, simulator="verilator"):
     x, y = _operands(x=(x, np.uint32), y=(y, np.uint32))
     if x.size == 0:
         return np.zeros(0, np.uint32)
-    unit = StreamedUnit(Fp32Adder(), ("a", "b"), "s")
+    unit = lambda: StreamedUnit(Fp32Adder(), ("a", "b"), "s")
     payload = x.astype(np.uint64) | (y.astype(np.uint64) << 32)
     out, _ = run_stream(unit, payload, simulator=simulator, name="fp32add")
     return out.astype(np.uint32)
@@ -90,6 +90,6 @@ def simulate_fp32_to_bf16(x, *, simulator="verilator"):
     (x,) = _operands(x=(x, np.uint32))
     if x.size == 0:
         return np.zeros(0, np.uint16)
-    unit = StreamedUnit(Fp32ToBf16(), ("x",), "y")
+    unit = lambda: StreamedUnit(Fp32ToBf16(), ("x",), "y")
     out, _ = run_stream(unit, x.astype(np.uint64), simulator=simulator, name="fp32tobf16")
     return out.astype(np.uint16)

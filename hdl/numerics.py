@@ -47,12 +47,14 @@ _ALIGNED = 24 + _GRS
 
 def leading_zeros(value):
     """Number of leading zero bits of `value` (``len(value)`` if it is zero), as a
-    priority-encoder expression."""
+    balanced tree of multiplexers (logarithmic depth: it sits on the adder's
+    critical path)."""
     width = len(value)
-    count = C(width, range(width + 1))
-    for i in range(width):
-        count = Mux(value[i], width - 1 - i, count)
-    return count
+    if width == 1:
+        return Mux(value[0], C(0, 1), C(1, 1))
+    low_width = width // 2
+    high, low = value[low_width:], value[:low_width]
+    return Mux(high == 0, (width - low_width) + leading_zeros(low), leading_zeros(high))
 
 
 def _classify(number, frac_bits):

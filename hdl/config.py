@@ -44,6 +44,9 @@ class ChipConfig:
     dma_max_burst_beats : int
         Longest AXI INCR burst the DMA issues: a power of two, 1..256 (bursts also
         never cross a 4 KiB boundary).
+    cmd_queue_depth : int
+        Instructions each engine's command queue holds between fetch and the
+        engine (a power of two, >= 2).
     """
 
     rows: int = 16
@@ -58,6 +61,7 @@ class ChipConfig:
     acc_banks: int = 2
     dma_max_outstanding: int = 4
     dma_max_burst_beats: int = 256
+    cmd_queue_depth: int = 8
 
     def __post_init__(self):
         for name in ("rows", "cols"):
@@ -96,6 +100,10 @@ class ChipConfig:
             raise ValueError(
                 f"ChipConfig.dma_max_burst_beats must be a power of two from 1 to 256, "
                 f"not {self.dma_max_burst_beats!r}")
+
+        if not _is_pow2(self.cmd_queue_depth) or self.cmd_queue_depth < 2:
+            raise ValueError(f"ChipConfig.cmd_queue_depth must be a power of two >= 2, "
+                             f"not {self.cmd_queue_depth!r}")
 
     # Derived sizes. Keep every derived number here so that nobody recomputes it.
     @property

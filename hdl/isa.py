@@ -1,0 +1,240 @@
+"""The mxu instruction set, defined once: the decoder in `mxu.hdl.controller` and
+the assembler in `mxu.sim.program` both read these layouts.
+
+Every instruction is 128 bits (16 bytes, little-endian in memory). The low 16 bits
+are the same for all: opcode, four dependency flags and eight opcode-specific
+flag bits. Unused bits are ``reserved`` and must be zero; the decoder reports
+anything else as an illegal instruction. docs/isa.md has one table per
+instruction, generated from these classes (`field_table`).
+
+Engines and dependency tokens (as in VTA): LOAD runs on the load engine, LOADW
+and MATMUL on the compute engine, STORE on the store engine, and SYNC on the
+engine it names. The engines run concurrently; ordering between them is
+explicit. Each engine has a *prev* and a *next* neighbour (load -> compute ->
+store); ``pop_prev``/``pop_next`` wait for and take a token from that neighbour
+before the instruction starts, ``push_prev``/``push_next`` give it one after the
+instruction has completed.
+"""
+
+from amaranth.lib import data, enum
+
+__all__ = [
+    "INSTR_BITS", "INSTR_BYTES", "Opcode", "Engine", "SeedMode", "Deps", "Header",
+    "DmaInstr", "LoadWInstr", "MatmulInstr", "SyncInstr", "HaltInstr", "INSTRUCTIONS",
+    "ENGINE_OF", "ErrorCode", "encode", "decode", "field_table",
+]
+
+INSTR_BITS = 128
+INSTR_BYTES = INSTR_BITS // 8
+
+
+class Opcode(enum.Enum, shape=4):
+    """Instruction opcodes. 0 is illegal on purpose: running into zeroed memory
+    stops with an error instead of doing something."""
+    ILLEGAL = 0
+    LOAD = 1     # load engine: external memory -> VMEM or accumulator (DMA)
+    STORE = 2    # store engine: accumulator or VMEM -> external memory (DMA)
+    LOADW = 3    # compute engine: stage a weight tile from VMEM into the array
+    MATMUL = 4   # compute engine: stream activation rows through the array
+    SYNC = 5     # the named engine: only dependency tokens
+    HALT = 15    # end of program, once every engine is idle
+
+
+class Engine(enum.Enum, shape=2):
+    LOAD = 0
+    COMPUTE = 1
+    STORE = 2
+
+
+class SeedMode(enum.Enum, shape=2):
+    """Where MATMUL's partial sums start (DESIGN section 3)."""
+    ZERO = 0     # +0.0
+    ACC = 1      # accumulator row seed_row + i (accumulate over K tiles)
+    BIAS = 2     # accumulator row seed_row for every i (a broadcast bias row)
+
+
+class ErrorCode(enum.Enum, shape=4):
+    """The chip's status error code. The first error wins; the chip then drains
+    what is in flight and stops with ``done`` set."""
+    NONE = 0
+    ILLEGAL_INSTR = 1    # bad opcode, reserved bits set, or a flag the engine lacks
+    VMEM_RANGE = 2       # LOADW/MATMUL rows beyond VMEM
+    ACC_RANGE = 3        # MATMUL rows beyond the accumulator memory
+    NO_WEIGHTS = 4       # MATMUL switches to new weights that no LOADW staged
+    DMA_DESCRIPTOR = 5   # LOAD/STORE rejected by the DMA (options, alignment, ranges)
+    AXI_ERROR = 6        # SLVERR/DECERR on a DMA transfer
+    FETCH_ERROR = 7      # SLVERR/DECERR, or a program outside external memory / misaligned
+    DEADLOCK = 8         # every engine waits for a token that nothing can give
+
+
+class Deps(data.Struct):
+    pop_prev: 1
+    pop_next: 1
+    push_prev: 1
+    push_next: 1
+
+
+class Header(data.Struct):
+    opcode: Opcode
+    deps: Deps
+    flags: 8
+
+
+class DmaFlags(data.Struct):
+    space: 1        # 0 VMEM, 1 accumulator
+    to_bf16: 1      # STORE from the accumulator: convert fp32 -> bf16 (RNE)
+    relu: 1         # STORE: max(x, +0) before conversion
+    reserved: 5
+
+
+class DmaInstr(data.Struct):
+    """LOAD and STORE: a 2-D strided block, one external row per on-chip row."""
+    opcode: Opcode
+    deps: Deps
+    flags: DmaFlags
+    ext_addr: 32     # byte address of row 0 in external memory
+    ext_stride: 32   # bytes between external rows
+    chip_row: 20     # first VMEM / accumulator row
+    rows: 16         # number of rows
+    row_bytes: 12    # bytes per external row
+
+
+class LoadWFlags(data.Struct):
+    reserved: 8
+
+
+class LoadWInstr(data.Struct):
+    """LOADW: weight rows k = 0..k_rows-1 from VMEM rows vmem_row + k (the first
+    ``cols`` bf16 of each); rows k_rows..rows-1 of the tile are zero."""
+    opcode: Opcode
+    deps: Deps
+    flags: LoadWFlags
+    vmem_row: 20
+    k_rows: 16
+    reserved: 76
+
+
+class MatmulFlags(data.Struct):
+    seed_mode: SeedMode
+    new_weights: 1   # row 0 switches the array to the next staged weight tile
+    reserved: 5
+
+
+class MatmulInstr(data.Struct):
+    """MATMUL: for i in 0..m_rows-1, acc[out_row + i] = seed_i + act[act_row + i] @ W."""
+    opcode: Opcode
+    deps: Deps
+    flags: MatmulFlags
+    act_row: 20      # first VMEM row of activations (the first ``rows`` bf16 of each)
+    m_rows: 16       # number of activation rows, >= 1
+    out_row: 20      # first accumulator row written
+    seed_row: 20     # first accumulator row read (SeedMode.ACC / BIAS)
+    reserved: 36
+
+
+class SyncFlags(data.Struct):
+    engine: Engine
+    reserved: 6
+
+
+class SyncInstr(data.Struct):
+    """SYNC: takes and gives tokens on `engine` and does nothing else."""
+    opcode: Opcode
+    deps: Deps
+    flags: SyncFlags
+    reserved: 112
+
+
+class HaltInstr(data.Struct):
+    """HALT: stop fetching; ``done`` rises once every engine is idle."""
+    opcode: Opcode
+    deps: Deps
+    flags: 8
+    reserved: 112
+
+
+INSTRUCTIONS = {
+    Opcode.LOAD: DmaInstr, Opcode.STORE: DmaInstr, Opcode.LOADW: LoadWInstr,
+    Opcode.MATMUL: MatmulInstr, Opcode.SYNC: SyncInstr, Opcode.HALT: HaltInstr,
+}
+
+ENGINE_OF = {
+    Opcode.LOAD: Engine.LOAD, Opcode.LOADW: Engine.COMPUTE, Opcode.MATMUL: Engine.COMPUTE,
+    Opcode.STORE: Engine.STORE,
+}
+
+for _layout in (Header, *INSTRUCTIONS.values()):
+    assert _layout.as_shape().size == (16 if _layout is Header else INSTR_BITS), _layout
+
+
+def encode(opcode, **fields):
+    """The 128-bit integer of one instruction. Fields are named as in the layouts;
+    nested flag structs take dicts (``flags={"space": 1}``) and the dependency flags
+    may be given as ``deps={"pop_prev": 1}``. Values that do not fit raise."""
+    layout = INSTRUCTIONS[Opcode(opcode)].as_shape()
+    return _pack(layout, {"opcode": Opcode(opcode).value, **fields}, "")
+
+
+def _struct(shape):
+    """The StructLayout of a nested flag struct, or None for a plain field."""
+    try:
+        layout = data.Layout.cast(shape)
+    except TypeError:
+        return None
+    return layout if isinstance(layout, data.StructLayout) else None
+
+
+def _pack(layout, values, prefix):
+    word = 0
+    names = {name for name, _ in layout}
+    for name in values:
+        if name not in names:
+            raise ValueError(f"{prefix}{name!r} is not a field of this instruction")
+    for name, field in layout:
+        value = values.get(name, 0)
+        if _struct(field.shape) is not None and isinstance(value, dict):
+            value = _pack(_struct(field.shape), value, f"{prefix}{name}.")
+        elif hasattr(value, "value"):
+            value = value.value
+        value = int(value)
+        if not 0 <= value < 1 << field.width:
+            raise ValueError(f"{prefix}{name}={value} does not fit in {field.width} bits")
+        word |= value << field.offset
+    return word
+
+
+def decode(word):
+    """(Opcode, dict of fields, nested dicts for flag structs) of a 128-bit integer;
+    raises ValueError for an illegal opcode."""
+    try:
+        opcode = Opcode(word & 0xF)
+    except ValueError:
+        raise ValueError(f"illegal opcode {word & 0xF}") from None
+    if opcode is Opcode.ILLEGAL:
+        raise ValueError("illegal opcode 0")
+    return opcode, _unpack(INSTRUCTIONS[opcode].as_shape(), word)
+
+
+def _unpack(layout, word):
+    out = {}
+    for name, field in layout:
+        value = (word >> field.offset) & ((1 << field.width) - 1)
+        nested = _struct(field.shape)
+        out[name] = _unpack(nested, value) if nested is not None else value
+    return out
+
+
+def field_table(instr):
+    """Markdown rows (bits, field, width) of an instruction layout, for docs/isa.md."""
+    rows = []
+
+    def walk(layout, prefix, base):
+        for name, field in layout:
+            if _struct(field.shape) is not None:
+                walk(_struct(field.shape), f"{prefix}{name}.", base + field.offset)
+            else:
+                lo = base + field.offset
+                hi = lo + field.width - 1
+                rows.append(f"| {hi}:{lo} | `{prefix}{name}` | {field.width} |")
+    walk(instr.as_shape(), "", 0)
+    return "\n".join(["| bits | field | width |", "|---|---|---|", *rows])

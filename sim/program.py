@@ -1,0 +1,105 @@
+"""The assembler: build an mxu program in Python, one method per instruction.
+
+>>> p = Program()
+>>> p.load(vmem_row=0, ext_addr=0x1000, rows=16, row_bytes=32, ext_stride=768, push_next=True)
+>>> p.loadw(vmem_row=0, k_rows=16, pop_prev=True)
+>>> p.matmul(act_row=16, m_rows=128, out_row=0, new_weights=True, push_next=True)
+>>> p.store(acc_row=0, ext_addr=0x8000, rows=128, row_bytes=64, ext_stride=64, pop_prev=True)
+>>> p.halt()
+>>> image = p.to_bytes()
+
+Encodings come from `mxu.hdl.isa`, the single definition the decoder also uses.
+Dependency flags are keyword arguments on every method: ``pop_prev``,
+``pop_next``, ``push_prev``, ``push_next`` (see docs/isa.md for the engines'
+neighbours).
+"""
+
+import numpy as np
+
+from mxu.hdl import isa
+from mxu.hdl.isa import Engine, Opcode, SeedMode
+
+__all__ = ["Program"]
+
+_DEP_NAMES = ("pop_prev", "pop_next", "push_prev", "push_next")
+
+
+class Program:
+    """A list of encoded instructions; `to_bytes` gives the image the chip fetches."""
+
+    def __init__(self):
+        self.words = []
+        self.text = []
+
+    def __len__(self):
+        return len(self.words)
+
+    def _emit(self, opcode, deps, **fields):
+        unknown = set(deps) - set(_DEP_NAMES)
+        if unknown:
+            raise TypeError(f"unknown dependency flags {sorted(unknown)}")
+        word = isa.encode(opcode, deps={k: int(bool(v)) for k, v in deps.items()}, **fields)
+        self.words.append(word)
+        shown = ", ".join(f"{k}={v}" for k, v in fields.items())
+        flags = " ".join(k for k, v in deps.items() if v)
+        self.text.append(f"{opcode.name} {shown}" + (f" [{flags}]" if flags else ""))
+        return self
+
+    def load(self, *, ext_addr, rows, row_bytes, ext_stride=None, vmem_row=None, acc_row=None,
+             **deps):
+        """LOAD rows external rows into VMEM (`vmem_row`) or the accumulator (`acc_row`)."""
+        space, row = self._space(vmem_row, acc_row)
+        return self._emit(Opcode.LOAD, deps, flags={"space": space}, ext_addr=ext_addr,
+                          ext_stride=row_bytes if ext_stride is None else ext_stride,
+                          chip_row=row, rows=rows, row_bytes=row_bytes)
+
+    def store(self, *, ext_addr, rows, row_bytes, ext_stride=None, vmem_row=None, acc_row=None,
+              to_bf16=False, relu=False, **deps):
+        """STORE rows on-chip rows to external memory (fp32 -> bf16 and ReLU optional)."""
+        space, row = self._space(vmem_row, acc_row)
+        return self._emit(Opcode.STORE, deps,
+                          flags={"space": space, "to_bf16": int(to_bf16), "relu": int(relu)},
+                          ext_addr=ext_addr,
+                          ext_stride=row_bytes if ext_stride is None else ext_stride,
+                          chip_row=row, rows=rows, row_bytes=row_bytes)
+
+    def loadw(self, *, vmem_row, k_rows, **deps):
+        """LOADW: stage the weight tile in VMEM rows vmem_row..vmem_row+k_rows-1."""
+        return self._emit(Opcode.LOADW, deps, vmem_row=vmem_row, k_rows=k_rows)
+
+    def matmul(self, *, act_row, m_rows, out_row, seed=SeedMode.ZERO, seed_row=0,
+               new_weights=False, **deps):
+        """MATMUL m_rows activation rows into accumulator rows out_row.. (see docs/isa.md)."""
+        seed = SeedMode[seed.upper()] if isinstance(seed, str) else SeedMode(seed)
+        return self._emit(Opcode.MATMUL, deps,
+                          flags={"seed_mode": seed, "new_weights": int(new_weights)},
+                          act_row=act_row, m_rows=m_rows, out_row=out_row, seed_row=seed_row)
+
+    def sync(self, engine, **deps):
+        """SYNC on `engine` ("load", "compute" or "store"): tokens only."""
+        engine = Engine[engine.upper()] if isinstance(engine, str) else Engine(engine)
+        return self._emit(Opcode.SYNC, deps, flags={"engine": engine})
+
+    def halt(self):
+        return self._emit(Opcode.HALT, {})
+
+    def raw(self, word, note="raw"):
+        """Append an arbitrary 128-bit word (for testing the decoder's error paths)."""
+        self.words.append(int(word))
+        self.text.append(note)
+        return self
+
+    @staticmethod
+    def _space(vmem_row, acc_row):
+        if (vmem_row is None) == (acc_row is None):
+            raise TypeError("give exactly one of vmem_row and acc_row")
+        return (0, vmem_row) if acc_row is None else (1, acc_row)
+
+    def to_bytes(self):
+        return b"".join(w.to_bytes(isa.INSTR_BYTES, "little") for w in self.words)
+
+    def to_array(self):
+        return np.frombuffer(self.to_bytes(), np.uint8)
+
+    def listing(self):
+        return "\n".join(f"{i:5d}  {t}" for i, t in enumerate(self.text))

@@ -89,6 +89,7 @@ class BankedRowMemory(wiring.Component):
     """
 
     def __init__(self, *, width, depth, banks, read_ports, write_ports):
+        self._MustUse__silence = True       # not yet valid: no "never used" warning
         if not isinstance(width, int) or width < 1:
             raise ValueError(f"BankedRowMemory width must be a positive integer, not {width!r}")
         if not isinstance(banks, int) or banks < 1 or banks & (banks - 1):
@@ -102,6 +103,7 @@ class BankedRowMemory(wiring.Component):
                 raise ValueError(
                     f"BankedRowMemory {name} must be a non-empty list of booleans (always_ready "
                     f"per port, in priority order) where only port 0 may be True, not {ports!r}")
+        self._MustUse__silence = False
         self.width, self.depth, self.banks = width, depth, banks
         self.addr_shape = _addr_shape(depth)
         members = {}
@@ -188,11 +190,16 @@ class Vmem(wiring.Component):
     Parameters
     ----------
     config : ChipConfig
+    weight_port : bool
+        Add ``weight_read``, a second array-side read port (below ``array_read`` in
+        priority), so that the next weight tile loads while activations stream.
 
     Interface
     ---------
     array_read : In(ReadPortSignature(addr, row, always_ready=True))
         The array's activation/weight read port; never refused.
+    weight_read : In(ReadPortSignature(addr, row)), if `weight_port`
+        The array's weight read port; waits while ``array_read`` uses its bank.
     dma_read : In(ReadPortSignature(addr, row))
         The DMA's read port for stores; waits while the array reads the same bank.
     dma_write : In(WritePortSignature(addr, row))
@@ -201,24 +208,32 @@ class Vmem(wiring.Component):
         accumulator memory).
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, weight_port=False):
         self.config = config
+        self.weight_port = weight_port
         self.addr_shape = _addr_shape(config.vmem_rows)
         row = vmem_row_layout(config)
-        super().__init__({
+        members = {
             "array_read": In(ReadPortSignature(self.addr_shape, row, always_ready=True)),
             "dma_read": In(ReadPortSignature(self.addr_shape, row)),
             "dma_write": In(WritePortSignature(self.addr_shape, row)),
-        })
+        }
+        if weight_port:
+            members["weight_read"] = In(ReadPortSignature(self.addr_shape, row))
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
         c = self.config
+        # Read priority: array activations, then weights, then the DMA.
+        reads = [True, False, False] if self.weight_port else [True, False]
         m.submodules.mem = mem = BankedRowMemory(width=16 * c.vmem_row_elems, depth=c.vmem_rows,
-                                                 banks=c.vmem_banks, read_ports=[True, False],
+                                                 banks=c.vmem_banks, read_ports=reads,
                                                  write_ports=[False])
         _connect_read(m, self.array_read, mem.read[0])
-        _connect_read(m, self.dma_read, mem.read[1])
+        if self.weight_port:
+            _connect_read(m, self.weight_read, mem.read[1])
+        _connect_read(m, self.dma_read, mem.read[-1])
         # The DMA is VMEM's only writer; its port stays refusable so that the DMA's
         # code is the same for VMEM and the accumulator memory.
         _connect_write(m, self.dma_write, mem.write[0])

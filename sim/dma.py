@@ -157,11 +157,10 @@ class NativeDma:
 
     def stats(self):
         """Counters of the memory model and the harness (a dict)."""
-        s = (ctypes.c_uint64 * 12)()
+        s = (ctypes.c_uint64 * 11)()
         first = self._lib.mxu_dma_stats(self._h, s)
         keys = ("cycles", "ar_bursts", "aw_bursts", "r_beats", "w_beats", "max_reads_in_flight",
-                "max_writes_in_flight", "violations", "r_error_beats", "b_errors", "mem_busy",
-                "array_conflicts")
+                "max_writes_in_flight", "violations", "r_error_beats", "b_errors", "mem_busy")
         out = dict(zip(keys, (int(v) for v in s)))
         out["first_violation"] = first.decode()
         return out

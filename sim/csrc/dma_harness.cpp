@@ -21,7 +21,6 @@ struct Dut {
     mxu::AxiMem mem;
     mxu::AxiPins pins;
     uint64_t cycles = 0;
-    uint64_t array_conflicts = 0;   // cycles the DMA's memory read waited for the array
     Dut(uint64_t bytes, uint32_t data_bytes) : mem(bytes, data_bytes) {
         top.reset(new Vtop(&ctx));
     }
@@ -90,14 +89,13 @@ void mxu_dma_add_error(void *h, uint64_t lo, uint64_t hi, uint32_t resp) {
 
 void mxu_dma_clear_errors(void *h) { static_cast<Dut *>(h)->mem.clear_errors(); }
 
-// stats[0..11]: cycles, ar bursts, aw bursts, r beats, w beats, max reads in flight,
-// max writes in flight, violations, r error beats, b errors, memory busy, array conflicts
+// stats[0..10]: cycles, ar bursts, aw bursts, r beats, w beats, max reads in flight,
+// max writes in flight, violations, r error beats, b errors, memory busy
 const char *mxu_dma_stats(void *h, uint64_t *stats) {
     Dut &d = *static_cast<Dut *>(h);
     const mxu::AxiMem &m = d.mem;
     uint64_t s[] = {d.cycles, m.ar_bursts, m.aw_bursts, m.r_beats, m.w_beats, m.max_reads_seen,
-                    m.max_writes_seen, m.violations, m.r_errors, m.b_errors, m.busy(),
-                    d.array_conflicts};
+                    m.max_writes_seen, m.violations, m.r_errors, m.b_errors, m.busy()};
     std::memcpy(stats, s, sizeof s);
     return m.first_violation.c_str();
 }

@@ -1,0 +1,313 @@
+"""The controller: decode, per-engine command queues, dependency tokens, status,
+error handling and performance counters (DESIGN section 4, docs/isa.md).
+
+Fetched instructions are checked and sent, in program order, to the queue of
+the engine that runs them. An engine takes its queue's head once the tokens the
+head pops are there, and returns tokens when the instruction completes. The
+first error (in time) is recorded with the pc of its instruction; from then on
+no engine takes a new instruction, what is in flight drains, and ``done`` rises.
+"""
+
+from amaranth.hdl import C, Cat, Module, Mux, Signal
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .fetch import FetchedInstr
+from .isa import (INSTR_BITS, Deps, DmaInstr, Engine, ErrorCode, Header, HaltInstr, LoadWInstr,
+                  MatmulInstr, Opcode, SeedMode, SyncInstr)
+from .compute import ComputeCommand
+from .dma import dma_descriptor_layout
+
+__all__ = ["Decoder", "Controller", "COUNTERS"]
+
+# Performance counters, in register order (docs/isa.md, "Registers").
+COUNTERS = ("cycles", "array_active", "load_stall", "compute_stall", "store_stall",
+            "dma_read_bytes", "dma_write_bytes", "instructions")
+
+
+class Decoder(wiring.Component):
+    """Static checks of one instruction (combinational): the engine it runs on and
+    the first error, in the order of `mxu.verif.isa_model.check_instruction`.
+
+    Interface: ``word``: In(128); ``engine``: Out(Engine); ``halt``: Out(1);
+    ``error``: Out(ErrorCode).
+    """
+
+    def __init__(self, config):
+        self.config = config
+        super().__init__({"word": In(INSTR_BITS), "engine": Out(Engine), "halt": Out(1),
+                          "error": Out(ErrorCode)})
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.config
+        w = self.word
+        h = Header(w[:16])
+        dma, lw, mm = DmaInstr(w), LoadWInstr(w), MatmulInstr(w)
+        sync, halt = SyncInstr(w), HaltInstr(w)
+        op = h.opcode
+        deps = h.deps
+
+        engine = Signal(Engine)
+        known = Signal()
+        reserved = Signal()
+        with m.Switch(op):
+            with m.Case(Opcode.LOAD, Opcode.STORE):
+                m.d.comb += [known.eq(1), reserved.eq(dma.flags.reserved != 0),
+                             engine.eq(Mux(op == Opcode.LOAD, Engine.LOAD, Engine.STORE))]
+            with m.Case(Opcode.LOADW):
+                m.d.comb += [known.eq(1), engine.eq(Engine.COMPUTE),
+                             reserved.eq((lw.flags.as_value() != 0) | (lw.reserved != 0))]
+            with m.Case(Opcode.MATMUL):
+                m.d.comb += [known.eq(1), engine.eq(Engine.COMPUTE),
+                             reserved.eq((mm.flags.reserved != 0) | (mm.reserved != 0)
+                                         | (mm.flags.seed_mode.as_value() > SeedMode.BIAS.value))]
+            with m.Case(Opcode.SYNC):
+                m.d.comb += [known.eq(1), engine.eq(sync.flags.engine),
+                             reserved.eq((sync.flags.reserved != 0) | (sync.reserved != 0)
+                                         | (sync.flags.engine.as_value() > Engine.STORE.value))]
+            with m.Case(Opcode.HALT):
+                m.d.comb += [known.eq(1), self.halt.eq(1),
+                             reserved.eq((deps.as_value() != 0) | (halt.flags != 0)
+                                         | (halt.reserved != 0))]
+        bad_deps = Mux(engine == Engine.LOAD, deps.pop_prev | deps.push_prev,
+                       Mux(engine == Engine.STORE, deps.pop_next | deps.push_next, 0))
+        bad_deps |= (op == Opcode.LOADW) & (deps.push_prev | deps.push_next)
+        illegal = ~known | reserved | (~self.halt & bad_deps)
+
+        desc = dma_descriptor_layout(c)
+        too_wide = lambda value, name: value >= (1 << desc[name].width)
+        dma_bad = (too_wide(dma.rows, "rows") | too_wide(dma.row_bytes, "row_bytes")
+                   | too_wide(dma.chip_row, "chip_row") | too_wide(dma.ext_addr, "ext_base")
+                   | too_wide(dma.ext_stride, "ext_stride"))
+        dma_empty = (dma.rows == 0) | (dma.row_bytes == 0)
+
+        is_dma = (op == Opcode.LOAD) | (op == Opcode.STORE)
+        mode = mm.flags.seed_mode
+        seed_end = mm.seed_row + Mux(mode == SeedMode.ACC, mm.m_rows, 1)
+        with m.If(illegal | (is_dma & dma_empty)):
+            m.d.comb += self.error.eq(ErrorCode.ILLEGAL_INSTR)
+        with m.Elif(op == Opcode.LOADW):
+            with m.If(lw.k_rows > c.rows):
+                m.d.comb += self.error.eq(ErrorCode.ILLEGAL_INSTR)
+            with m.Elif(lw.vmem_row + lw.k_rows > c.vmem_rows):
+                m.d.comb += self.error.eq(ErrorCode.VMEM_RANGE)
+        with m.Elif(op == Opcode.MATMUL):
+            with m.If(mm.m_rows == 0):
+                m.d.comb += self.error.eq(ErrorCode.ILLEGAL_INSTR)
+            with m.Elif(mm.act_row + mm.m_rows > c.vmem_rows):
+                m.d.comb += self.error.eq(ErrorCode.VMEM_RANGE)
+            with m.Elif((mm.out_row + mm.m_rows > c.acc_rows)
+                        | ((mode != SeedMode.ZERO) & (seed_end > c.acc_rows))):
+                m.d.comb += self.error.eq(ErrorCode.ACC_RANGE)
+        with m.Elif(is_dma & dma_bad):
+            m.d.comb += self.error.eq(ErrorCode.DMA_DESCRIPTOR)
+        m.d.comb += self.engine.eq(engine)
+        return m
+
+
+def _compute_command(config, word, m):
+    """The `ComputeCommand` of a LOADW/MATMUL/SYNC word."""
+    cmd = Signal(ComputeCommand(config))
+    lw, mm = LoadWInstr(word), MatmulInstr(word)
+    is_loadw = Header(word[:16]).opcode == Opcode.LOADW
+    m.d.comb += [
+        cmd.opcode.eq(Header(word[:16]).opcode),
+        cmd.deps.eq(Header(word[:16]).deps),
+        cmd.seed_mode.eq(mm.flags.seed_mode),
+        cmd.new_weights.eq(mm.flags.new_weights),
+        cmd.vmem_row.eq(Mux(is_loadw, lw.vmem_row, mm.act_row)),
+        cmd.count.eq(Mux(is_loadw, lw.k_rows, mm.m_rows)),
+        cmd.out_row.eq(mm.out_row),
+        cmd.seed_row.eq(mm.seed_row),
+    ]
+    return cmd
+
+
+class Controller(wiring.Component):
+    """Decode, queues, tokens, status and counters around three engines.
+
+    Parameters
+    ----------
+    config : ChipConfig
+
+    Interface
+    ---------
+    start : In(1)
+        Pulse to run the fetched program (from the register file).
+    instr : In(stream.Signature(FetchedInstr))
+        From `InstructionFetch`.
+    fetch_error, fetch_busy : In(1)
+    fetch_stop : Out(1)
+    load_cmd, store_cmd : Out(stream.Signature(DmaInstr))
+    compute_cmd : Out(stream.Signature(ComputeCommand(config)))
+    load_complete, compute_complete, store_complete : In(stream of Deps, always ready)
+    load_error, compute_error, store_error : In(ErrorCode)
+    load_idle, compute_idle, store_idle : In(1)
+    array_accept, dma_read_beat, dma_write_beat : In(1)
+        Events counted by the performance counters.
+    busy, done : Out(1)
+    error : Out(ErrorCode)
+    error_pc : Out(32)
+    counters : Out(ArrayLayout(64, len(COUNTERS)))
+    """
+
+    def __init__(self, config):
+        self.config = config
+        done_stream = stream.Signature(Deps, always_ready=True)
+        super().__init__({
+            "start": In(1),
+            "instr": In(stream.Signature(FetchedInstr)),
+            "fetch_error": In(1), "fetch_busy": In(1), "fetch_stop": Out(1),
+            "load_cmd": Out(stream.Signature(DmaInstr)),
+            "store_cmd": Out(stream.Signature(DmaInstr)),
+            "compute_cmd": Out(stream.Signature(ComputeCommand(config))),
+            "load_complete": In(done_stream), "compute_complete": In(done_stream),
+            "store_complete": In(done_stream),
+            "load_error": In(ErrorCode), "compute_error": In(ErrorCode),
+            "store_error": In(ErrorCode),
+            "load_idle": In(1), "compute_idle": In(1), "store_idle": In(1),
+            "array_accept": In(1), "dma_read_beat": In(1), "dma_write_beat": In(1),
+            "busy": Out(1), "done": Out(1),
+            "error": Out(ErrorCode), "error_pc": Out(32),
+            "counters": Out(data.ArrayLayout(64, len(COUNTERS))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.config
+        m.submodules.decoder = decoder = Decoder(c)
+        failed = Signal()
+        halted = Signal()
+        running = Signal()
+        record = []   # (condition, code, pc) in priority order
+
+        # ---- engine queues ------------------------------------------------------
+        queues = {}
+        for e in Engine:
+            q = fifo.SyncFIFOBuffered(width=INSTR_BITS + 32, depth=c.cmd_queue_depth)
+            m.submodules[f"{e.name.lower()}_queue"] = q
+            queues[e] = q
+
+        ins = FetchedInstr(self.instr.payload)
+        m.d.comb += decoder.word.eq(ins.word)
+        target = queues[Engine.LOAD]
+        target_ready = Mux(decoder.engine == Engine.LOAD, queues[Engine.LOAD].w_rdy,
+                           Mux(decoder.engine == Engine.COMPUTE, queues[Engine.COMPUTE].w_rdy,
+                               queues[Engine.STORE].w_rdy))
+        ok = decoder.error == ErrorCode.NONE
+        accept = running & ~halted & ~failed & self.instr.valid
+        m.d.comb += self.instr.ready.eq(accept & (~ok | decoder.halt | target_ready))
+        for e, q in queues.items():
+            m.d.comb += [
+                q.w_data.eq(self.instr.payload),
+                q.w_en.eq(accept & ok & ~decoder.halt & (decoder.engine == e) & q.w_rdy),
+            ]
+        with m.If(accept & ok & decoder.halt):
+            m.d.sync += halted.eq(1)
+        decoder_stalled = accept & ok & ~decoder.halt & ~target_ready
+        record.append((accept & ~ok, decoder.error, ins.pc))
+        del target
+
+        # ---- tokens ---------------------------------------------------------------
+        tokens = {name: Signal(16, name=f"tokens_{name}") for name in ("l2c", "c2l", "c2s", "s2c")}
+        # (engine, side) -> (counter it pushes, counter it pops)
+        links = {(Engine.LOAD, "next"): ("l2c", "c2l"), (Engine.COMPUTE, "prev"): ("c2l", "l2c"),
+                 (Engine.COMPUTE, "next"): ("c2s", "s2c"), (Engine.STORE, "prev"): ("s2c", "c2s")}
+        inc = {name: [] for name in tokens}
+        dec = {name: [] for name in tokens}
+        cmds = {Engine.LOAD: self.load_cmd, Engine.COMPUTE: self.compute_cmd,
+                Engine.STORE: self.store_cmd}
+        completes = {Engine.LOAD: self.load_complete, Engine.COMPUTE: self.compute_complete,
+                     Engine.STORE: self.store_complete}
+        idles = {Engine.LOAD: self.load_idle, Engine.COMPUTE: self.compute_idle,
+                 Engine.STORE: self.store_idle}
+        errors = {Engine.LOAD: self.load_error, Engine.COMPUTE: self.compute_error,
+                  Engine.STORE: self.store_error}
+        blocked, stalls, last_pc = {}, {}, {}
+        for e, q in queues.items():
+            head = FetchedInstr(q.r_data)
+            hdr = Header(head.word[:16])
+            pop_ok = Signal(name=f"{e.name.lower()}_pop_ok")
+            conds = []
+            for side in ("prev", "next"):
+                if (e, side) in links:
+                    push_name, pop_name = links[(e, side)]
+                    want = getattr(hdr.deps, f"pop_{side}")
+                    conds.append(~want | (tokens[pop_name] != 0))
+            m.d.comb += pop_ok.eq(Cat(*conds).all() if conds else 1)
+            cmd = cmds[e]
+            go = q.r_rdy & pop_ok & ~failed
+            if e == Engine.COMPUTE:
+                payload = _compute_command(c, head.word, m)
+                m.d.comb += cmd.payload.eq(payload)
+            else:
+                m.d.comb += cmd.payload.eq(head.word)
+            m.d.comb += [cmd.valid.eq(go), q.r_en.eq(go & cmd.ready)]
+            taken = go & cmd.ready
+            pc = Signal(32, name=f"{e.name.lower()}_pc")
+            with m.If(taken):
+                m.d.sync += pc.eq(head.pc)
+            last_pc[e] = pc
+            for side in ("prev", "next"):
+                if (e, side) in links:
+                    push_name, pop_name = links[(e, side)]
+                    dec[pop_name].append(taken & getattr(hdr.deps, f"pop_{side}"))
+                    inc[push_name].append(completes[e].valid
+                                          & getattr(completes[e].payload, f"push_{side}"))
+            blocked[e] = q.r_rdy & ~pop_ok
+            stalls[e] = q.r_rdy & ~taken
+            record.append((errors[e] != ErrorCode.NONE, errors[e], pc))
+        for name, counter in tokens.items():
+            m.d.sync += counter.eq(counter + sum(inc[name]) - sum(dec[name]))
+
+        # ---- deadlock: nothing in flight, and every waiting head lacks a token ----
+        all_idle = Cat(*(idles[e] for e in Engine)).all()
+        heads_stuck = Cat(*((~queues[e].r_rdy) | blocked[e] for e in Engine)).all()
+        any_waiting = Cat(*(queues[e].r_rdy for e in Engine)).any()
+        fetch_stuck = halted | decoder_stalled
+        deadlock = running & all_idle & heads_stuck & any_waiting & fetch_stuck
+        deadlock_q = Signal()
+        m.d.sync += deadlock_q.eq(deadlock)
+        record.append((deadlock_q & deadlock, C(ErrorCode.DEADLOCK.value, 4), ins.pc))
+        record.append((self.fetch_error, C(ErrorCode.FETCH_ERROR.value, 4), ins.pc))
+
+        # ---- first error wins ------------------------------------------------------
+        with m.If(running & ~failed):
+            for i, (cond, code, pc) in enumerate(record):
+                with (m.If if i == 0 else m.Elif)(cond):
+                    m.d.sync += [failed.eq(1), self.error.eq(code), self.error_pc.eq(pc)]
+
+        # ---- run state ---------------------------------------------------------------
+        empty = Cat(*(~q.r_rdy for q in queues.values())).all()
+        finished = running & all_idle & empty & ~self.fetch_busy & (halted | failed)
+        with m.If(self.start):
+            m.d.sync += [running.eq(1), halted.eq(0), failed.eq(0), self.done.eq(0),
+                         self.error.eq(ErrorCode.NONE), self.error_pc.eq(0)]
+        with m.Elif(finished):
+            m.d.sync += [running.eq(0), self.done.eq(1)]
+        m.d.comb += [self.busy.eq(running), self.fetch_stop.eq(halted | failed)]
+        # A failed run drops what is still queued: nothing else will take it.
+        with m.If(failed):
+            for q in queues.values():
+                m.d.comb += q.r_en.eq(1)
+
+        # ---- counters ---------------------------------------------------------------
+        events = {
+            "cycles": running,
+            "array_active": self.array_accept,
+            "load_stall": running & stalls[Engine.LOAD],
+            "compute_stall": running & stalls[Engine.COMPUTE],
+            "store_stall": running & stalls[Engine.STORE],
+            "dma_read_bytes": self.dma_read_beat,
+            "dma_write_bytes": self.dma_write_beat,
+            "instructions": self.instr.valid & self.instr.ready & ok,
+        }
+        step = {"dma_read_bytes": c.axi_data_bytes, "dma_write_bytes": c.axi_data_bytes}
+        for i, name in enumerate(COUNTERS):
+            counter = self.counters[i]
+            with m.If(self.start):
+                m.d.sync += counter.eq(0)
+            with m.Elif(events[name]):
+                m.d.sync += counter.eq(counter + step.get(name, 1))
+        return m

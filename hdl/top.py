@@ -1,0 +1,181 @@
+"""`MxuChip`: the whole chip (DESIGN section 4).
+
+Inside: instruction fetch, the controller (decode, queues, tokens, status,
+counters), three engines -- load (a `Dma` for LOADs), compute (`ComputeEngine`
+on the `SystolicArray`), store (a second `Dma` for STOREs) -- the VMEM, the
+accumulator memory and the host register file. Outside: one AXI4 master to
+external memory, one AXI4-Lite slave for the host, and ``irq`` (= done).
+
+The load DMA uses AR/R with ID 0, the fetch unit AR/R with ID 1, and the store
+DMA AW/W/B, so loads and stores use the bus's two directions at the same time.
+"""
+
+from amaranth.hdl import Module, Mux, ResetInserter, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from .accmem import AccMem
+from .axi import AXI4LiteSignature, AXI4Signature
+from .compute import ComputeEngine
+from .controller import COUNTERS, Controller
+from .dma import Dma, DmaDir
+from .fetch import FETCH_AXI_ID, InstructionFetch
+from .isa import ErrorCode
+from .regs import HOST_ADDR_BITS, RegisterFile
+from .transfer import TransferEngine
+from .vmem import Vmem
+
+__all__ = ["MxuChip"]
+
+_READ_FORWARD = ("arid", "araddr", "arlen", "arsize", "arburst", "arlock", "arcache", "arprot")
+_WRITE_FORWARD = ("awid", "awaddr", "awlen", "awsize", "awburst", "awlock", "awcache", "awprot",
+                  "awvalid", "wdata", "wstrb", "wlast", "wvalid", "bready")
+
+
+class _ChipCore(wiring.Component):
+    """Everything that a soft reset clears: all but the register file."""
+
+    def __init__(self, config):
+        self.config = config
+        super().__init__({
+            "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
+                                     data_width=config.axi_data_bits)),
+            "start": In(1), "prog_base": In(32), "prog_len": In(32),
+            "status": Out(data.ArrayLayout(64, len(COUNTERS))),
+            "busy": Out(1), "done": Out(1), "error": Out(ErrorCode), "error_pc": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.config
+        m.submodules.fetch = fetch = InstructionFetch(c)
+        m.submodules.ctrl = ctrl = Controller(c)
+        m.submodules.vmem = vmem = Vmem(c, weight_port=True)
+        m.submodules.acc = acc = AccMem(c)
+        m.submodules.compute = compute = ComputeEngine(c)
+        m.submodules.load_dma = load_dma = Dma(c)
+        m.submodules.store_dma = store_dma = Dma(c)
+        m.submodules.load = load = TransferEngine(c, DmaDir.LOAD)
+        m.submodules.store = store = TransferEngine(c, DmaDir.STORE)
+
+        m.d.comb += [
+            fetch.start.eq(self.start), fetch.base.eq(self.prog_base),
+            fetch.length.eq(self.prog_len), fetch.stop.eq(ctrl.fetch_stop),
+            ctrl.start.eq(self.start),
+            ctrl.fetch_error.eq(fetch.error), ctrl.fetch_busy.eq(fetch.busy),
+        ]
+        wiring.connect(m, fetch.instr, ctrl.instr)
+        for name, engine in (("load", load), ("compute", compute), ("store", store)):
+            wiring.connect(m, getattr(ctrl, f"{name}_cmd"), engine.cmd)
+            wiring.connect(m, engine.complete, getattr(ctrl, f"{name}_complete"))
+            m.d.comb += [getattr(ctrl, f"{name}_error").eq(engine.error),
+                         getattr(ctrl, f"{name}_idle").eq(engine.idle)]
+        wiring.connect(m, load.dma_cmd, load_dma.cmd)
+        wiring.connect(m, load_dma.done, load.dma_done)
+        wiring.connect(m, store.dma_cmd, store_dma.cmd)
+        wiring.connect(m, store_dma.done, store.dma_done)
+
+        # On-chip memories: the compute engine's ports, the load DMA's writes and
+        # the store DMA's reads. The unused DMA ports stay unconnected (idle).
+        wiring.connect(m, compute.act_read, vmem.array_read)
+        wiring.connect(m, compute.weight_read, vmem.weight_read)
+        wiring.connect(m, compute.seed_read, acc.array_read)
+        wiring.connect(m, compute.result_write, acc.array_write)
+        wiring.connect(m, load_dma.vmem_write, vmem.dma_write)
+        wiring.connect(m, load_dma.acc_write, acc.dma_write)
+        wiring.connect(m, store_dma.vmem_read, vmem.dma_read)
+        wiring.connect(m, store_dma.acc_read, acc.dma_read)
+        for port in (load_dma.vmem_read, load_dma.acc_read):
+            m.d.comb += port.req.ready.eq(0)
+        for port in (store_dma.vmem_write, store_dma.acc_write):
+            m.d.comb += port.ready.eq(0)
+
+        self._axi(m, fetch, load_dma, store_dma)
+        m.d.comb += [
+            ctrl.array_accept.eq(compute.array_accept),
+            ctrl.dma_read_beat.eq(load_dma.axi.rvalid & load_dma.axi.rready),
+            ctrl.dma_write_beat.eq(store_dma.axi.wvalid & store_dma.axi.wready),
+            self.status.eq(ctrl.counters),
+            self.busy.eq(ctrl.busy), self.done.eq(ctrl.done),
+            self.error.eq(ctrl.error), self.error_pc.eq(ctrl.error_pc),
+        ]
+        return m
+
+    def _axi(self, m, fetch, load_dma, store_dma):
+        """AR: fetch and load DMA share it (held until accepted); R goes back by ID.
+        AW/W/B belong to the store DMA alone."""
+        bus = self.axi
+        locked = Signal()
+        owner = Signal()            # 1: fetch owns AR
+        pick = Mux(locked, owner, fetch.axi.arvalid)
+        with m.If(bus.arvalid & ~bus.arready):
+            m.d.sync += [locked.eq(1), owner.eq(pick)]
+        with m.Else():
+            m.d.sync += locked.eq(0)
+        for name in _READ_FORWARD:
+            src = Mux(pick, getattr(fetch.axi, name), getattr(load_dma.axi, name))
+            m.d.comb += getattr(bus, name).eq(src)
+        m.d.comb += [
+            bus.arid.eq(Mux(pick, FETCH_AXI_ID, 0)),
+            bus.arvalid.eq(Mux(pick, fetch.axi.arvalid, load_dma.axi.arvalid)),
+            fetch.axi.arready.eq(pick & bus.arready),
+            load_dma.axi.arready.eq(~pick & bus.arready),
+        ]
+        to_fetch = bus.rid == FETCH_AXI_ID
+        for dst, mine in ((fetch.axi, to_fetch), (load_dma.axi, ~to_fetch)):
+            m.d.comb += [dst.rid.eq(0), dst.rdata.eq(bus.rdata), dst.rresp.eq(bus.rresp),
+                         dst.rlast.eq(bus.rlast), dst.rvalid.eq(bus.rvalid & mine)]
+        m.d.comb += bus.rready.eq(Mux(to_fetch, fetch.axi.rready, load_dma.axi.rready))
+        for name in _WRITE_FORWARD:
+            if name.startswith("b"):
+                m.d.comb += bus.bready.eq(store_dma.axi.bready)
+            else:
+                m.d.comb += getattr(bus, name).eq(getattr(store_dma.axi, name))
+        m.d.comb += [
+            store_dma.axi.awready.eq(bus.awready), store_dma.axi.wready.eq(bus.wready),
+            store_dma.axi.bid.eq(bus.bid), store_dma.axi.bresp.eq(bus.bresp),
+            store_dma.axi.bvalid.eq(bus.bvalid),
+        ]
+
+
+class MxuChip(wiring.Component):
+    """The mxu chip.
+
+    Parameters
+    ----------
+    config : ChipConfig
+
+    Interface
+    ---------
+    axi : Out(AXI4Signature(config.axi_addr_bits, config.axi_data_bits))
+        Master port to external memory (program, operands, results).
+    host : In(AXI4LiteSignature(addr_width=12, data_width=32))
+        The register file (`mxu.hdl.regs`).
+    irq : Out(1)
+        High once a run has finished (``STATUS.done``), until the next start.
+    """
+
+    def __init__(self, config):
+        self.config = config
+        super().__init__({
+            "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
+                                     data_width=config.axi_data_bits)),
+            "host": In(AXI4LiteSignature(addr_width=HOST_ADDR_BITS, data_width=32)),
+            "irq": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.regs = regs = RegisterFile(self.config)
+        core = _ChipCore(self.config)
+        m.submodules.core = ResetInserter(regs.soft_reset)(core)
+        wiring.connect(m, wiring.flipped(self.host), regs.bus)
+        wiring.connect(m, core.axi, wiring.flipped(self.axi))
+        m.d.comb += [
+            core.start.eq(regs.start), core.prog_base.eq(regs.prog_base),
+            core.prog_len.eq(regs.prog_len),
+            regs.busy.eq(core.busy), regs.done.eq(core.done), regs.error.eq(core.error),
+            regs.error_pc.eq(core.error_pc), regs.counters.eq(core.status),
+            self.irq.eq(core.done),
+        ]
+        return m

@@ -1,0 +1,91 @@
+"""The load and store engines: LOAD/STORE instructions become DMA descriptors."""
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .dma import DmaDir, DmaError, DmaSpace, dma_completion_layout, dma_descriptor_layout
+from .isa import Deps, DmaInstr, ErrorCode, Opcode
+
+__all__ = ["TransferEngine"]
+
+
+class TransferEngine(wiring.Component):
+    """Runs LOAD (or STORE) and SYNC instructions on one `Dma`, one at a time.
+
+    Parameters
+    ----------
+    config : ChipConfig
+    direction : DmaDir
+        LOAD for the load engine, STORE for the store engine.
+
+    Interface
+    ---------
+    cmd : In(stream.Signature(DmaInstr))
+        Instructions in program order, tokens already taken.
+    complete : Out(stream.Signature(Deps), always ready)
+        The push flags of an instruction once its transfer has completed.
+    error : Out(ErrorCode)
+        DMA_DESCRIPTOR or AXI_ERROR from the DMA's completion; the engine then
+        refuses further commands.
+    idle : Out(1)
+    dma_cmd : Out(stream.Signature(dma_descriptor_layout(config)))
+    dma_done : In(stream.Signature(dma_completion_layout(config)))
+    """
+
+    def __init__(self, config, direction):
+        self.config = config
+        self.direction = DmaDir(direction)
+        super().__init__({
+            "cmd": In(stream.Signature(DmaInstr)),
+            "complete": Out(stream.Signature(Deps, always_ready=True)),
+            "error": Out(ErrorCode),
+            "idle": Out(1),
+            "dma_cmd": Out(stream.Signature(dma_descriptor_layout(config))),
+            "dma_done": In(stream.Signature(dma_completion_layout(config))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ins = self.cmd.payload
+        inflight = Signal()
+        failed = Signal()
+        is_sync = ins.opcode == Opcode.SYNC
+        d = self.dma_cmd.payload
+        m.d.comb += [
+            d.dir.eq(self.direction),
+            d.space.eq(Mux(ins.flags.space, DmaSpace.ACC, DmaSpace.VMEM)),
+            d.to_bf16.eq(ins.flags.to_bf16),
+            d.relu.eq(ins.flags.relu),
+            d.tag.eq(ins.deps.as_value()),
+            d.rows.eq(ins.rows),
+            d.row_bytes.eq(ins.row_bytes),
+            d.chip_row.eq(ins.chip_row),
+            d.ext_base.eq(ins.ext_addr),
+            d.ext_stride.eq(ins.ext_stride),
+        ]
+        free = ~inflight & ~failed
+        m.d.comb += [
+            self.dma_cmd.valid.eq(self.cmd.valid & free & ~is_sync),
+            self.cmd.ready.eq(free & (is_sync | self.dma_cmd.ready)),
+            self.dma_done.ready.eq(1),
+            self.idle.eq(~inflight),
+        ]
+        with m.If(self.dma_cmd.valid & self.dma_cmd.ready):
+            m.d.sync += inflight.eq(1)
+        done = self.dma_done.valid
+        ok = self.dma_done.payload.error == DmaError.OK
+        axi = ((self.dma_done.payload.error == DmaError.SLVERR)
+               | (self.dma_done.payload.error == DmaError.DECERR))
+        with m.If(done):
+            m.d.sync += inflight.eq(0)
+            with m.If(~ok):
+                m.d.sync += [failed.eq(1),
+                             self.error.eq(Mux(axi, ErrorCode.AXI_ERROR, ErrorCode.DMA_DESCRIPTOR))]
+        sync_done = self.cmd.valid & self.cmd.ready & is_sync
+        m.d.comb += [
+            self.complete.valid.eq((done & ok) | sync_done),
+            self.complete.payload.as_value().eq(
+                Mux(sync_done, ins.deps.as_value(), self.dma_done.payload.tag[:4])),
+        ]
+        return m

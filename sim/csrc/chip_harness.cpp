@@ -1,0 +1,160 @@
+// Native runner for mxu.hdl.top.MxuChip next to the AxiMem external-memory model
+// (DESIGN section 5). Python (sim/chip.py) fills the memory through a pointer,
+// writes registers, and calls mxu_chip_run, which clocks the chip in C++ until
+// it raises irq (or the cycle limit, the watchdog, passes).
+#include <cstdint>
+#include <memory>
+
+#include "Vtop.h"
+#include "verilated.h"
+#include "axi_mem.h"
+
+namespace {
+
+// AXI4-Lite outputs of the chip as they were during the last cycle (sampled
+// before its rising edge, so a handshake is valid && ready here).
+struct HostSample {
+    bool awready = false, wready = false, bvalid = false, arready = false, rvalid = false;
+    uint32_t bresp = 0, rresp = 0, rdata = 0;
+};
+
+struct Chip {
+    VerilatedContext ctx;
+    std::unique_ptr<Vtop> top;
+    mxu::AxiMem mem;
+    mxu::AxiPins pins;
+    HostSample host;
+    uint64_t cycles = 0;
+    Chip(uint64_t bytes, uint32_t data_bytes) : mem(bytes, data_bytes) {
+        top.reset(new Vtop(&ctx));
+    }
+};
+
+// AXI4-Lite inputs the harness drives; set before each falling-edge eval.
+struct Host {
+    uint32_t awaddr = 0, wdata = 0, araddr = 0;
+    bool awvalid = false, wvalid = false, bready = false, arvalid = false, rready = false;
+};
+
+void step(Chip &c, const Host &h) {
+    Vtop &t = *c.top;
+    c.mem.drive(c.pins);
+    MXU_AXI_DRIVE(t, axi___05F, c.pins);
+    t.host___05Fawaddr = h.awaddr; t.host___05Fawvalid = h.awvalid;
+    t.host___05Fwdata = h.wdata; t.host___05Fwstrb = 0xF; t.host___05Fwvalid = h.wvalid;
+    t.host___05Fbready = h.bready;
+    t.host___05Faraddr = h.araddr; t.host___05Farvalid = h.arvalid;
+    t.host___05Frready = h.rready;
+    t.clk = 0;
+    t.eval();
+    MXU_AXI_SAMPLE(t, axi___05F, c.pins);
+    c.host.awready = t.host___05Fawready; c.host.wready = t.host___05Fwready;
+    c.host.bvalid = t.host___05Fbvalid; c.host.bresp = t.host___05Fbresp;
+    c.host.arready = t.host___05Farready; c.host.rvalid = t.host___05Frvalid;
+    c.host.rdata = t.host___05Frdata; c.host.rresp = t.host___05Frresp;
+    c.mem.update(c.pins);
+    t.clk = 1;
+    t.eval();
+    c.cycles++;
+}
+
+const uint64_t HOST_TIMEOUT = 64;
+
+}  // namespace
+
+extern "C" {
+
+void *mxu_chip_new(uint64_t mem_bytes, uint32_t data_bytes) {
+    Chip *c = new Chip(mem_bytes, data_bytes);
+    Host idle;
+    c->top->rst = 1;
+    for (int i = 0; i < 4; i++) step(*c, idle);
+    c->top->rst = 0;
+    step(*c, idle);
+    return c;
+}
+
+void mxu_chip_free(void *h) { delete static_cast<Chip *>(h); }
+
+uint8_t *mxu_chip_mem(void *h) { return static_cast<Chip *>(h)->mem.mem.data(); }
+
+void mxu_chip_mem_params(void *h, uint32_t lat_min, uint32_t lat_max, const uint32_t *pause5,
+                         uint64_t seed) {
+    mxu::AxiMemParams p;
+    p.lat_min = lat_min;
+    p.lat_max = lat_max;
+    for (int i = 0; i < 5; i++) p.pause_pct[i] = pause5[i];
+    p.seed = seed;
+    static_cast<Chip *>(h)->mem.set_params(p);
+}
+
+void mxu_chip_add_error(void *h, uint64_t lo, uint64_t hi, uint32_t resp) {
+    static_cast<Chip *>(h)->mem.add_error(lo, hi, resp);
+}
+
+void mxu_chip_clear_errors(void *h) { static_cast<Chip *>(h)->mem.clear_errors(); }
+
+// Returns 0 and the response in *resp, or -1 if the slave never answered.
+int mxu_chip_reg_write(void *h, uint32_t addr, uint32_t data, uint32_t *resp) {
+    Chip &c = *static_cast<Chip *>(h);
+    Host host;
+    host.awaddr = addr; host.wdata = data; host.awvalid = host.wvalid = true;
+    for (uint64_t n = 0;; n++) {
+        if (n > HOST_TIMEOUT) return -1;
+        step(c, host);
+        if (c.host.awready && c.host.wready) break;
+    }
+    host.awvalid = host.wvalid = false;
+    host.bready = true;
+    for (uint64_t n = 0;; n++) {
+        if (n > HOST_TIMEOUT) return -1;
+        step(c, host);
+        if (c.host.bvalid) break;
+    }
+    *resp = c.host.bresp;
+    return 0;
+}
+
+int mxu_chip_reg_read(void *h, uint32_t addr, uint32_t *data, uint32_t *resp) {
+    Chip &c = *static_cast<Chip *>(h);
+    Host host;
+    host.araddr = addr; host.arvalid = true;
+    for (uint64_t n = 0;; n++) {
+        if (n > HOST_TIMEOUT) return -1;
+        step(c, host);
+        if (c.host.arready) break;
+    }
+    host.arvalid = false;
+    host.rready = true;
+    for (uint64_t n = 0;; n++) {
+        if (n > HOST_TIMEOUT) return -1;
+        step(c, host);
+        if (c.host.rvalid) break;
+    }
+    *data = c.host.rdata;
+    *resp = c.host.rresp;
+    return 0;
+}
+
+// Clock until irq rises; returns the cycles taken, or -1 after max_cycles.
+int64_t mxu_chip_run(void *h, uint64_t max_cycles) {
+    Chip &c = *static_cast<Chip *>(h);
+    Host idle;
+    uint64_t start = c.cycles;
+    while (!c.top->irq) {
+        if (c.cycles - start >= max_cycles) return -1;
+        step(c, idle);
+    }
+    return (int64_t)(c.cycles - start);
+}
+
+// Protocol violations the memory model saw (count), and the first one's text.
+const char *mxu_chip_violations(void *h, uint64_t *count) {
+    Chip &c = *static_cast<Chip *>(h);
+    *count = c.mem.violations;
+    return c.mem.first_violation.c_str();
+}
+
+uint64_t mxu_chip_mem_busy(void *h) { return static_cast<Chip *>(h)->mem.busy(); }
+
+}

@@ -15,14 +15,14 @@ so ``result[i, j] = (...((seed[i, j] + a[i, 0]*w[0, j]) + a[i, 1]*w[1, j]) + ...
 the sequential fp32 dot product of DESIGN section 3.
 """
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import ClockSignal, Instance, Module, Mux, ResetSignal, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from .mac import MAC_STAGES
 from .numerics import BF16, FP32
-from .pe import ProcessingElement
+from .pe import PE_SIGNATURE, ProcessingElement
 
 __all__ = ["SystolicArray", "ActivationBeat", "array_latency", "default_weight_queue_depth"]
 
@@ -88,6 +88,12 @@ class SystolicArray(wiring.Component):
         Weight rows the queue in front of the shadow registers holds (>= 1);
         None picks `default_weight_queue_depth`, which keeps back-to-back tiles
         of ``M >= rows`` rows bubble-free for ``mac_stages <= 2``.
+    pe_module : str or None
+        None (default): the PEs are elaborated as Amaranth submodules. A Verilog
+        module name: every PE becomes an ``Instance`` of that module, which the
+        caller must supply as the Verilog of ``ProcessingElement(mac_stages)``
+        (same port names). `mxu.sim.array` uses this so that generating Verilog
+        costs one PE, not ``rows * cols``; the hardware is the same.
 
     Interface
     ---------
@@ -115,7 +121,7 @@ class SystolicArray(wiring.Component):
         `array_latency` (rows, cols, mac_stages).
     """
 
-    def __init__(self, rows, cols, mac_stages=2, *, weight_queue_depth=None):
+    def __init__(self, rows, cols, mac_stages=2, *, weight_queue_depth=None, pe_module=None):
         _check_positive("rows", rows)
         _check_positive("cols", cols)
         if mac_stages not in MAC_STAGES:
@@ -123,6 +129,9 @@ class SystolicArray(wiring.Component):
         if weight_queue_depth is None:
             weight_queue_depth = default_weight_queue_depth(rows, mac_stages)
         _check_positive("weight_queue_depth", weight_queue_depth)
+        if pe_module is not None and (not isinstance(pe_module, str) or not pe_module.isidentifier()):
+            raise ValueError(f"pe_module must be a Verilog module name, not {pe_module!r}")
+        self.pe_module = pe_module
         self.rows = rows
         self.cols = cols
         self.mac_stages = mac_stages
@@ -136,6 +145,20 @@ class SystolicArray(wiring.Component):
             "weights_ready": Out(1),
             "busy": Out(1),
         })
+
+    def _pe(self, m, name):
+        """Add one PE to `m`: a `ProcessingElement`, or a black-box instance of
+        `pe_module` bound to an interface with the same ports. Returns the ports."""
+        if self.pe_module is None:
+            m.submodules[name] = pe = ProcessingElement(self.mac_stages)
+            return pe
+        pe = PE_SIGNATURE.create(path=(name,))
+        ports = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
+        for path, member, value in PE_SIGNATURE.flatten(pe):
+            prefix = "i_" if member.flow == In else "o_"
+            ports[prefix + "__".join(map(str, path))] = Value.cast(value)
+        m.submodules[name] = Instance(self.pe_module, **ports)
+        return pe
 
     def elaborate(self, platform):
         m = Module()
@@ -156,10 +179,9 @@ class SystolicArray(wiring.Component):
         en = Signal()
         m.d.comb += en.eq(~self.result.valid | self.result.ready)
 
-        pes = [[ProcessingElement(stages) for _ in range(cols)] for _ in range(rows)]
+        pes = [[self._pe(m, f"pe_{r}_{c}") for c in range(cols)] for r in range(rows)]
         for r in range(rows):
             for c in range(cols):
-                m.submodules[f"pe_{r}_{c}"] = pes[r][c]
                 m.d.comb += pes[r][c].en.eq(en)
 
         # ---- Input join and tile-switch admission ------------------------------

@@ -21,7 +21,7 @@ from amaranth.lib.wiring import In, Out
 from .mac import MAC_STAGES, MacPipeline
 from .numerics import BF16, FP32
 
-__all__ = ["ActivationFlow", "PsumFlow", "WeightLoad", "ProcessingElement"]
+__all__ = ["ActivationFlow", "PsumFlow", "WeightLoad", "PE_SIGNATURE", "ProcessingElement"]
 
 
 ActivationFlow = wiring.Signature({
@@ -41,6 +41,16 @@ WeightLoad = wiring.Signature({
     "load": Out(1),        # write `data` into the shadow register
 })
 """The shadow-weight write port of one PE."""
+
+PE_SIGNATURE = wiring.Signature({
+    "en": In(1),
+    "west": In(ActivationFlow),
+    "east": Out(ActivationFlow),
+    "north": In(PsumFlow),
+    "south": Out(PsumFlow),
+    "weight": In(WeightLoad),
+})
+"""The ports of `ProcessingElement` (the same for every ``mac_stages``)."""
 
 
 class ProcessingElement(wiring.Component):
@@ -77,14 +87,7 @@ class ProcessingElement(wiring.Component):
         if mac_stages not in MAC_STAGES:
             raise ValueError(f"mac_stages must be one of {MAC_STAGES}, not {mac_stages!r}")
         self.mac_stages = mac_stages
-        super().__init__({
-            "en": In(1),
-            "west": In(ActivationFlow),
-            "east": Out(ActivationFlow),
-            "north": In(PsumFlow),
-            "south": Out(PsumFlow),
-            "weight": In(WeightLoad),
-        })
+        super().__init__(PE_SIGNATURE)
 
     def elaborate(self, platform):
         m = Module()

@@ -5,7 +5,7 @@ fetcher hands out a zero word (opcode 0, illegal), so a program without HALT sto
 with ILLEGAL_INSTR at pc = length instead of running into whatever follows.
 """
 
-from amaranth.hdl import C, Cat, Module, Mux, Signal
+from amaranth.hdl import C, Cat, Module, Mux, ResetInserter, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -65,8 +65,9 @@ class InstructionFetch(wiring.Component):
         c = self.config
         bb = c.axi_data_bytes
         axi = self.axi
-        m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=INSTR_BITS + 32,
-                                                            depth=_QUEUE_INSTRS)
+        queue = fifo.SyncFIFOBuffered(width=INSTR_BITS + 32, depth=_QUEUE_INSTRS)
+        # A run that stopped (HALT, error) can leave instructions behind: start afresh.
+        m.submodules.queue = ResetInserter(self.start)(queue)
         m.d.comb += [
             self.instr.valid.eq(queue.r_rdy),
             self.instr.payload.as_value().eq(queue.r_data),

@@ -168,7 +168,13 @@ class NativeDma:
     def run(self, descriptors, *, array_traffic=False, max_cycles=None):
         """Run descriptors (`mxu.verif.dma_model.Descriptor` or packed ints) back to
         back. Returns (list of (error, tag) per descriptor, cycles). Raises
-        TimeoutError if the watchdog (`max_cycles`, default generous) expires."""
+        TimeoutError if the watchdog (`max_cycles`, default generous) expires.
+
+        `array_traffic`: True (or "read") makes the array's read ports read
+        consecutive VMEM and accumulator rows every cycle; "read+write" also makes
+        its result port write zero rows into the last two accumulator rows every
+        cycle (those rows are then zero).
+        """
         from mxu.hdl.dma import DmaError
         packed = [d if isinstance(d, int) else d.pack(self.config) for d in descriptors]
         n = len(packed)
@@ -180,7 +186,7 @@ class NativeDma:
         done = (ctypes.c_uint32 * max(n, 1))()
         c = self.config
         cycles = self._lib.mxu_dma_run(self._h, n, words, self._desc_words, done,
-                                       int(bool(array_traffic)), c.vmem_rows, c.acc_rows,
+                                       _traffic_mode(array_traffic), c.vmem_rows, c.acc_rows,
                                        max_cycles)
         if cycles < 0:
             raise TimeoutError(f"DMA watchdog: {n} descriptors not complete after "
@@ -216,6 +222,13 @@ class NativeDma:
             flat += _words(value, words)
         arr = (ctypes.c_uint32 * len(flat))(*flat)
         self._lib.mxu_dma_write_acc(self._h, len(rows), words, arr)
+
+
+def _traffic_mode(array_traffic):
+    modes = {False: 0, None: 0, True: 1, "read": 1, "read+write": 3}
+    if array_traffic not in modes:
+        raise ValueError(f"array_traffic must be one of {list(modes)}, not {array_traffic!r}")
+    return modes[array_traffic]
 
 
 def _traffic_bytes(d):

@@ -101,9 +101,10 @@ const char *mxu_dma_stats(void *h, uint64_t *stats) {
 }
 
 // Run `n` descriptors (each `words` 32-bit words, little-endian) back to back and
-// write one completion word per descriptor into `done`. With `array_traffic`,
-// the array's read ports read consecutive VMEM and accumulator rows every cycle
-// (bank-conflict traffic). Returns the cycles from the first descriptor offered
+// write one completion word per descriptor into `done`. With bit 0 of
+// `array_traffic`, the array's read ports read consecutive VMEM and accumulator
+// rows every cycle; with bit 1, the array's result port writes zero rows into
+// the last two accumulator rows every cycle (bank-conflict traffic). Returns the cycles from the first descriptor offered
 // to the last completion taken, or -1 if `max_cycles` passed first (watchdog).
 int64_t mxu_dma_run(void *h, uint32_t n, const uint32_t *desc, uint32_t words, uint32_t *done,
                     uint32_t array_traffic, uint32_t vmem_rows, uint32_t acc_rows,
@@ -125,11 +126,18 @@ int64_t mxu_dma_run(void *h, uint32_t n, const uint32_t *desc, uint32_t words, u
                      top.cmd___05Fvalid = 1;
                  }
                  top.done___05Fready = 1;
-                 if (array_traffic) {
+                 if (array_traffic & 1) {
                      top.vmem_rd___05Fvalid = 1;
                      top.vmem_rd___05Fpayload = (uint32_t)(d.cycles % vmem_rows);
                      top.acc_rd___05Fvalid = 1;
                      top.acc_rd___05Fpayload = (uint32_t)(d.cycles % acc_rows);
+                 }
+                 if (array_traffic & 2) {
+                     // zero rows into the last two accumulator rows (both banks)
+                     uint32_t aw[MAXW] = {};
+                     aw[0] = acc_rows - 1 - (uint32_t)(d.cycles % 2);
+                     top.acc_wr___05Fvalid = 1;
+                     mxu::from_words(top.acc_wr___05Fpayload, aw);
                  }
              },
              [&](Vtop &top) {

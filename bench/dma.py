@@ -67,7 +67,7 @@ def main(argv=None):
     sizes = [int(s) * KIB for s in args.sizes.split(",")]
     t0 = time.time()
     dut = NativeDma(config, latency=(args.latency, args.latency), pause=args.pause,
-                    max_reads=16, max_writes=16)
+                    max_reads=64, max_writes=64)
     build = time.time() - t0
     rng = np.random.default_rng(1)
     peak = config.axi_data_bytes

@@ -59,7 +59,7 @@ class ChipConfig:
     axi_addr_bits: int = 32
     ext_mem_bytes: int = 64 << 20
     acc_banks: int = 2
-    dma_max_outstanding: int = 4
+    dma_max_outstanding: int = 16
     dma_max_burst_beats: int = 256
     cmd_queue_depth: int = 8
 

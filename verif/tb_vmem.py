@@ -24,7 +24,6 @@ def check_banked(dut, reads, writes, depth, banks, width, cycles, seed, pattern=
     stats = {"dma_grants": 0}
 
     async def bench(ctx):
-        nonlocal model
         seq = [int(rng.integers(depth)) for _ in reads]
         for cycle in range(cycles):
             req = []
@@ -63,7 +62,6 @@ def check_banked(dut, reads, writes, depth, banks, width, cycles, seed, pattern=
                                   for r in reqs[:i])
                     assert ready == (not blocked), (kind, i, cycle, seed)
             # fire
-            fired = []
             for i, (port, always) in enumerate(reads):
                 ok = req[i][0] and (always or ctx.get(port.req.ready))
                 pending[i] = model[req[i][1]] if ok else None
@@ -71,7 +69,6 @@ def check_banked(dut, reads, writes, depth, banks, width, cycles, seed, pattern=
                     if i == len(reads) - 1:
                         stats["dma_grants"] += 1
                     seq[i] += 1
-                fired.append(ok)
             for i, (port, always) in enumerate(writes):
                 if wr[i][0] and (always or ctx.get(port.ready)):
                     model[wr[i][1]] = wr[i][2]

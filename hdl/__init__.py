@@ -22,3 +22,7 @@ __all__ += [
     "Dma", "DmaSystem", "DmaDir", "DmaSpace", "DmaError", "dma_descriptor_layout",
     "dma_completion_layout",
 ]
+
+from .array import SystolicArray
+
+__all__ += ["SystolicArray"]

@@ -19,6 +19,7 @@ import ctypes
 import functools
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,15 +169,22 @@ def array_verilog(rows, cols, stages, weight_queue_depth=None):
     The PE is generated once as module ``mxu_pe_s<stages>`` and instantiated
     ``rows*cols`` times, so this costs seconds at any size (elaborating every PE
     in Amaranth takes 38 s at 16x16)."""
-    pe_name = f"mxu_pe_s{stages}"
+    pe_name, pe = pe_verilog(stages)
     top = SystolicArray(rows, cols, stages, weight_queue_depth=weight_queue_depth, pe_module=pe_name)
+    return pe + to_verilog(top)
+
+
+@functools.lru_cache(maxsize=None)
+def pe_verilog(stages):
+    """(module name, Verilog) of ``ProcessingElement(stages)``, for designs that
+    instantiate the PE by name (``SystolicArray(..., pe_module=name)``)."""
+    pe_name = f"mxu_pe_s{stages}"
     pe = to_verilog(ProcessingElement(stages), name=pe_name)
     # Keep the PE a module of its own in Verilator: one C++ class instantiated
     # rows*cols times instead of rows*cols inlined copies. Measured on 16x16:
     # build 124 s instead of 327 s, and the model runs slightly faster.
     head = pe.index(");", pe.index(f"module {pe_name}(")) + 2
-    pe = pe[:head] + "\n  /*verilator no_inline_module*/" + pe[head:]
-    return pe + to_verilog(top)
+    return pe_name, pe[:head] + "\n  /*verilator no_inline_module*/" + pe[head:]
 
 
 class NativeArray:
@@ -212,10 +220,12 @@ class NativeArray:
             max_cycles = _watchdog(streams, self.latency, min(act_valid_percent, seed_valid_percent,
                                                               weight_valid_percent, ready_percent))
         p = lambda a: a.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
+        start = time.perf_counter()
         cycles = self._fn(streams.n, p(act), p(seeds), weight.shape[0], p(weight), p(out),
                           act.shape[1], seeds.shape[1], weight.shape[1], self.cols,
                           act_valid_percent, seed_valid_percent, weight_valid_percent,
                           ready_percent, seed, max_cycles, stats)
+        wall = time.perf_counter() - start
         if cycles == -1:
             raise RuntimeError(f"watchdog: the {self.rows}x{self.cols} array did not return "
                                f"{streams.n} results within {max_cycles} cycles")
@@ -225,21 +235,25 @@ class NativeArray:
         if cycles == -3:
             raise AssertionError("the array produced a result with no activation beat outstanding")
         return ArrayRun(result=out, cycles=int(cycles), total_cycles=int(stats[0]),
-                        act_wait=int(stats[3]), weight_wait=int(stats[4]), out_stall=int(stats[5]))
+                        act_wait=int(stats[3]), weight_wait=int(stats[4]), out_stall=int(stats[5]),
+                        wall_s=wall)
 
 
 @dataclass(frozen=True)
 class ArrayRun:
     """What one run returns: ``result`` (uint32 (N, cols) fp32 bit patterns),
     ``cycles`` (the cycle contract's measure), ``total_cycles`` (after reset,
-    including the first weight load), and the cycles the array made its inputs
-    wait (``act_wait``, ``weight_wait``) or had its result refused (``out_stall``)."""
+    including the first weight load), the cycles the array made its inputs
+    wait (``act_wait``, ``weight_wait``) or had its result refused (``out_stall``)
+    -- Verilator only -- and ``wall_s``, the wall time of the simulation proper
+    (no build, no elaboration, no file conversion)."""
     result: np.ndarray
     cycles: int
     total_cycles: int = 0
     act_wait: int = 0
     weight_wait: int = 0
     out_stall: int = 0
+    wall_s: float = 0.0
 
 
 def _watchdog(streams, latency, percent):
@@ -306,7 +320,7 @@ module tb;
       if (cycle > MAX_CYCLES) begin $display("WATCHDOG"); $fclose(fd); $finish; end
     end
     $fclose(fd);
-    $display("CYCLES %0d", last_out - first_in + 1);
+    $display("CYCLES %0d %0d", last_out - first_in + 1, cycle);
     $finish;
   end
 endmodule
@@ -347,17 +361,20 @@ def run_icarus(streams, stages):
         (work / "act.hex").write_text(_hex_lines(streams.act_words(), aw))
         (work / "seed.hex").write_text(_hex_lines(streams.seed_words(), sw))
         (work / "weight.hex").write_text(_hex_lines(streams.weight_words(), ww))
+        start = time.perf_counter()
         result = subprocess.run(["vvp", "-n", str(binary)], cwd=work, capture_output=True, text=True)
+        wall = time.perf_counter() - start
         log = result.stdout + result.stderr
         if "WATCHDOG" in log:
             raise RuntimeError(f"watchdog: the {rows}x{cols} array did not finish on Icarus")
         lines = [l for l in log.splitlines() if l.startswith("CYCLES ")]
         if result.returncode != 0 or not lines:
             raise RuntimeError(f"vvp failed:\n{log[-3000:]}")
-        cycles = int(lines[-1].split()[1])
+        cycles, total = (int(x) for x in lines[-1].split()[1:3])
         values = [int(l, 16) for l in (work / "result.hex").read_text().split()]
     out = np.array([[(v >> (32 * c)) & 0xFFFFFFFF for c in range(cols)] for v in values], np.uint32)
-    return ArrayRun(result=out.reshape(streams.n, cols), cycles=cycles)
+    return ArrayRun(result=out.reshape(streams.n, cols), cycles=cycles, total_cycles=total,
+                    wall_s=wall)
 
 
 # ---------------------------------------------------------------------------
@@ -400,6 +417,7 @@ def run_amaranth(streams, stages):
             ai += a_fire
             wi += w_fire
             cycle += 1
+            marks["total"] = cycle
             if cycle > limit:
                 raise RuntimeError(f"watchdog: the {rows}x{cols} array did not finish "
                                    f"in Amaranth's simulator")
@@ -407,9 +425,12 @@ def run_amaranth(streams, stages):
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     sim.add_testbench(testbench)
+    start = time.perf_counter()
     sim.run()
+    wall = time.perf_counter() - start
     result = np.array([[(v >> (32 * c)) & 0xFFFFFFFF for c in range(cols)] for v in out], np.uint32)
-    return ArrayRun(result=result.reshape(n, cols), cycles=marks["last"] - marks["first"] + 1)
+    return ArrayRun(result=result.reshape(n, cols), cycles=marks["last"] - marks["first"] + 1,
+                    total_cycles=marks["total"], wall_s=wall)
 
 
 # ---------------------------------------------------------------------------

@@ -381,12 +381,12 @@ def run_icarus(streams, stages):
 # Amaranth's simulator
 # ---------------------------------------------------------------------------
 
-def run_amaranth(streams, stages):
+def run_amaranth(streams, stages, *, weight_queue_depth=None):
     """Run `streams` on Amaranth's Python simulator; returns an `ArrayRun`."""
     from amaranth.sim import Simulator
 
     rows, cols = streams.rows, streams.cols
-    dut = SystolicArray(rows, cols, stages)
+    dut = SystolicArray(rows, cols, stages, weight_queue_depth=weight_queue_depth)
     latency = dut.latency
     pack = lambda words: [int.from_bytes(np.ascontiguousarray(r).tobytes(), "little") for r in words]
     acts, seeds, weights = pack(streams.act_words()), pack(streams.seed_words()), pack(streams.weight_words())

@@ -16,7 +16,7 @@ import pytest
 
 from mxu.hdl.array import SystolicArray, array_latency, default_weight_queue_depth
 from mxu.hdl.pe import ProcessingElement
-from mxu.sim.array import pack_streams, run_streams, simulate_array
+from mxu.sim.array import pack_streams, run_amaranth, run_streams, simulate_array
 from mxu.sim.build import cocotb_build, cocotb_test
 from mxu.sim.array import array_verilog
 from mxu.sim.toolchain import icarus_available
@@ -195,6 +195,30 @@ def test_amaranth_tiles_and_contract(stages):
     C, cycles = simulate_array(A, W, rows=rows, cols=cols, stages=stages, simulator="amaranth")
     check(C, A, W, None, rows, cols, f"amaranth contract s{stages}", seed)
     assert cycles == sum(sizes) + rows * stages + cols - 1
+
+
+def test_amaranth_bubble_bound_is_tight():
+    """mac_stages=3: one row less than the documented bound costs a bubble."""
+    rows, cols, stages = 3, 2, 3
+    m = min_bubble_free_rows(rows, stages)
+    assert m == 4
+    rng = np.random.default_rng(5)
+    A, W, _ = random_streams(rng, rows, cols, [m - 1] * 3)
+    C, cycles = simulate_array(A, W, rows=rows, cols=cols, stages=stages, simulator="amaranth")
+    check(C, A, W, None, rows, cols, "below the bound", 5)
+    assert cycles > 3 * (m - 1) + array_latency(rows, cols, stages)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_amaranth_small_weight_queue(depth):
+    """A weight queue smaller than the default stays correct (it only adds bubbles)."""
+    rows, cols, stages, seed = 4, 2, 2, 9 + depth
+    rng = np.random.default_rng(seed)
+    A, W, S = random_streams(rng, rows, cols, [1, 4, 3, 9, 4])
+    streams = pack_streams(A, W, S, rows=rows, cols=cols)
+    run = run_amaranth(streams, stages, weight_queue_depth=depth)
+    check([r.view(np.float32) for r in streams.split(run.result)], A, W, S, rows, cols,
+          f"queue depth {depth}", seed)
 
 
 # ---------------------------------------------------------------------------

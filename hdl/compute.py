@@ -95,6 +95,9 @@ class ComputeEngine(wiring.Component):
     Parameters
     ----------
     config : ChipConfig
+    pe_module : str or None
+        Passed to `SystolicArray`: a Verilog module name to instantiate for each
+        PE instead of elaborating it (simulation builds use it for speed).
 
     Interface
     ---------
@@ -104,8 +107,9 @@ class ComputeEngine(wiring.Component):
         A MATMUL's push flags once its last result is in the accumulator; a SYNC's
         once everything before it has finished.
     error : Out(ErrorCode)
-        NO_WEIGHTS when a MATMUL switches to weights no LOADW staged; the engine
-        then refuses further commands.
+        NO_WEIGHTS when a MATMUL switches to weights no LOADW staged,
+        WEIGHT_OVERFLOW for a LOADW while another staged tile is unused; the
+        engine then refuses further commands.
     idle : Out(1)
         No instruction in progress and nothing in flight.
     act_read, weight_read : Out(ReadPortSignature) to VMEM
@@ -118,11 +122,11 @@ class ComputeEngine(wiring.Component):
 
     SKID_DEPTH = 4
 
-    def __init__(self, config):
+    def __init__(self, config, *, pe_module=None):
         self.config = config
         c = config
         vaddr, aaddr = _addr_shape(c.vmem_rows), _addr_shape(c.acc_rows)
-        self.array = SystolicArray(c.rows, c.cols, c.mac_stages)
+        self.array = SystolicArray(c.rows, c.cols, c.mac_stages, pe_module=pe_module)
         self.pending_depth = _pow2_at_least(self.array.latency + self.SKID_DEPTH + 4)
         super().__init__({
             "cmd": In(stream.Signature(ComputeCommand(c))),
@@ -150,8 +154,10 @@ class ComputeEngine(wiring.Component):
         acts_busy, pending = self._activation_streamer(m, matmul_q, array)
         self._result_writer(m, array, pending)
 
-        m.d.comb += self.idle.eq(~loadw_q.r_rdy & ~matmul_q.r_rdy & ~weights_busy & ~acts_busy
-                                 & pending.empty & ~array.busy)
+        # `level`, not `r_rdy`: a buffered FIFO shows a new entry at its output a
+        # cycle after the entry is counted, and a SYNC must not slip into that gap.
+        m.d.comb += self.idle.eq((loadw_q.level == 0) & (matmul_q.level == 0) & ~weights_busy
+                                 & ~acts_busy & pending.empty & ~array.busy)
         return m
 
     # ---- dispatch: route commands, count staged tiles, run SYNC -------------------
@@ -163,8 +169,11 @@ class ComputeEngine(wiring.Component):
         is_matmul = cmd.opcode == Opcode.MATMUL
         is_sync = ~is_loadw & ~is_matmul
         no_weights = is_matmul & cmd.new_weights & (staged == 0)
+        # One staged tile at most: it always fits in the array, so a program that
+        # never uses it still finishes (the tile is dropped at the next start).
+        overflow = is_loadw & (staged != 0)
         ready = Signal()
-        m.d.comb += ready.eq(~failed & Mux(is_loadw, loadw_q.w_rdy,
+        m.d.comb += ready.eq(~failed & Mux(is_loadw, loadw_q.w_rdy | overflow,
                                            Mux(is_matmul, matmul_q.w_rdy | no_weights, self.idle)))
         m.d.comb += [
             self.cmd.ready.eq(ready),
@@ -175,6 +184,8 @@ class ComputeEngine(wiring.Component):
         with m.If(take):
             with m.If(no_weights):
                 m.d.sync += [failed.eq(1), self.error.eq(ErrorCode.NO_WEIGHTS)]
+            with m.Elif(overflow):
+                m.d.sync += [failed.eq(1), self.error.eq(ErrorCode.WEIGHT_OVERFLOW)]
             with m.Else():
                 m.d.comb += [loadw_q.w_en.eq(is_loadw), matmul_q.w_en.eq(is_matmul)]
                 m.d.sync += staged.eq(staged + is_loadw - (is_matmul & cmd.new_weights))

@@ -263,8 +263,8 @@ class Controller(wiring.Component):
 
         # ---- deadlock: nothing in flight, and every waiting head lacks a token ----
         all_idle = Cat(*(idles[e] for e in Engine)).all()
-        heads_stuck = Cat(*((~queues[e].r_rdy) | blocked[e] for e in Engine)).all()
-        any_waiting = Cat(*(queues[e].r_rdy for e in Engine)).any()
+        heads_stuck = Cat(*((queues[e].level == 0) | blocked[e] for e in Engine)).all()
+        any_waiting = Cat(*(queues[e].level != 0 for e in Engine)).any()
         fetch_stuck = halted | decoder_stalled
         deadlock = running & all_idle & heads_stuck & any_waiting & fetch_stuck
         deadlock_q = Signal()
@@ -279,7 +279,7 @@ class Controller(wiring.Component):
                     m.d.sync += [failed.eq(1), self.error.eq(code), self.error_pc.eq(pc)]
 
         # ---- run state ---------------------------------------------------------------
-        empty = Cat(*(~q.r_rdy for q in queues.values())).all()
+        empty = Cat(*(q.level == 0 for q in queues.values())).all()
         finished = running & all_idle & empty & ~self.fetch_busy & (halted | failed)
         with m.If(self.start):
             m.d.sync += [running.eq(1), halted.eq(0), failed.eq(0), self.done.eq(0),

@@ -65,6 +65,7 @@ class ErrorCode(enum.Enum, shape=4):
     AXI_ERROR = 6        # SLVERR/DECERR on a DMA transfer
     FETCH_ERROR = 7      # SLVERR/DECERR, or a program outside external memory / misaligned
     DEADLOCK = 8         # every engine waits for a token that nothing can give
+    WEIGHT_OVERFLOW = 9  # LOADW while an earlier LOADW's tile is still unused
 
 
 class Deps(data.Struct):

@@ -10,7 +10,8 @@ The load DMA uses AR/R with ID 0, the fetch unit AR/R with ID 1, and the store
 DMA AW/W/B, so loads and stores use the bus's two directions at the same time.
 """
 
-from amaranth.hdl import Module, Mux, ResetInserter, Signal
+from amaranth.hdl import (ClockDomain, ClockSignal, DomainRenamer, Module, Mux, ResetInserter,
+                          ResetSignal, Signal)
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -35,12 +36,13 @@ _WRITE_FORWARD = ("awid", "awaddr", "awlen", "awsize", "awburst", "awlock", "awc
 class _ChipCore(wiring.Component):
     """Everything that a soft reset clears: all but the register file."""
 
-    def __init__(self, config):
+    def __init__(self, config, pe_module=None):
         self.config = config
+        self.pe_module = pe_module
         super().__init__({
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
                                      data_width=config.axi_data_bits)),
-            "start": In(1), "prog_base": In(32), "prog_len": In(32),
+            "start": In(1), "clear": In(1), "prog_base": In(32), "prog_len": In(32),
             "status": Out(data.ArrayLayout(64, len(COUNTERS))),
             "busy": Out(1), "done": Out(1), "error": Out(ErrorCode), "error_pc": Out(32),
         })
@@ -52,7 +54,16 @@ class _ChipCore(wiring.Component):
         m.submodules.ctrl = ctrl = Controller(c)
         m.submodules.vmem = vmem = Vmem(c, weight_port=True)
         m.submodules.acc = acc = AccMem(c)
-        m.submodules.compute = compute = ComputeEngine(c)
+        # The compute engine runs in its own clock domain (same clock) whose reset
+        # also fires on start and on soft reset: a start drops a weight tile the
+        # previous program staged but never used and clears the active weights
+        # (every program begins with zero weights), and the reset reaches PEs
+        # that are black-box instances, which a ResetInserter would not.
+        m.domains.compute = ClockDomain("compute", local=True)
+        m.d.comb += [ClockSignal("compute").eq(ClockSignal("sync")),
+                     ResetSignal("compute").eq(ResetSignal("sync") | self.start | self.clear)]
+        compute = ComputeEngine(c, pe_module=self.pe_module)
+        m.submodules.compute = DomainRenamer("compute")(compute)
         m.submodules.load_dma = load_dma = Dma(c)
         m.submodules.store_dma = store_dma = Dma(c)
         m.submodules.load = load = TransferEngine(c, DmaDir.LOAD)
@@ -144,6 +155,9 @@ class MxuChip(wiring.Component):
     Parameters
     ----------
     config : ChipConfig
+    pe_module : str or None
+        See `SystolicArray`: instantiate this Verilog module for every PE
+        (`mxu.sim.chip` supplies it, so that generating Verilog costs one PE).
 
     Interface
     ---------
@@ -155,8 +169,9 @@ class MxuChip(wiring.Component):
         High once a run has finished (``STATUS.done``), until the next start.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, pe_module=None):
         self.config = config
+        self.pe_module = pe_module
         super().__init__({
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
                                      data_width=config.axi_data_bits)),
@@ -167,12 +182,13 @@ class MxuChip(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.regs = regs = RegisterFile(self.config)
-        core = _ChipCore(self.config)
+        core = _ChipCore(self.config, self.pe_module)
         m.submodules.core = ResetInserter(regs.soft_reset)(core)
         wiring.connect(m, wiring.flipped(self.host), regs.bus)
         wiring.connect(m, core.axi, wiring.flipped(self.axi))
         m.d.comb += [
-            core.start.eq(regs.start), core.prog_base.eq(regs.prog_base),
+            core.start.eq(regs.start), core.clear.eq(regs.soft_reset),
+            core.prog_base.eq(regs.prog_base),
             core.prog_len.eq(regs.prog_len),
             regs.busy.eq(core.busy), regs.done.eq(core.done), regs.error.eq(core.error),
             regs.error_pc.eq(core.error_pc), regs.counters.eq(core.status),

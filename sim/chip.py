@@ -64,9 +64,18 @@ class RunResult:
 
 
 @functools.lru_cache(maxsize=4)
-def _library(config):
+def chip_verilog(config):
+    """Verilog (module ``top``) of ``MxuChip(config)`` for simulation: the PE is a
+    separate module instantiated rows*cols times (`mxu.sim.array.pe_verilog`)."""
     from mxu.hdl.top import MxuChip
-    lib = load_native(build_native(lean_verilog(MxuChip(config)), "chip_harness.cpp",
+    from .array import pe_verilog
+    pe_name, pe = pe_verilog(config.mac_stages)
+    return pe + lean_verilog(MxuChip(config, pe_module=pe_name))
+
+
+@functools.lru_cache(maxsize=4)
+def _library(config):
+    lib = load_native(build_native(chip_verilog(config), "chip_harness.cpp",
                                    name=f"chip{config.rows}x{config.cols}",
                                    extra_flags=axi_mem_flags()))
     for name, (restype, argtypes) in _SIGNATURES.items():

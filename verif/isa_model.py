@@ -189,6 +189,8 @@ class IsaModel:
         if opcode in (Opcode.LOAD, Opcode.STORE):
             return self._dma(opcode, f, result)
         if opcode is Opcode.LOADW:
+            if self.staged:
+                return ErrorCode.WEIGHT_OVERFLOW
             rows = self.vmem[f["vmem_row"]:f["vmem_row"] + f["k_rows"]]
             tile = np.zeros((self.config.rows, self.config.cols), np.float32)
             tile[:f["k_rows"]] = golden.bf16_to_f32(
@@ -230,8 +232,19 @@ class IsaModel:
             seed = acc_f32[f["seed_row"]:f["seed_row"] + m].copy()
         else:
             seed = np.repeat(acc_f32[f["seed_row"]:f["seed_row"] + 1], m, axis=0)
-        out = golden.matmul(A.astype(golden.bf16), self.weights.astype(golden.bf16),
-                            seed=seed, rows=c.rows)
-        acc_f32[f["out_row"]:f["out_row"] + m] = out
+        W = self.weights.astype(golden.bf16)
+        rows_out = slice(f["out_row"], f["out_row"] + m)
+        seed_lo = f["seed_row"]
+        seed_hi = seed_lo + (m if mode is SeedMode.ACC else 1)
+        overlap = mode is not SeedMode.ZERO and seed_lo < rows_out.stop and rows_out.start < seed_hi
+        if not overlap or (mode is SeedMode.ACC and seed_lo == rows_out.start):
+            acc_f32[rows_out] = golden.matmul(A.astype(golden.bf16), W, seed=seed, rows=c.rows)
+        else:
+            # The RTL reads each seed row after every earlier row's result is
+            # written (its row interlock): so does the model, row by row.
+            for i in range(m):
+                s = seed_lo + (i if mode is SeedMode.ACC else 0)
+                acc_f32[f["out_row"] + i] = golden.matmul(
+                    A[i:i + 1].astype(golden.bf16), W, seed=acc_f32[s:s + 1].copy(), rows=c.rows)[0]
         result.matmul_rows += m
         return ErrorCode.NONE

@@ -1,0 +1,117 @@
+"""`Chip.matmul` on the whole simulated chip, bit-exact against the golden model,
+and its argument checking."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from chip_configs import SHAPES, TINY
+from mxu.sim.chip import Chip
+from mxu.verif import golden
+
+SEED = 20261122
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return Chip(TINY)
+
+
+def _check(chip, A, B, bias=None, **kw):
+    C = chip.matmul(A, B, bias=bias, **kw)
+    M, N = A.shape[0], B.shape[1]
+    seed = None if bias is None else np.broadcast_to(np.asarray(bias, np.float32), (M, N))
+    want = golden.matmul(A, B, seed=seed, rows=chip.config.rows)
+    if kw.get("relu"):
+        want = np.where(np.isnan(want) | (want > 0), want, np.float32(0)).astype(np.float32)
+    if kw.get("out_dtype") is ml_dtypes.bfloat16:
+        want = golden.fp32_to_bf16(golden.f32_bits(want)).view(ml_dtypes.bfloat16)
+        golden.assert_bits_equal(C.view(np.uint16).astype(np.uint32),
+                                 want.view(np.uint16).astype(np.uint32), "matmul bf16", seed=SEED)
+    else:
+        golden.assert_bits_equal(C, want, f"matmul {A.shape}x{B.shape}", seed=SEED)
+    return C
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_random_matmul_on_every_array_shape(shape):
+    chip = Chip(SHAPES[shape])
+    rng = np.random.default_rng(SEED)
+    r, c = chip.config.rows, chip.config.cols
+    for M, K, N in [(1, 1, 1), (2 * r + 1, 3 * r + 2, 2 * c + 3), (r, r, c)]:
+        _check(chip, rng.standard_normal((M, K)).astype(np.float32),
+               rng.standard_normal((K, N)).astype(np.float32))
+
+
+def _specials(rng, shape):
+    classes = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 3e38, -3e38, 1.0],
+                       np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
+    mask = rng.random(shape) < 0.3
+    x[mask] = rng.choice(classes, mask.sum())
+    return x
+
+
+def test_special_values(tiny):
+    rng = np.random.default_rng(SEED + 1)
+    _check(tiny, _specials(rng, (9, 11)), _specials(rng, (11, 6)))
+
+
+def test_cancellation_heavy(tiny):
+    rng = np.random.default_rng(SEED + 2)
+    A = rng.standard_normal((12, 16)).astype(np.float32)
+    B = rng.standard_normal((16, 8)).astype(np.float32)
+    A[:, 8:] = A[:, :8]           # second half of K cancels the first exactly ...
+    B[8:] = -B[:8]
+    B[8:] *= np.float32(1.0078125)  # ... or nearly
+    _check(tiny, A * np.float32(1e4), B)
+
+
+@pytest.mark.parametrize("bias_kind", ["row", "matrix"])
+def test_bias_relu_and_bf16_output(tiny, bias_kind):
+    rng = np.random.default_rng(SEED + 3)
+    A = rng.standard_normal((10, 7)).astype(np.float32)
+    B = rng.standard_normal((7, 9)).astype(np.float32)
+    bias = rng.standard_normal(9 if bias_kind == "row" else (10, 9)).astype(np.float32)
+    _check(tiny, A, B, bias=bias)
+    _check(tiny, A, B, bias=bias, relu=True)
+    _check(tiny, A, B, bias=bias, out_dtype=ml_dtypes.bfloat16)
+
+
+def test_bfloat16_operands_and_stats(tiny):
+    rng = np.random.default_rng(SEED + 4)
+    A = rng.standard_normal((16, 8)).astype(ml_dtypes.bfloat16)
+    B = rng.standard_normal((8, 8)).astype(ml_dtypes.bfloat16)
+    _check(tiny, A, B)
+    stats = tiny.last_stats
+    assert stats["ideal_cycles"] == 16 * 8 * 8 / 16
+    assert 0 < stats["utilization"] <= 1
+    assert stats["cycles"] >= stats["array_active_cycles"] == 16 * 2 * 2
+    assert stats["dma_bytes"]["written"] == 16 * 8 * 4
+
+
+@pytest.mark.parametrize("args,error,match", [
+    (([[1.0]], np.ones((1, 1), np.float32)), TypeError, "A must be a numpy array"),
+    ((np.ones(3, np.float32), np.ones((3, 1), np.float32)), ValueError, "A must be 2-D"),
+    ((np.ones((2, 3), np.float32), np.ones((4, 1), np.float32)), ValueError, "inner dimensions"),
+    ((np.ones((2, 3), np.int32), np.ones((3, 1), np.float32)), TypeError, "bfloat16 or float32"),
+    ((np.ones((0, 3), np.float32), np.ones((3, 1), np.float32)), ValueError, "empty dimension"),
+])
+def test_bad_operands(tiny, args, error, match):
+    with pytest.raises(error, match=match):
+        tiny.matmul(*args)
+
+
+def test_bad_bias_and_out_dtype(tiny):
+    A, B = np.ones((2, 3), np.float32), np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"bias must have shape \(4,\) or \(2, 4\)"):
+        tiny.matmul(A, B, bias=np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="out_dtype"):
+        tiny.matmul(A, B, out_dtype=np.int8)
+
+
+def test_too_large_for_the_memories(tiny):
+    with pytest.raises(ValueError, match="does not fit the chip"):
+        tiny.matmul(np.ones((1, 60000), np.float32), np.ones((60000, 1), np.float32))
+    with pytest.raises(ValueError, match="external memory"):
+        tiny.matmul(np.ones((600, 600), np.float32), np.ones((600, 600), np.float32))

@@ -132,7 +132,8 @@ class _ChipCore(wiring.Component):
             fetch.axi.arready.eq(pick & bus.arready),
             load_dma.axi.arready.eq(~pick & bus.arready),
         ]
-        to_fetch = bus.rid == FETCH_AXI_ID
+        # Qualified by RVALID: RID is undefined (X in simulation) between bursts.
+        to_fetch = bus.rvalid & (bus.rid == FETCH_AXI_ID)
         for dst, mine in ((fetch.axi, to_fetch), (load_dma.axi, ~to_fetch)):
             m.d.comb += [dst.rid.eq(0), dst.rdata.eq(bus.rdata), dst.rresp.eq(bus.rresp),
                          dst.rlast.eq(bus.rlast), dst.rvalid.eq(bus.rvalid & mine)]

@@ -39,6 +39,7 @@ _SIGNATURES = {
     "mxu_chip_reg_read": (ctypes.c_int, [_PTR, _U32, ctypes.POINTER(_U32), ctypes.POINTER(_U32)]),
     "mxu_chip_run": (ctypes.c_int64, [_PTR, _U64]),
     "mxu_chip_violations": (ctypes.c_char_p, [_PTR, ctypes.POINTER(_U64)]),
+    "mxu_chip_trace": (ctypes.c_int, [_PTR, ctypes.c_char_p]),
 }
 
 
@@ -74,10 +75,12 @@ def chip_verilog(config):
 
 
 @functools.lru_cache(maxsize=4)
-def _library(config):
+def _library(config, waves=False):
+    # Waveforms need a separate build: tracing slows every cycle down.
+    trace = ("--trace-fst", "--trace-structs", "-LDFLAGS", "-lz") if waves else ()
     lib = load_native(build_native(chip_verilog(config), "chip_harness.cpp",
-                                   name=f"chip{config.rows}x{config.cols}",
-                                   extra_flags=axi_mem_flags()))
+                                   name=f"chip{config.rows}x{config.cols}" + ("_fst" if waves else ""),
+                                   extra_flags=axi_mem_flags() + trace))
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -100,10 +103,12 @@ class Chip:
         Percent of cycles each AXI channel ("aw", "w", "b", "ar", "r") stalls.
     seed : int
         Seed of the memory model's randomness.
+    waves : str or None
+        Record every cycle of every run into this FST file (a traced build).
     """
 
     def __init__(self, config=None, simulator="verilator", *, mem_latency=(0, 0), mem_pause=None,
-                 seed=1):
+                 seed=1, waves=None):
         self.config = config or ChipConfig()
         if not isinstance(self.config, ChipConfig):
             raise TypeError(f"config must be a ChipConfig, not {type(config).__name__}")
@@ -112,8 +117,10 @@ class Chip:
             raise ValueError(f"Chip runs on Verilator only (the cocotb testbenches cover "
                              f"{simulator!r}); got simulator={simulator!r}")
         self.simulator = simulator
-        self._lib = _library(self.config)
+        self._lib = _library(self.config, bool(waves))
         self._handle = self._lib.mxu_chip_new(self.config.ext_mem_bytes, self.config.axi_data_bytes)
+        if waves and self._lib.mxu_chip_trace(self._handle, str(waves).encode()) != 0:
+            raise ChipError("this chip model was built without tracing")
         pointer = self._lib.mxu_chip_mem(self._handle)
         self.memory = np.ctypeslib.as_array(pointer, shape=(self.config.ext_mem_bytes,))
         self.set_memory_timing(mem_latency, mem_pause, seed)

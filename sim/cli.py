@@ -1,6 +1,8 @@
 """The ``mxu`` command line.
 
-    mxu demo                  the main job on the simulated chip, checked bit-exact
+    mxu demo                  a random matmul on the default 16x16 chip (and a MAC table),
+                              checked bit-exact against the golden model
+    mxu matmul --m --k --n [--rows --cols] [--waves out.fst]
     mxu mac --vectors N       stream N random MACs through the RTL MacUnit
 """
 
@@ -59,8 +61,51 @@ def run_mac_table(n, seed, stages, simulator="verilator", out=sys.stdout):
     return ok
 
 
+def run_matmul_demo(M, K, N, config, seed, waves=None, out=sys.stdout):
+    """A random bf16 matmul on the simulated chip, checked bit-exact; prints stats."""
+    from .chip import Chip
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    B = rng.standard_normal((K, N)).astype(np.float32)
+    start = time.perf_counter()
+    chip = Chip(config, waves=waves)
+    built = time.perf_counter() - start
+    start = time.perf_counter()
+    C = chip.matmul(A, B)
+    wall = time.perf_counter() - start
+    want = golden.matmul(A, B, rows=config.rows)
+    bad = int(np.count_nonzero(C.view(np.uint32) != want.view(np.uint32)))
+    s = chip.last_stats
+    rows = [
+        ["chip", f"{config.rows}x{config.cols} array, mac_stages={config.mac_stages}, "
+                 f"VMEM {config.vmem_bytes >> 10} KiB, accumulator {config.acc_bytes >> 10} KiB"],
+        ["matmul", f"C[{M}x{N}] = A[{M}x{K}] @ B[{K}x{N}], bf16 in, fp32 out"],
+        ["cycles", f"{s['cycles']:,} (ideal {s['ideal_cycles']:,.0f})"],
+        ["utilization", f"{100 * s['utilization']:.1f} %"],
+        ["DMA bytes", f"{s['dma_bytes']['read']:,} read, {s['dma_bytes']['written']:,} written"],
+        ["stall cycles", ", ".join(f"{k} {v:,}" for k, v in s["stall_cycles"].items())],
+        ["instructions", f"{s['instructions']:,}"],
+        ["simulation", f"{wall:.2f} s, {s['cycles'] / wall:,.0f} cycles/s, "
+                       f"{M * K * N / wall / 1e6:,.1f} M MAC/s (model load {built:.1f} s)"],
+        ["bit-exact", "yes, every element equals the golden model" if bad == 0
+         else f"NO: {bad} of {C.size} elements differ"],
+    ]
+    print(format_table(["", "mxu"], rows), file=out)
+    if waves:
+        print(f"waveform written to {waves}", file=out)
+    return bad == 0
+
+
 def cmd_demo(args):
-    return 0 if run_mac_table(args.vectors, args.seed, ChipConfig().mac_stages) else 1
+    ok_mac = run_mac_table(args.vectors, args.seed, ChipConfig().mac_stages)
+    print()
+    ok = run_matmul_demo(args.m, args.k, args.n, ChipConfig(), args.seed)
+    return 0 if ok and ok_mac else 1
+
+
+def cmd_matmul(args):
+    config = ChipConfig(rows=args.rows, cols=args.cols)
+    return 0 if run_matmul_demo(args.m, args.k, args.n, config, args.seed, args.waves) else 1
 
 
 def cmd_mac(args):
@@ -71,9 +116,21 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="mxu", description="mxu: a bf16/fp32 matrix unit")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the main job on the simulated chip")
-    demo.add_argument("--vectors", type=int, default=1_000_000)
+    demo.add_argument("--vectors", type=int, default=200_000, help="MACs through the MacUnit")
+    demo.add_argument("--m", type=int, default=128)
+    demo.add_argument("--k", type=int, default=384)
+    demo.add_argument("--n", type=int, default=384)
     demo.add_argument("--seed", type=int, default=1)
     demo.set_defaults(func=cmd_demo)
+    mm = sub.add_parser("matmul", help="a random matmul on a simulated chip of any array size")
+    mm.add_argument("--m", type=int, required=True)
+    mm.add_argument("--k", type=int, required=True)
+    mm.add_argument("--n", type=int, required=True)
+    mm.add_argument("--rows", type=int, default=ChipConfig().rows)
+    mm.add_argument("--cols", type=int, default=ChipConfig().cols)
+    mm.add_argument("--seed", type=int, default=1)
+    mm.add_argument("--waves", metavar="FILE.fst", help="record an FST waveform of the run")
+    mm.set_defaults(func=cmd_matmul)
     mac = sub.add_parser("mac", help="stream random MACs through the RTL MacUnit")
     mac.add_argument("--vectors", type=int, default=1_000_000)
     mac.add_argument("--seed", type=int, default=1)

@@ -9,13 +9,11 @@ from chip_configs import TINY
 from mxu.hdl.isa import ErrorCode, Opcode, encode
 from mxu.sim.chip import Chip
 from mxu.sim.program import Program
-from mxu.verif import golden
+from mxu.verif import golden, programs
 from mxu.verif.isa_model import IsaModel
 
 SEED = 20261122
 CFG = TINY
-ROW_B = CFG.vmem_row_bytes       # bytes in a VMEM row
-ACC_B = CFG.acc_row_bytes        # bytes in an accumulator row
 
 
 @pytest.fixture(scope="module")
@@ -42,34 +40,15 @@ def _fresh(chip):
     chip.memory[:] = 0
 
 
-def _bf16_bits(rng, shape):
-    return rng.standard_normal(shape).astype(golden.bf16).view(np.uint16)
+bf16_bits = programs.bf16_bits
 
 
 def test_every_instruction_against_the_model(chip):
     _fresh(chip)
-    rng = np.random.default_rng(SEED)
-    acts = _bf16_bits(rng, (6, 4))
-    weights = _bf16_bits(rng, (3, 4))
-    bias = rng.standard_normal((2, 4)).astype(np.float32)
-    p = Program()
-    p.load(vmem_row=0, ext_addr=0x000, rows=6, row_bytes=8)                  # activations
-    p.load(vmem_row=8, ext_addr=0x100, rows=3, row_bytes=8)                  # 3 of 4 weight rows
-    p.load(acc_row=20, ext_addr=0x200, rows=2, row_bytes=16, push_next=True)  # bias rows
-    p.loadw(vmem_row=8, k_rows=3, pop_prev=True)
-    p.matmul(act_row=0, m_rows=6, out_row=0, seed="bias", seed_row=20, new_weights=True)
-    p.matmul(act_row=0, m_rows=6, out_row=8, seed="acc", seed_row=0)          # same weights
-    p.matmul(act_row=2, m_rows=2, out_row=16, seed="zero", push_next=True)
-    p.store(acc_row=0, ext_addr=0x1000, rows=16, row_bytes=16, pop_prev=True)
-    p.store(acc_row=8, ext_addr=0x2000, rows=6, row_bytes=8, to_bf16=True, relu=True)
-    p.store(vmem_row=0, ext_addr=0x3000, rows=6, row_bytes=8, relu=True, push_prev=True)
-    p.sync("compute", pop_next=True, push_prev=True)
-    p.sync("load", pop_next=True)
-    p.halt()
-    image = {0x000: acts, 0x100: weights, 0x200: bias}
+    p, image = programs.every_instruction(CFG, np.random.default_rng(SEED))
     result, model, expected = _both(chip, p, image)
     assert result.error is ErrorCode.NONE and expected.error is ErrorCode.NONE
-    for lo, hi in [(0x1000, 0x1100), (0x2000, 0x2030), (0x3000, 0x3030)]:
+    for lo, hi in programs.EVERY_INSTRUCTION_OUTPUTS:
         golden.assert_bits_equal(result.memory[lo:hi], model.ext[lo:hi], f"bytes {lo:#x}")
     assert result.counters["instructions"] == len(p)
     assert result.counters["array_active"] == 14
@@ -89,7 +68,7 @@ def test_accumulator_raw_hazard_is_interlocked(chip):
     p.matmul(act_row=1, m_rows=1, out_row=1, seed="bias", seed_row=0, push_next=True)
     p.store(acc_row=0, ext_addr=0x1000, rows=2, row_bytes=16, pop_prev=True)
     p.halt()
-    result, model, expected = _both(chip, p, {0: _bf16_bits(rng, (8, 4))})
+    result, model, expected = _both(chip, p, {0: bf16_bits(rng, (8, 4))})
     assert result.ok and expected.error is ErrorCode.NONE
     golden.assert_bits_equal(result.memory[0x1000:0x1020], model.ext[0x1000:0x1020], "acc RAW")
 
@@ -108,7 +87,7 @@ def test_vmem_raw_and_war_through_tokens(chip):
     p.matmul(act_row=0, m_rows=4, out_row=4, pop_prev=True, push_next=True)
     p.store(acc_row=0, ext_addr=0x1000, rows=8, row_bytes=16, pop_prev=True)
     p.halt()
-    image = {0: _bf16_bits(rng, (8, 4)), 0x100: _bf16_bits(rng, (4, 4))}
+    image = {0: bf16_bits(rng, (8, 4)), 0x100: bf16_bits(rng, (4, 4))}
     result, model, _ = _both(chip, p, image)
     assert result.ok
     golden.assert_bits_equal(result.memory[0x1000:0x1080], model.ext[0x1000:0x1080], "VMEM RAW/WAR")
@@ -183,67 +162,31 @@ def _good_program_after_reset(chip):
     golden.assert_bits_equal(C, golden.matmul(A, B, rows=CFG.rows), "after reset")
 
 
-def _random_program(rng):
-    """Random instructions with random fields, fenced with tokens so that every
-    instruction that shares data with another is ordered after it (a race-free
-    program has exactly one outcome, the model's)."""
-    p = Program()
-    # Define every on-chip row the program may read: memories keep their contents
-    # across runs, and the model starts from this image.
-    p.load(vmem_row=0, ext_addr=0, rows=32, row_bytes=ROW_B)
-    p.load(acc_row=0, ext_addr=0x200, rows=32, row_bytes=ACC_B, push_next=True)
-    p.sync("compute", pop_prev=True)
-    staged = 0
-    for _ in range(int(rng.integers(8, 20))):
-        kind = rng.choice(["load_v", "load_a", "loadw", "matmul", "store_a", "store_v"])
-        if kind == "loadw" and staged:
-            kind = "matmul"           # a second unused tile is WEIGHT_OVERFLOW
-        if kind in ("load_v", "load_a"):
-            acc = kind == "load_a"
-            rows = int(rng.integers(1, 9))
-            row_bytes = int(rng.integers(1, (ACC_B if acc else ROW_B) // 2 + 1)) * 2
-            row_bytes -= row_bytes % (4 if acc else 2)
-            row_bytes = max(row_bytes, 4 if acc else 2)
-            where = {"acc_row": int(rng.integers(0, 24))} if acc else {"vmem_row": int(rng.integers(0, 24))}
-            p.sync("compute", push_prev=True)      # earlier compute work is done
-            p.load(**where, ext_addr=int(rng.integers(0, 64)) * 4, rows=rows, row_bytes=row_bytes,
-                   ext_stride=row_bytes + 4 * int(rng.integers(0, 3)), pop_next=True,
-                   push_next=True)
-            p.sync("compute", pop_prev=True, push_prev=True)
-            p.sync("load", pop_next=True)
-        elif kind == "loadw":
-            p.loadw(vmem_row=int(rng.integers(0, 28)), k_rows=int(rng.integers(0, 5)))
-            staged += 1
-        elif kind == "matmul":
-            mode = rng.choice(["zero", "acc", "bias"])
-            switch = staged == 1 and bool(rng.integers(0, 2))
-            p.matmul(act_row=int(rng.integers(0, 28)), m_rows=int(rng.integers(1, 6)),
-                     out_row=int(rng.integers(0, 26)), seed=mode, seed_row=int(rng.integers(0, 26)),
-                     new_weights=switch)
-            staged -= switch
-        else:
-            acc = kind == "store_a"
-            where = {"acc_row": int(rng.integers(0, 28))} if acc else {"vmem_row": int(rng.integers(0, 28))}
-            to_bf16 = acc and bool(rng.integers(0, 2))
-            width = (ACC_B // 2 if to_bf16 else ACC_B) if acc else ROW_B
-            p.sync("compute", push_next=True)
-            p.store(**where, ext_addr=0x4000 + int(rng.integers(0, 64)) * 4,
-                    rows=int(rng.integers(1, 5)), row_bytes=width, ext_stride=width + 8,
-                    to_bf16=to_bf16, relu=bool(rng.integers(0, 2)), pop_prev=True, push_prev=True)
-            p.sync("compute", pop_next=True)
-    p.sync("compute", push_next=True)
-    p.store(acc_row=0, ext_addr=0x6000, rows=32, row_bytes=ACC_B, pop_prev=True)
-    return p.halt()
-
-
 @pytest.mark.parametrize("case", range(8))
 def test_random_programs_against_the_model(chip, case):
     rng = np.random.default_rng(SEED + 100 + case)
     _fresh(chip)
-    program = _random_program(rng)
-    finite = rng.standard_normal(1024).astype(golden.bf16).view(np.uint16)
-    image = {0: finite, 0x200: rng.standard_normal(32 * ACC_B // 4).astype(np.float32)}
+    program = programs.random_program(CFG, rng)
+    image = programs.random_image(CFG, rng)
     result, model, expected = _both(chip, program, image)
     assert result.error is expected.error, f"seed {SEED + 100 + case}\n{program.listing()}"
     golden.assert_bits_equal(result.memory[:0x8000], model.ext[:0x8000],
                              f"random program (seed {SEED + 100 + case})")
+
+
+@pytest.mark.parametrize("simulator,pause", [("verilator", 0), ("verilator", 50)])
+def test_cocotb_programs(simulator, pause, tmp_path):
+    """The same programs through cocotb, with cocotbext-axi's AxiRam as memory
+    (random pauses on every AXI channel at pause=50). Verilator only: under
+    Icarus 11 the whole chip's handshakes read X in the first cycles (docs/testing.md);
+    its units run on Icarus in their own regressions."""
+    import dataclasses
+    import json
+
+    from mxu.sim.build import cocotb_build
+    from mxu.sim.chip import chip_verilog
+    from mxu.sim.build import cocotb_test
+    build = cocotb_build(chip_verilog(CFG), "top", simulator, name=f"chip{CFG.rows}x{CFG.cols}")
+    args = {"config": dataclasses.asdict(CFG), "pause": pause, "seed": SEED}
+    cocotb_test(build, "top", "mxu.verif.tb_chip", simulator, test_dir=tmp_path,
+                extra_env={"MXU_TB_ARGS": json.dumps(args)})

@@ -8,6 +8,9 @@
 #include "Vtop.h"
 #include "verilated.h"
 #include "axi_mem.h"
+#if VM_TRACE
+#include "verilated_fst_c.h"
+#endif
 
 namespace {
 
@@ -25,8 +28,26 @@ struct Chip {
     mxu::AxiPins pins;
     HostSample host;
     uint64_t cycles = 0;
+#if VM_TRACE
+    std::unique_ptr<VerilatedFstC> trace;
+#endif
     Chip(uint64_t bytes, uint32_t data_bytes) : mem(bytes, data_bytes) {
+#if VM_TRACE
+        ctx.traceEverOn(true);
+#endif
         top.reset(new Vtop(&ctx));
+    }
+    ~Chip() {
+#if VM_TRACE
+        if (trace) trace->close();
+#endif
+    }
+    void dump(uint64_t t) {
+#if VM_TRACE
+        if (trace) trace->dump(t);
+#else
+        (void)t;
+#endif
     }
 };
 
@@ -47,6 +68,7 @@ void step(Chip &c, const Host &h) {
     t.host___05Frready = h.rready;
     t.clk = 0;
     t.eval();
+    c.dump(10 * c.cycles + 5);
     MXU_AXI_SAMPLE(t, axi___05F, c.pins);
     c.host.awready = t.host___05Fawready; c.host.wready = t.host___05Fwready;
     c.host.bvalid = t.host___05Fbvalid; c.host.bresp = t.host___05Fbresp;
@@ -55,6 +77,7 @@ void step(Chip &c, const Host &h) {
     c.mem.update(c.pins);
     t.clk = 1;
     t.eval();
+    c.dump(10 * c.cycles + 10);
     c.cycles++;
 }
 
@@ -75,6 +98,20 @@ void *mxu_chip_new(uint64_t mem_bytes, uint32_t data_bytes) {
 }
 
 void mxu_chip_free(void *h) { delete static_cast<Chip *>(h); }
+
+// Start recording an FST waveform (builds with --trace-fst only); -1 otherwise.
+int mxu_chip_trace(void *h, const char *path) {
+#if VM_TRACE
+    Chip &c = *static_cast<Chip *>(h);
+    c.trace.reset(new VerilatedFstC);
+    c.top->trace(c.trace.get(), 99);
+    c.trace->open(path);
+    return 0;
+#else
+    (void)h; (void)path;
+    return -1;
+#endif
+}
 
 uint8_t *mxu_chip_mem(void *h) { return static_cast<Chip *>(h)->mem.mem.data(); }
 

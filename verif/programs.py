@@ -1,0 +1,103 @@
+"""Programs that the chip-level tests share: the native tests in `tests/` and the
+cocotb testbench `tb_chip` run the same ones and compare with `IsaModel`."""
+
+import numpy as np
+
+from mxu.sim.program import Program
+from mxu.verif import golden
+
+__all__ = ["every_instruction", "random_program", "random_image", "bf16_bits",
+           "EVERY_INSTRUCTION_OUTPUTS"]
+
+# External byte ranges `every_instruction` writes.
+EVERY_INSTRUCTION_OUTPUTS = [(0x1000, 0x1080), (0x2000, 0x2030), (0x3000, 0x3030)]
+
+
+def bf16_bits(rng, shape):
+    return rng.standard_normal(shape).astype(golden.bf16).view(np.uint16)
+
+
+def every_instruction(config, rng):
+    """(program, image): every opcode, seed mode, space and store option once.
+    Written for a 4x4 array (rows of 8 bytes in VMEM, 16 in the accumulator)."""
+    assert (config.rows, config.cols) == (4, 4), "every_instruction is written for 4x4"
+    acts = bf16_bits(rng, (6, 4))
+    weights = bf16_bits(rng, (3, 4))
+    bias = rng.standard_normal((2, 4)).astype(np.float32)
+    p = Program()
+    p.load(vmem_row=0, ext_addr=0x000, rows=6, row_bytes=8)                  # activations
+    p.load(vmem_row=8, ext_addr=0x100, rows=3, row_bytes=8)                  # 3 of 4 weight rows
+    p.load(acc_row=20, ext_addr=0x200, rows=2, row_bytes=16, push_next=True)  # bias rows
+    p.loadw(vmem_row=8, k_rows=3, pop_prev=True)
+    p.matmul(act_row=0, m_rows=6, out_row=0, seed="bias", seed_row=20, new_weights=True)
+    p.matmul(act_row=0, m_rows=6, out_row=8, seed="acc", seed_row=0)          # same weights
+    p.matmul(act_row=2, m_rows=2, out_row=16, seed="zero", push_next=True)
+    p.store(acc_row=0, ext_addr=0x1000, rows=6, row_bytes=16, pop_prev=True)
+    p.store(acc_row=16, ext_addr=0x1060, rows=2, row_bytes=16)
+    p.store(acc_row=8, ext_addr=0x2000, rows=6, row_bytes=8, to_bf16=True, relu=True)
+    p.store(vmem_row=0, ext_addr=0x3000, rows=6, row_bytes=8, relu=True, push_prev=True)
+    p.sync("compute", pop_next=True, push_prev=True)
+    p.sync("load", pop_next=True)
+    p.halt()
+    return p, {0x000: acts, 0x100: weights, 0x200: bias}
+
+
+def random_image(config, rng):
+    """The external-memory image `random_program` reads: finite bf16 rows at 0 and
+    fp32 accumulator rows at 0x200."""
+    finite = rng.standard_normal(1024).astype(golden.bf16).view(np.uint16)
+    return {0: finite, 0x200: rng.standard_normal(32 * config.acc_row_bytes // 4).astype(np.float32)}
+
+
+def random_program(config, rng):
+    """Random instructions with random fields, fenced with tokens so that every
+    instruction that shares data with another is ordered after it (a race-free
+    program has exactly one outcome, the model's)."""
+    ROW_B, ACC_B = config.vmem_row_bytes, config.acc_row_bytes
+    p = Program()
+    # Define every on-chip row the program may read: memories keep their contents
+    # across runs, and the model starts from this image.
+    p.load(vmem_row=0, ext_addr=0, rows=32, row_bytes=ROW_B)
+    p.load(acc_row=0, ext_addr=0x200, rows=32, row_bytes=ACC_B, push_next=True)
+    p.sync("compute", pop_prev=True)
+    staged = 0
+    for _ in range(int(rng.integers(8, 20))):
+        kind = rng.choice(["load_v", "load_a", "loadw", "matmul", "store_a", "store_v"])
+        if kind == "loadw" and staged:
+            kind = "matmul"           # a second unused tile is WEIGHT_OVERFLOW
+        if kind in ("load_v", "load_a"):
+            acc = kind == "load_a"
+            rows = int(rng.integers(1, 9))
+            row_bytes = int(rng.integers(1, (ACC_B if acc else ROW_B) // 2 + 1)) * 2
+            row_bytes -= row_bytes % (4 if acc else 2)
+            row_bytes = max(row_bytes, 4 if acc else 2)
+            where = {"acc_row": int(rng.integers(0, 24))} if acc else {"vmem_row": int(rng.integers(0, 24))}
+            p.sync("compute", push_prev=True)      # earlier compute work is done
+            p.load(**where, ext_addr=int(rng.integers(0, 64)) * 4, rows=rows, row_bytes=row_bytes,
+                   ext_stride=row_bytes + 4 * int(rng.integers(0, 3)), pop_next=True,
+                   push_next=True)
+            p.sync("compute", pop_prev=True, push_prev=True)
+            p.sync("load", pop_next=True)
+        elif kind == "loadw":
+            p.loadw(vmem_row=int(rng.integers(0, 28)), k_rows=int(rng.integers(0, 5)))
+            staged += 1
+        elif kind == "matmul":
+            mode = rng.choice(["zero", "acc", "bias"])
+            switch = staged == 1 and bool(rng.integers(0, 2))
+            p.matmul(act_row=int(rng.integers(0, 28)), m_rows=int(rng.integers(1, 6)),
+                     out_row=int(rng.integers(0, 26)), seed=mode, seed_row=int(rng.integers(0, 26)),
+                     new_weights=switch)
+            staged -= switch
+        else:
+            acc = kind == "store_a"
+            where = {"acc_row": int(rng.integers(0, 28))} if acc else {"vmem_row": int(rng.integers(0, 28))}
+            to_bf16 = acc and bool(rng.integers(0, 2))
+            width = (ACC_B // 2 if to_bf16 else ACC_B) if acc else ROW_B
+            p.sync("compute", push_next=True)
+            p.store(**where, ext_addr=0x4000 + int(rng.integers(0, 64)) * 4,
+                    rows=int(rng.integers(1, 5)), row_bytes=width, ext_stride=width + 8,
+                    to_bf16=to_bf16, relu=bool(rng.integers(0, 2)), pop_prev=True, push_prev=True)
+            p.sync("compute", pop_next=True)
+    p.sync("compute", push_next=True)
+    p.store(acc_row=0, ext_addr=0x6000, rows=32, row_bytes=ACC_B, pop_prev=True)
+    return p.halt()

@@ -14,12 +14,41 @@ from amaranth.back import verilog
 
 from .toolchain import cache_root, content_hash, setup_environment, tool_versions
 
-__all__ = ["to_verilog", "build_lock", "cached_build_dir", "cocotb_build", "cocotb_test"]
+__all__ = ["to_verilog", "lean_verilog", "build_lock", "cached_build_dir", "cocotb_build",
+           "cocotb_test"]
 
 
 def to_verilog(component, name="top"):
     """Verilog text of an Amaranth `wiring.Component`, with ports from its signature."""
     return verilog.convert(component, name=name, emit_src=False)
+
+
+@contextlib.contextmanager
+def _no_zero_meminit():
+    """Amaranth writes a memory's initial contents bit by bit, even when they are
+    all zero: 12 Mbit of VMEM and accumulator make conversion take ~15 s and give
+    Verilator a huge initial block. Simulators start memories at zero anyway, so
+    skip the all-zero ``$meminit`` cells while converting."""
+    from amaranth.back import rtlil
+    emitter = rtlil.ModuleEmitter
+    original = emitter.emit_memory
+
+    def emit_memory(self, cell_idx, cell):
+        if any(cell.init):
+            original(self, cell_idx, cell)
+
+    emitter.emit_memory = emit_memory
+    try:
+        yield
+    finally:
+        emitter.emit_memory = original
+
+
+def lean_verilog(component, name="top"):
+    """`mxu.sim.build.to_verilog` without all-zero memory initialisers (for
+    simulation: Verilator starts memories at zero)."""
+    with _no_zero_meminit():
+        return to_verilog(component, name)
 
 
 @contextlib.contextmanager

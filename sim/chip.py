@@ -21,7 +21,8 @@ from mxu.hdl.controller import COUNTERS
 from mxu.hdl.isa import ErrorCode
 from mxu.hdl.regs import CHIP_ID, REG
 
-from .dma import axi_mem_flags, lean_verilog
+from .build import lean_verilog
+from .dma import axi_mem_flags
 from .native import build_native, load_native
 from .toolchain import require_simulator
 

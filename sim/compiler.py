@@ -252,13 +252,15 @@ def run_matmul(chip, A, B, *, bias=None, out_dtype=np.float32, relu=False):
     out_bf16 = np.dtype(out_dtype) == np.dtype(bf16)
     kind, bias_values = _bias(bias, M, N)
     cfg = chip.config
-    plan = plan_matmul(cfg, M, K, N, kind)
-
     a_addr = 0
     b_addr = _align(a_addr + A.nbytes)
     bias_addr = _align(b_addr + B.nbytes)
     c_addr = _align(bias_addr + (bias_values.nbytes if bias_values is not None else 0))
     c_bytes = M * N * (2 if out_bf16 else 4)
+    if c_addr + c_bytes > cfg.ext_mem_bytes:
+        raise ValueError(f"operands and result need {c_addr + c_bytes} bytes of external memory; "
+                         f"the chip's has {cfg.ext_mem_bytes}")
+    plan = plan_matmul(cfg, M, K, N, kind)
     program = compile_matmul(cfg, plan, a_addr=a_addr, b_addr=b_addr, c_addr=c_addr,
                              bias=kind, bias_addr=bias_addr, out_bf16=out_bf16, relu=relu)
     code = program.to_bytes()

@@ -1,51 +1,22 @@
 """Native (ctypes) runner for the DMA subsystem next to the C++ external-memory
-model (``sim/csrc/axi_mem.h``), and lean Verilog generation for big memories.
+model (``sim/csrc/axi_mem.h``).
 
 `NativeDma` is what ``bench/dma.py`` and the large DMA tests use: Python fills
 the external memory through a NumPy view of the model's byte array (no clock
 steps), hands over a list of descriptors, and the whole run happens in C++.
 """
 
-import contextlib
 import ctypes
 import functools
 
 import numpy as np
 
-from .build import to_verilog
+from .build import lean_verilog
 from .native import build_native, load_native
 
-__all__ = ["lean_verilog", "dma_system_verilog", "axi_mem_flags", "NativeDma", "PAUSE_CHANNELS"]
+__all__ = ["dma_system_verilog", "axi_mem_flags", "NativeDma", "PAUSE_CHANNELS"]
 
 PAUSE_CHANNELS = ("aw", "w", "b", "ar", "r")
-
-
-@contextlib.contextmanager
-def _no_zero_meminit():
-    """Amaranth writes a memory's initial contents bit by bit, even when they are
-    all zero: 12 Mbit of VMEM and accumulator make conversion take ~15 s and give
-    Verilator a huge initial block. Simulators start memories at zero anyway, so
-    skip the all-zero ``$meminit`` cells while converting."""
-    from amaranth.back import rtlil
-    emitter = rtlil.ModuleEmitter
-    original = emitter.emit_memory
-
-    def emit_memory(self, cell_idx, cell):
-        if any(cell.init):
-            original(self, cell_idx, cell)
-
-    emitter.emit_memory = emit_memory
-    try:
-        yield
-    finally:
-        emitter.emit_memory = original
-
-
-def lean_verilog(component, name="top"):
-    """`mxu.sim.build.to_verilog` without all-zero memory initialisers (for
-    simulation: Verilator starts memories at zero)."""
-    with _no_zero_meminit():
-        return to_verilog(component, name)
 
 
 @functools.lru_cache(maxsize=8)

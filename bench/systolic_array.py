@@ -2,8 +2,8 @@
 run, for Verilator (single-threaded and ``--threads 2``), Icarus and Amaranth's
 own simulator on the same RTL and the same kind of workload (DESIGN section 6).
 
-    .venv/bin/python bench/array.py            # the full table
-    .venv/bin/python bench/array.py --quick    # smaller workloads
+    .venv/bin/python bench/systolic_array.py            # the full table
+    .venv/bin/python bench/systolic_array.py --quick    # smaller workloads
 
 Builds are done (and cached) before timing; the time is that of the simulation
 proper: the C++ loop for Verilator (ctypes harness, no VPI), ``Simulator.run()``

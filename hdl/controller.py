@@ -256,7 +256,8 @@ class Controller(wiring.Component):
                     inc[push_name].append(completes[e].valid
                                           & getattr(completes[e].payload, f"push_{side}"))
             blocked[e] = q.r_rdy & ~pop_ok
-            stalls[e] = q.r_rdy & ~taken
+            # A stall is a head waiting for a token (not for its engine to finish).
+            stalls[e] = blocked[e]
             record.append((errors[e] != ErrorCode.NONE, errors[e], pc))
         for name, counter in tokens.items():
             m.d.sync += counter.eq(counter + sum(inc[name]) - sum(dec[name]))

@@ -29,6 +29,8 @@ from amaranth.lib.wiring import In, Out
 
 from .accmem import AccMem, acc_row_layout
 from .axi import AXI4Signature, AxiBurst
+from .fields import unpack_fields
+from .fields import pack_fields as _pack_dict
 from .numerics import Fp32ToBf16
 from .vmem import ReadPortSignature, Vmem, WritePortSignature, _addr_shape, vmem_row_layout
 
@@ -91,24 +93,8 @@ def dma_completion_layout(config):
 
 
 def pack_fields(layout, **values):
-    """Python int holding `values` laid out as `layout` (enums by value or member)."""
-    word = 0
-    names = {name for name, _ in layout}
-    for name in values:
-        if name not in names:
-            raise ValueError(f"{name!r} is not a field of {layout!r}")
-    for name, field in layout:
-        v = values.get(name, 0)
-        v = int(v.value if hasattr(v, "value") else v)
-        if not 0 <= v < 1 << field.width:
-            raise ValueError(f"field {name}={v} does not fit in {field.width} bits")
-        word |= v << field.offset
-    return word
-
-
-def unpack_fields(layout, word):
-    """Inverse of `pack_fields`: a dict of ints."""
-    return {name: (int(word) >> field.offset) & ((1 << field.width) - 1) for name, field in layout}
+    """Python int holding `values` laid out as `layout` (see `mxu.hdl.fields`)."""
+    return _pack_dict(layout, values)
 
 
 def _log2(n):

@@ -18,6 +18,8 @@ instruction has completed.
 
 from amaranth.lib import data, enum
 
+from .fields import struct_layout, pack_fields, unpack_fields
+
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "Opcode", "Engine", "SeedMode", "Deps", "Header",
     "DmaInstr", "LoadWInstr", "MatmulInstr", "SyncInstr", "HaltInstr", "INSTRUCTIONS",
@@ -173,35 +175,7 @@ def encode(opcode, **fields):
     nested flag structs take dicts (``flags={"space": 1}``) and the dependency flags
     may be given as ``deps={"pop_prev": 1}``. Values that do not fit raise."""
     layout = INSTRUCTIONS[Opcode(opcode)].as_shape()
-    return _pack(layout, {"opcode": Opcode(opcode).value, **fields}, "")
-
-
-def _struct(shape):
-    """The StructLayout of a nested flag struct, or None for a plain field."""
-    try:
-        layout = data.Layout.cast(shape)
-    except TypeError:
-        return None
-    return layout if isinstance(layout, data.StructLayout) else None
-
-
-def _pack(layout, values, prefix):
-    word = 0
-    names = {name for name, _ in layout}
-    for name in values:
-        if name not in names:
-            raise ValueError(f"{prefix}{name!r} is not a field of this instruction")
-    for name, field in layout:
-        value = values.get(name, 0)
-        if _struct(field.shape) is not None and isinstance(value, dict):
-            value = _pack(_struct(field.shape), value, f"{prefix}{name}.")
-        elif hasattr(value, "value"):
-            value = value.value
-        value = int(value)
-        if not 0 <= value < 1 << field.width:
-            raise ValueError(f"{prefix}{name}={value} does not fit in {field.width} bits")
-        word |= value << field.offset
-    return word
+    return pack_fields(layout, {"opcode": Opcode(opcode).value, **fields})
 
 
 def decode(word):
@@ -213,16 +187,7 @@ def decode(word):
         raise ValueError(f"illegal opcode {word & 0xF}") from None
     if opcode is Opcode.ILLEGAL:
         raise ValueError("illegal opcode 0")
-    return opcode, _unpack(INSTRUCTIONS[opcode].as_shape(), word)
-
-
-def _unpack(layout, word):
-    out = {}
-    for name, field in layout:
-        value = (word >> field.offset) & ((1 << field.width) - 1)
-        nested = _struct(field.shape)
-        out[name] = _unpack(nested, value) if nested is not None else value
-    return out
+    return opcode, unpack_fields(INSTRUCTIONS[opcode].as_shape(), word)
 
 
 def field_table(instr):
@@ -231,8 +196,9 @@ def field_table(instr):
 
     def walk(layout, prefix, base):
         for name, field in layout:
-            if _struct(field.shape) is not None:
-                walk(_struct(field.shape), f"{prefix}{name}.", base + field.offset)
+            nested = struct_layout(field.shape)
+            if nested is not None:
+                walk(nested, f"{prefix}{name}.", base + field.offset)
             else:
                 lo = base + field.offset
                 hi = lo + field.width - 1

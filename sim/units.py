@@ -60,26 +60,28 @@ def simulate_mac(a, w, acc, *, stages=None, simulator="verilator"):
     return out.astype(np.uint32)
 
 
+def _run_unit(make_unit, payload, name, simulator, dtype):
+    """Stream packed operands through a combinational unit; results as `dtype`."""
+    if payload.size == 0:
+        return np.zeros(0, dtype)
+    out, _ = run_stream(make_unit, payload, simulator=simulator, name=name)
+    return out.astype(dtype)
+
+
 def simulate_bf16_mul(a, b, *, simulator="verilator"):
     """bf16 x bf16 -> fp32 through the RTL `Bf16Multiplier` (uint16 in, uint32 out)."""
     a, b = _operands(a=(a, np.uint16), b=(b, np.uint16))
-    if a.size == 0:
-        return np.zeros(0, np.uint32)
-    unit = lambda: StreamedUnit(Bf16Multiplier(), ("a", "b"), "p")
-    payload = a.astype(np.uint64) | (b.astype(np.uint64) << 16)
-    out, _ = run_stream(unit, payload, simulator=simulator, name="bf16mul")
-    return out.astype(np.uint32)
+    return _run_unit(lambda: StreamedUnit(Bf16Multiplier(), ("a", "b"), "p"),
+                     a.astype(np.uint64) | (b.astype(np.uint64) << 16), "bf16mul", simulator,
+                     np.uint32)
 
 
 def simulate_fp32_add(x, y, *, simulator="verilator"):
     """fp32 + fp32 through the RTL `Fp32Adder` (uint32 in, uint32 out)."""
     x, y = _operands(x=(x, np.uint32), y=(y, np.uint32))
-    if x.size == 0:
-        return np.zeros(0, np.uint32)
-    unit = lambda: StreamedUnit(Fp32Adder(), ("a", "b"), "s")
-    payload = x.astype(np.uint64) | (y.astype(np.uint64) << 32)
-    out, _ = run_stream(unit, payload, simulator=simulator, name="fp32add")
-    return out.astype(np.uint32)
+    return _run_unit(lambda: StreamedUnit(Fp32Adder(), ("a", "b"), "s"),
+                     x.astype(np.uint64) | (y.astype(np.uint64) << 32), "fp32add", simulator,
+                     np.uint32)
 
 
 def simulate_fp32_to_bf16(x, *, simulator="verilator"):
@@ -88,8 +90,5 @@ def simulate_fp32_to_bf16(x, *, simulator="verilator"):
     x : uint32 array of fp32 bit patterns. Returns uint16 bf16 bit patterns.
     """
     (x,) = _operands(x=(x, np.uint32))
-    if x.size == 0:
-        return np.zeros(0, np.uint16)
-    unit = lambda: StreamedUnit(Fp32ToBf16(), ("x",), "y")
-    out, _ = run_stream(unit, x.astype(np.uint64), simulator=simulator, name="fp32tobf16")
-    return out.astype(np.uint16)
+    return _run_unit(lambda: StreamedUnit(Fp32ToBf16(), ("x",), "y"), x.astype(np.uint64),
+                     "fp32tobf16", simulator, np.uint16)

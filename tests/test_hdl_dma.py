@@ -298,7 +298,7 @@ def test_descriptor_packing():
     fields = unpack_fields(layout, d.pack(CONFIG))
     assert fields == dict(dir=1, space=1, to_bf16=1, relu=1, tag=201, rows=77, row_bytes=32,
                           chip_row=1000, ext_base=0x12345678, ext_stride=0xABCDE)
-    with pytest.raises(ValueError, match=r"field rows=70000 does not fit in \d+ bits"):
+    with pytest.raises(ValueError, match=r"rows=70000 does not fit in \d+ bits"):
         pack_fields(layout, rows=70000)
     with pytest.raises(ValueError, match="'bogus' is not a field"):
         pack_fields(layout, bogus=1)

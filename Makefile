@@ -27,9 +27,13 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/mac.py
+	$(BIN)/python bench/systolic_array.py --quick
+	$(BIN)/python bench/dma.py
+	$(BIN)/python bench/chip.py
 
 synth: $(STAMP)
 	$(BIN)/python -m mxu.synth.mac
+	$(BIN)/python -m mxu.synth.array
 
 clean:
 	rm -rf build .cache sim_build

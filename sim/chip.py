@@ -12,6 +12,7 @@ Python runs per cycle.
 
 import ctypes
 import functools
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,22 +67,46 @@ class RunResult:
 
 
 @functools.lru_cache(maxsize=4)
-def chip_verilog(config):
+def chip_verilog(config, fast_mac=False):
     """Verilog (module ``top``) of ``MxuChip(config)`` for simulation: the PE is a
-    separate module instantiated rows*cols times (`mxu.sim.array.pe_verilog`)."""
+    separate module instantiated rows*cols times -- the RTL `ProcessingElement`
+    (`mxu.sim.array.pe_verilog`), or with `fast_mac` its stand-in whose multiply-add
+    is a C call (`mxu.sim.fast_pe`)."""
     from mxu.hdl.top import MxuChip
     from .array import pe_verilog
-    pe_name, pe = pe_verilog(config.mac_stages)
+    from .fast_pe import fast_pe_verilog
+    pe_name, pe = (fast_pe_verilog if fast_mac else pe_verilog)(config.mac_stages)
     return pe + lean_verilog(MxuChip(config, pe_module=pe_name))
 
 
+_TRACE_FLAGS = {
+    None: (),
+    "vcd": ("--trace", "--trace-structs"),
+    # Verilator's FST writer needs the lz4 and zlib headers from the OS.
+    "fst": ("--trace-fst", "--trace-structs", "-LDFLAGS", "-lz -llz4"),
+}
+
+
+def _wave_format(waves):
+    if waves is None:
+        return None
+    suffix = Path(waves).suffix.lower()
+    if suffix not in (".vcd", ".fst"):
+        raise ValueError(f"waves must name a .vcd or .fst file, not {str(waves)!r}")
+    if suffix == ".fst" and not Path("/usr/include/lz4.h").exists():
+        raise ValueError("FST waveforms need the lz4 development headers (e.g. apt-get install "
+                         "liblz4-dev), which this machine lacks; name a .vcd file instead")
+    return suffix[1:]
+
+
 @functools.lru_cache(maxsize=4)
-def _library(config, waves=False):
+def _library(config, waves=None, fast_mac=False):
     # Waveforms need a separate build: tracing slows every cycle down.
-    trace = ("--trace-fst", "--trace-structs", "-LDFLAGS", "-lz") if waves else ()
-    lib = load_native(build_native(chip_verilog(config), "chip_harness.cpp",
-                                   name=f"chip{config.rows}x{config.cols}" + ("_fst" if waves else ""),
-                                   extra_flags=axi_mem_flags() + trace))
+    trace = _TRACE_FLAGS[waves]
+    name = f"chip{config.rows}x{config.cols}" + ("_fastmac" if fast_mac else "") + \
+        (f"_{waves}" if waves else "")
+    lib = load_native(build_native(chip_verilog(config, fast_mac), "chip_harness.cpp",
+                                   name=name, extra_flags=axi_mem_flags() + trace))
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -105,11 +130,17 @@ class Chip:
     seed : int
         Seed of the memory model's randomness.
     waves : str or None
-        Record every cycle of every run into this FST file (a traced build).
+        Record every cycle of every run into this .vcd (or, where the OS has the
+        lz4 headers, .fst) file, from a separately built traced model.
+    fast_mac : bool
+        Simulate each PE's multiply-add with a C function of the same IEEE
+        arithmetic instead of its gate-level fp32 datapath (`mxu.sim.fast_pe`):
+        several times faster, identical results and cycle counts; everything else
+        is still the RTL. Default False: the whole chip is RTL.
     """
 
     def __init__(self, config=None, simulator="verilator", *, mem_latency=(0, 0), mem_pause=None,
-                 seed=1, waves=None):
+                 seed=1, waves=None, fast_mac=False):
         self.config = config or ChipConfig()
         if not isinstance(self.config, ChipConfig):
             raise TypeError(f"config must be a ChipConfig, not {type(config).__name__}")
@@ -118,7 +149,8 @@ class Chip:
             raise ValueError(f"Chip runs on Verilator only (the cocotb testbenches cover "
                              f"{simulator!r}); got simulator={simulator!r}")
         self.simulator = simulator
-        self._lib = _library(self.config, bool(waves))
+        self.fast_mac = bool(fast_mac)
+        self._lib = _library(self.config, _wave_format(waves), self.fast_mac)
         self._handle = self._lib.mxu_chip_new(self.config.ext_mem_bytes, self.config.axi_data_bytes)
         if waves and self._lib.mxu_chip_trace(self._handle, str(waves).encode()) != 0:
             raise ChipError("this chip model was built without tracing")

@@ -2,7 +2,7 @@
 
     mxu demo                  a random matmul on the default 16x16 chip (and a MAC table),
                               checked bit-exact against the golden model
-    mxu matmul --m --k --n [--rows --cols] [--waves out.fst]
+    mxu matmul --m --k --n [--rows --cols] [--waves out.vcd] [--fast-mac]
     mxu mac --vectors N       stream N random MACs through the RTL MacUnit
 """
 
@@ -41,7 +41,8 @@ def _mac_batches(n, seed):
     yield "seeded random", *vectors.mac_vectors(rng, n)
 
 
-def run_mac_table(n, seed, stages, simulator="verilator", out=sys.stdout):
+def run_mac_table(n, seed, stages, simulator="verilator", out=None):
+    out = out or sys.stdout
     rows, ok = [], True
     for name, a, w, acc in _mac_batches(n, seed):
         start = time.perf_counter()
@@ -61,14 +62,15 @@ def run_mac_table(n, seed, stages, simulator="verilator", out=sys.stdout):
     return ok
 
 
-def run_matmul_demo(M, K, N, config, seed, waves=None, out=sys.stdout):
+def run_matmul_demo(M, K, N, config, seed, waves=None, fast_mac=False, out=None):
     """A random bf16 matmul on the simulated chip, checked bit-exact; prints stats."""
+    out = out or sys.stdout
     from .chip import Chip
     rng = np.random.default_rng(seed)
     A = rng.standard_normal((M, K)).astype(np.float32)
     B = rng.standard_normal((K, N)).astype(np.float32)
     start = time.perf_counter()
-    chip = Chip(config, waves=waves)
+    chip = Chip(config, waves=waves, fast_mac=fast_mac)
     built = time.perf_counter() - start
     start = time.perf_counter()
     C = chip.matmul(A, B)
@@ -79,6 +81,8 @@ def run_matmul_demo(M, K, N, config, seed, waves=None, out=sys.stdout):
     rows = [
         ["chip", f"{config.rows}x{config.cols} array, mac_stages={config.mac_stages}, "
                  f"VMEM {config.vmem_bytes >> 10} KiB, accumulator {config.acc_bytes >> 10} KiB"],
+        ["PE model", "fast MAC (C float32, same results and cycles)" if fast_mac
+         else "RTL (gate-level fp32 datapath)"],
         ["matmul", f"C[{M}x{N}] = A[{M}x{K}] @ B[{K}x{N}], bf16 in, fp32 out"],
         ["cycles", f"{s['cycles']:,} (ideal {s['ideal_cycles']:,.0f})"],
         ["utilization", f"{100 * s['utilization']:.1f} %"],
@@ -99,13 +103,14 @@ def run_matmul_demo(M, K, N, config, seed, waves=None, out=sys.stdout):
 def cmd_demo(args):
     ok_mac = run_mac_table(args.vectors, args.seed, ChipConfig().mac_stages)
     print()
-    ok = run_matmul_demo(args.m, args.k, args.n, ChipConfig(), args.seed)
+    ok = run_matmul_demo(args.m, args.k, args.n, ChipConfig(), args.seed, fast_mac=args.fast_mac)
     return 0 if ok and ok_mac else 1
 
 
 def cmd_matmul(args):
     config = ChipConfig(rows=args.rows, cols=args.cols)
-    return 0 if run_matmul_demo(args.m, args.k, args.n, config, args.seed, args.waves) else 1
+    return 0 if run_matmul_demo(args.m, args.k, args.n, config, args.seed, args.waves,
+                                args.fast_mac) else 1
 
 
 def cmd_mac(args):
@@ -121,6 +126,8 @@ def main(argv=None):
     demo.add_argument("--k", type=int, default=384)
     demo.add_argument("--n", type=int, default=384)
     demo.add_argument("--seed", type=int, default=1)
+    demo.add_argument("--fast-mac", action="store_true",
+                      help="simulate the PEs' multiply-add in C (same results, faster)")
     demo.set_defaults(func=cmd_demo)
     mm = sub.add_parser("matmul", help="a random matmul on a simulated chip of any array size")
     mm.add_argument("--m", type=int, required=True)
@@ -129,7 +136,10 @@ def main(argv=None):
     mm.add_argument("--rows", type=int, default=ChipConfig().rows)
     mm.add_argument("--cols", type=int, default=ChipConfig().cols)
     mm.add_argument("--seed", type=int, default=1)
-    mm.add_argument("--waves", metavar="FILE.fst", help="record an FST waveform of the run")
+    mm.add_argument("--waves", metavar="FILE.vcd",
+                    help="record a waveform of the run (.vcd; .fst needs the OS's lz4 headers)")
+    mm.add_argument("--fast-mac", action="store_true",
+                    help="simulate the PEs' multiply-add in C (same results, faster)")
     mm.set_defaults(func=cmd_matmul)
     mac = sub.add_parser("mac", help="stream random MACs through the RTL MacUnit")
     mac.add_argument("--vectors", type=int, default=1_000_000)
@@ -138,7 +148,12 @@ def main(argv=None):
     mac.add_argument("--simulator", default="verilator", choices=["verilator", "icarus", "amaranth"])
     mac.set_defaults(func=cmd_mac)
     args = parser.parse_args(argv)
-    return args.func(args)
+    from .chip import ChipError
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, ChipError) as error:
+        print(f"mxu {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

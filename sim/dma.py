@@ -27,12 +27,13 @@ def dma_system_verilog(config):
 
 
 def axi_mem_flags():
-    """Verilator flags that let a native harness ``#include "axi_mem.h"``; the
-    header's hash is part of them, so editing it rebuilds cached harnesses."""
+    """Verilator flags that let a native harness ``#include "axi_mem.h"`` (or any
+    header of ``sim/csrc``); the headers' hash is part of them, so editing one
+    rebuilds cached harnesses."""
     from .native import CSRC
     from .toolchain import content_hash
-    digest = content_hash((CSRC / "axi_mem.h").read_text())
-    return ("-CFLAGS", f"-I{CSRC} -DMXU_AXI_MEM_H_{digest}")
+    digest = content_hash(*(h.read_text() for h in sorted(CSRC.glob("*.h"))))
+    return ("-CFLAGS", f"-I{CSRC} -DMXU_CSRC_H_{digest}")
 
 
 def _words(value, n):

@@ -115,3 +115,31 @@ def test_too_large_for_the_memories(tiny):
         tiny.matmul(np.ones((1, 60000), np.float32), np.ones((60000, 1), np.float32))
     with pytest.raises(ValueError, match="external memory"):
         tiny.matmul(np.ones((600, 600), np.float32), np.ones((600, 600), np.float32))
+
+
+def test_random_memory_latency_and_back_pressure():
+    """The whole chip against a slow, stalling external memory: random latency and
+    40 % pauses on every AXI channel change the timing, never the result."""
+    chip = Chip(TINY, mem_latency=(0, 24), mem_pause={ch: 40 for ch in ("aw", "w", "b", "ar", "r")},
+                seed=SEED)
+    rng = np.random.default_rng(SEED + 5)
+    A = rng.standard_normal((13, 21)).astype(np.float32)
+    B = rng.standard_normal((21, 10)).astype(np.float32)
+    _check(chip, A, B, bias=rng.standard_normal(10).astype(np.float32), relu=True)
+    slow = chip.last_stats["cycles"]
+    fast = Chip(TINY)
+    _check(fast, A, B, bias=np.zeros(10, np.float32))
+    assert slow > fast.last_stats["cycles"]
+
+
+def test_fast_mac_matches_the_rtl_pe(tiny):
+    """`fast_mac` replaces only the PE's arithmetic with the same IEEE float32 C
+    code: results and cycle counts must equal the all-RTL chip's, specials included."""
+    fast = Chip(TINY, fast_mac=True)
+    rng = np.random.default_rng(SEED + 6)
+    for M, K, N in [(9, 11, 6), (17, 8, 13)]:
+        A, B = _specials(rng, (M, K)), _specials(rng, (K, N))
+        C_fast = _check(fast, A, B)
+        C_rtl = _check(tiny, A, B)
+        golden.assert_bits_equal(C_fast, C_rtl, "fast_mac vs RTL PE", seed=SEED)
+        assert fast.last_stats["cycles"] == tiny.last_stats["cycles"]

@@ -8,8 +8,13 @@
 #include "Vtop.h"
 #include "verilated.h"
 #include "axi_mem.h"
-#if VM_TRACE
+#include "fast_mac.h"
+#if VM_TRACE_FST
 #include "verilated_fst_c.h"
+typedef VerilatedFstC TraceFile;
+#elif VM_TRACE
+#include "verilated_vcd_c.h"
+typedef VerilatedVcdC TraceFile;
 #endif
 
 namespace {
@@ -29,7 +34,7 @@ struct Chip {
     HostSample host;
     uint64_t cycles = 0;
 #if VM_TRACE
-    std::unique_ptr<VerilatedFstC> trace;
+    std::unique_ptr<TraceFile> trace;
 #endif
     Chip(uint64_t bytes, uint32_t data_bytes) : mem(bytes, data_bytes) {
 #if VM_TRACE
@@ -99,11 +104,11 @@ void *mxu_chip_new(uint64_t mem_bytes, uint32_t data_bytes) {
 
 void mxu_chip_free(void *h) { delete static_cast<Chip *>(h); }
 
-// Start recording an FST waveform (builds with --trace-fst only); -1 otherwise.
+// Start recording a waveform (traced builds only); -1 otherwise.
 int mxu_chip_trace(void *h, const char *path) {
 #if VM_TRACE
     Chip &c = *static_cast<Chip *>(h);
-    c.trace.reset(new VerilatedFstC);
+    c.trace.reset(new TraceFile);
     c.top->trace(c.trace.get(), 99);
     c.trace->open(path);
     return 0;

@@ -1,0 +1,23 @@
+"""The `mxu` command line: clear errors, and a small matmul end to end."""
+
+import pytest
+
+from mxu.sim.cli import main
+
+
+def test_bad_wave_file_is_a_clear_error(capsys):
+    assert main(["matmul", "--m", "2", "--k", "2", "--n", "2", "--rows", "4", "--cols", "4",
+                 "--waves", "out.txt"]) == 2
+    assert "waves must name a .vcd or .fst file" in capsys.readouterr().err
+
+
+def test_mac_table(capsys):
+    assert main(["mac", "--vectors", "5000", "--stages", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "bit-exact: yes" in out and "seeded random" in out
+
+
+@pytest.mark.parametrize("argv", [["matmul", "--m", "0", "--k", "3", "--n", "3"]])
+def test_bad_shapes(argv, capsys):
+    assert main(argv + ["--rows", "4", "--cols", "4"]) == 2
+    assert "empty dimension" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from chip_configs import TINY
-from mxu.hdl.isa import ErrorCode, Opcode, encode
+from mxu.hdl.isa import ErrorCode
 from mxu.sim.chip import Chip
 from mxu.sim.program import Program
 from mxu.verif import golden, programs
@@ -93,36 +93,9 @@ def test_vmem_raw_and_war_through_tokens(chip):
     golden.assert_bits_equal(result.memory[0x1000:0x1080], model.ext[0x1000:0x1080], "VMEM RAW/WAR")
 
 
-def _error_programs():
-    ok_load = dict(vmem_row=0, ext_addr=0, rows=1, row_bytes=8)
-    cases = {}
-    cases["illegal opcode"] = (Program().raw(encode(Opcode.HALT) & ~0xF | 7).halt(),
-                               ErrorCode.ILLEGAL_INSTR, 0)
-    cases["reserved bits"] = (Program().load(**ok_load).raw(encode(Opcode.HALT) | 1 << 100),
-                              ErrorCode.ILLEGAL_INSTR, 1)
-    cases["no halt"] = (Program().load(**ok_load), ErrorCode.ILLEGAL_INSTR, 1)
-    cases["flag the engine lacks"] = (Program().load(**ok_load, pop_prev=True).halt(),
-                                      ErrorCode.ILLEGAL_INSTR, 0)
-    cases["vmem range"] = (Program().loadw(vmem_row=CFG.vmem_rows - 2, k_rows=4).halt(),
-                           ErrorCode.VMEM_RANGE, 0)
-    cases["acc range"] = (Program().matmul(act_row=0, m_rows=4, out_row=CFG.acc_rows - 2).halt(),
-                          ErrorCode.ACC_RANGE, 0)
-    cases["no weights"] = (Program().matmul(act_row=0, m_rows=1, out_row=0, new_weights=True).halt(),
-                           ErrorCode.NO_WEIGHTS, 0)
-    cases["misaligned dma"] = (Program().load(vmem_row=0, ext_addr=1, rows=1, row_bytes=8).halt(),
-                               ErrorCode.DMA_DESCRIPTOR, 0)
-    cases["dma chip range"] = (Program().load(vmem_row=CFG.vmem_rows - 1, ext_addr=0, rows=2,
-                                              row_bytes=8).halt(), ErrorCode.DMA_DESCRIPTOR, 0)
-    cases["weight overflow"] = (Program().loadw(vmem_row=0, k_rows=4).loadw(vmem_row=0, k_rows=4)
-                                .halt(), ErrorCode.WEIGHT_OVERFLOW, 1)
-    cases["deadlock"] = (Program().loadw(vmem_row=0, k_rows=4, pop_prev=True).halt(),
-                         ErrorCode.DEADLOCK, None)
-    return cases
-
-
-@pytest.mark.parametrize("case", list(_error_programs()))
+@pytest.mark.parametrize("case", list(programs.error_programs(CFG)))
 def test_error_then_soft_reset_then_good_program(chip, case):
-    program, code, pc = _error_programs()[case]
+    program, code, pc = programs.error_programs(CFG)[case]
     _fresh(chip)
     result, _, expected = _both(chip, program, {})
     assert result.error is code, f"{case}: chip said {result.error.name}"

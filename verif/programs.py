@@ -3,11 +3,12 @@ cocotb testbench `tb_chip` run the same ones and compare with `IsaModel`."""
 
 import numpy as np
 
+from mxu.hdl.isa import ErrorCode, Opcode, encode
 from mxu.sim.program import Program
 from mxu.verif import golden
 
 __all__ = ["every_instruction", "random_program", "random_image", "bf16_bits",
-           "EVERY_INSTRUCTION_OUTPUTS"]
+           "error_programs", "EVERY_INSTRUCTION_OUTPUTS"]
 
 # External byte ranges `every_instruction` writes.
 EVERY_INSTRUCTION_OUTPUTS = [(0x1000, 0x1080), (0x2000, 0x2030), (0x3000, 0x3030)]
@@ -101,3 +102,32 @@ def random_program(config, rng):
     p.sync("compute", push_next=True)
     p.store(acc_row=0, ext_addr=0x6000, rows=32, row_bytes=ACC_B, pop_prev=True)
     return p.halt()
+
+
+def error_programs(config):
+    """name -> (program, expected ErrorCode, expected error pc or None): one
+    program per error code the decoder and the engines raise on their own."""
+    ok_load = dict(vmem_row=0, ext_addr=0, rows=1, row_bytes=8)
+    cases = {}
+    cases["illegal opcode"] = (Program().raw(encode(Opcode.HALT) & ~0xF | 7).halt(),
+                               ErrorCode.ILLEGAL_INSTR, 0)
+    cases["reserved bits"] = (Program().load(**ok_load).raw(encode(Opcode.HALT) | 1 << 100),
+                              ErrorCode.ILLEGAL_INSTR, 1)
+    cases["no halt"] = (Program().load(**ok_load), ErrorCode.ILLEGAL_INSTR, 1)
+    cases["flag the engine lacks"] = (Program().load(**ok_load, pop_prev=True).halt(),
+                                      ErrorCode.ILLEGAL_INSTR, 0)
+    cases["vmem range"] = (Program().loadw(vmem_row=config.vmem_rows - 2, k_rows=4).halt(),
+                           ErrorCode.VMEM_RANGE, 0)
+    cases["acc range"] = (Program().matmul(act_row=0, m_rows=4, out_row=config.acc_rows - 2).halt(),
+                          ErrorCode.ACC_RANGE, 0)
+    cases["no weights"] = (Program().matmul(act_row=0, m_rows=1, out_row=0, new_weights=True).halt(),
+                           ErrorCode.NO_WEIGHTS, 0)
+    cases["misaligned dma"] = (Program().load(vmem_row=0, ext_addr=1, rows=1, row_bytes=8).halt(),
+                               ErrorCode.DMA_DESCRIPTOR, 0)
+    cases["dma chip range"] = (Program().load(vmem_row=config.vmem_rows - 1, ext_addr=0, rows=2,
+                                              row_bytes=8).halt(), ErrorCode.DMA_DESCRIPTOR, 0)
+    cases["weight overflow"] = (Program().loadw(vmem_row=0, k_rows=4).loadw(vmem_row=0, k_rows=4)
+                                .halt(), ErrorCode.WEIGHT_OVERFLOW, 1)
+    cases["deadlock"] = (Program().loadw(vmem_row=0, k_rows=4, pop_prev=True).halt(),
+                         ErrorCode.DEADLOCK, None)
+    return cases

@@ -19,9 +19,8 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
 
 from mxu.hdl import ChipConfig
-from mxu.hdl.isa import ErrorCode, Opcode, encode
+from mxu.hdl.isa import ErrorCode
 from mxu.hdl.regs import REG
-from mxu.sim.program import Program
 from mxu.verif import golden, programs
 from mxu.verif.isa_model import IsaModel
 
@@ -133,20 +132,31 @@ async def random_programs(dut):
 
 
 @cocotb.test()
-async def error_soft_reset_then_good_program(dut):
+async def every_error_then_soft_reset_then_good_program(dut):
     tb = ChipTB(dut)
     await tb.reset()
-    bad = Program().load(vmem_row=0, ext_addr=0, rows=1, row_bytes=8).raw(encode(Opcode.HALT) | 1 << 90)
-    error, pc, _, expected = await tb.run(bad, {})
-    assert (error, pc) == (ErrorCode.ILLEGAL_INSTR, 1) and expected.error is error
-    stuck = Program().loadw(vmem_row=0, k_rows=4, pop_prev=True).halt()
-    error, _, _, expected = await tb.run(stuck, {})
-    assert error is ErrorCode.DEADLOCK is expected.error
-    await tb.write_reg("CTRL", 2)   # soft reset
-    program, image = programs.every_instruction(CONFIG, np.random.default_rng(SEED + 1))
-    error, _, model, _ = await tb.run(program, image)
-    assert error is ErrorCode.NONE
-    tb.check(model, programs.EVERY_INSTRUCTION_OUTPUTS, "after soft reset")
+    for name, (program, code, pc) in programs.error_programs(CONFIG).items():
+        error, error_pc, _, expected = await tb.run(program, {})
+        assert error is code is expected.error, f"{name}: chip {error.name}, model {expected.error.name}"
+        if pc is not None:
+            assert error_pc == pc, f"{name}: error pc {error_pc}, expected {pc}"
+        await tb.write_reg("CTRL", 2)   # soft reset
+        good, image = programs.every_instruction(CONFIG, np.random.default_rng(SEED + 1))
+        error, _, model, _ = await tb.run(good, image)
+        assert error is ErrorCode.NONE, f"after {name}: {error.name}"
+        tb.check(model, programs.EVERY_INSTRUCTION_OUTPUTS, f"after {name} and a soft reset")
+
+
+@cocotb.test()
+async def fetch_error_from_a_misaligned_program(dut):
+    tb = ChipTB(dut)
+    await tb.reset()
+    await tb.write_reg("PROG_BASE", PROGRAM_BASE + 8)
+    await tb.write_reg("PROG_LEN", 1)
+    await tb.write_reg("CTRL", 1)
+    await ClockCycles(dut.clk, 20)
+    status = await tb.read_reg("STATUS")
+    assert status & 2 and ErrorCode((status >> 4) & 0xF) is ErrorCode.FETCH_ERROR, hex(status)
 
 
 @cocotb.test()

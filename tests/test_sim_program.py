@@ -163,3 +163,17 @@ def test_cocotb_programs(simulator, pause, tmp_path):
     args = {"config": dataclasses.asdict(CFG), "pause": pause, "seed": SEED}
     cocotb_test(build, "top", "mxu.verif.tb_chip", simulator, test_dir=tmp_path,
                 extra_env={"MXU_TB_ARGS": json.dumps(args)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", range(10))
+def test_many_random_programs_against_the_model(chip, block):
+    for case in range(10):
+        seed = SEED + 1000 + 10 * block + case
+        rng = np.random.default_rng(seed)
+        _fresh(chip)
+        program = programs.random_program(CFG, rng)
+        result, model, expected = _both(chip, program, programs.random_image(CFG, rng))
+        assert result.error is expected.error, f"seed {seed}"
+        golden.assert_bits_equal(result.memory[:0x8000], model.ext[:0x8000],
+                                 f"random program (seed {seed})")

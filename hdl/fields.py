@@ -16,27 +16,40 @@ def struct_layout(shape):
     return layout if isinstance(layout, data.StructLayout) else None
 
 
+_PLANS = {}
+
+
+def _plan(layout):
+    """[(name, offset, width, nested layout or None)] of a layout, computed once:
+    walking an Amaranth layout is slow, and the assembler packs thousands of words."""
+    key = id(layout)
+    entry = _PLANS.get(key)
+    if entry is None or entry[0] is not layout:
+        cast = data.Layout.cast(layout)
+        fields = [(name, f.offset, f.width, struct_layout(f.shape)) for name, f in cast]
+        entry = _PLANS[key] = (layout, cast, fields, {name for name, *_ in fields})
+    return entry[1:]
+
+
 def pack_fields(layout, values, *, prefix=""):
     """The integer of `layout` with `values` (a dict; nested struct fields take
     dicts, enum members their value). Unknown names and values that do not fit
     raise ValueError."""
-    layout = data.Layout.cast(layout)
-    names = {name for name, _ in layout}
+    cast, fields, names = _plan(layout)
     for name in values:
         if name not in names:
-            raise ValueError(f"{prefix}{name!r} is not a field of {layout!r}")
+            raise ValueError(f"{prefix}{name!r} is not a field of {cast!r}")
     word = 0
-    for name, field in layout:
+    for name, offset, width, nested in fields:
         value = values.get(name, 0)
-        nested = struct_layout(field.shape)
         if nested is not None and isinstance(value, dict):
             value = pack_fields(nested, value, prefix=f"{prefix}{name}.")
         elif hasattr(value, "value"):
             value = value.value
         value = int(value)
-        if not 0 <= value < 1 << field.width:
-            raise ValueError(f"{prefix}{name}={value} does not fit in {field.width} bits")
-        word |= value << field.offset
+        if not 0 <= value < 1 << width:
+            raise ValueError(f"{prefix}{name}={value} does not fit in {width} bits")
+        word |= value << offset
     return word
 
 

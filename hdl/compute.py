@@ -142,7 +142,6 @@ class ComputeEngine(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        c = self.config
         m.submodules.array = array = self.array
         m.submodules.loadw_q = loadw_q = fifo.SyncFIFOBuffered(
             width=len(self.cmd.payload.as_value()), depth=2)

@@ -4,7 +4,7 @@ from amaranth.hdl import Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .numerics import BF16, FP32, Bf16Multiplier, Fp32AddAlign, Fp32AddPartial, Fp32AddRound
+from .numerics import BF16, FP32, Bf16Multiplier, Fp32AddAlign, Fp32AddRound
 
 __all__ = ["MacOperands", "MacPipeline", "MacUnit", "MAC_STAGES"]
 

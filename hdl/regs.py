@@ -14,7 +14,7 @@
 Unmapped addresses answer SLVERR; partial-strobe writes are applied whole.
 """
 
-from amaranth.hdl import C, Cat, Module, Mux, Signal
+from amaranth.hdl import C, Cat, Module, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 

@@ -171,6 +171,9 @@ class MxuChip(wiring.Component):
     """
 
     def __init__(self, config, *, pe_module=None):
+        from .config import ChipConfig
+        if not isinstance(config, ChipConfig):
+            raise TypeError(f"MxuChip needs a ChipConfig, not {type(config).__name__}")
         self.config = config
         self.pe_module = pe_module
         super().__init__({

@@ -27,12 +27,11 @@ instruction that frees what it overwrites:
   group two later (which reuses its output buffer) pops.
 """
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from mxu.hdl.isa import INSTR_BYTES, SeedMode
+from mxu.hdl.isa import SeedMode
 
 from .program import Program
 

@@ -21,7 +21,7 @@ from mxu.sim.build import cocotb_build, cocotb_test
 from mxu.sim.array import array_verilog
 from mxu.sim.toolchain import icarus_available
 from mxu.verif import golden, vectors
-from mxu.verif.array_model import array_reference, array_reference_bits
+from mxu.verif.array_model import array_reference
 
 BF16 = ml_dtypes.bfloat16
 FAST_SHAPES = [(1, 1), (1, 8), (8, 1), (3, 5), (4, 4)]

@@ -271,7 +271,10 @@ def run_matmul(chip, A, B, *, bias=None, out_dtype=np.float32, relu=False):
     image = {a_addr: A.view(np.uint8).ravel(), b_addr: B.view(np.uint8).ravel()}
     if bias_values is not None:
         image[bias_addr] = bias_values.view(np.uint8).ravel()
-    result = chip.run(program, image, base=base)
+    ideal = M * K * N / (cfg.rows * cfg.cols)
+    # Watchdog: ten times the ideal cycle count plus room for loads and stores.
+    result = chip.run(program, image, base=base,
+                      max_cycles=int(10 * ideal + 20 * (A.nbytes + B.nbytes + c_bytes) + 1_000_000))
     if not result.ok:
         from .chip import ChipError
         raise ChipError(f"the chip stopped with {result.error.name} at instruction "
@@ -280,7 +283,6 @@ def run_matmul(chip, A, B, *, bias=None, out_dtype=np.float32, relu=False):
     raw = chip.read_memory(c_addr, c_bytes)
     C = raw.view(bf16 if out_bf16 else np.float32).reshape(M, N).copy()
     k = result.counters
-    ideal = M * K * N / (cfg.rows * cfg.cols)
     chip.last_stats = {
         "cycles": k["cycles"],
         "ideal_cycles": ideal,

@@ -111,7 +111,7 @@ def _rng(salt):
     return np.random.default_rng(SEED * 1000 + salt)
 
 
-@cocotb.test()
+@cocotb.test(timeout_time=50, timeout_unit="ms")
 async def multiplier(dut):
     a, b = vectors.pairs(vectors.special_bf16(), vectors.special_bf16())
     checker = CombChecker(dut, ["mul_a", "mul_b"], "mul_p", golden.mul)
@@ -121,7 +121,7 @@ async def multiplier(dut):
                       what="mul random")
 
 
-@cocotb.test()
+@cocotb.test(timeout_time=50, timeout_unit="ms")
 async def adder(dut):
     checker = CombChecker(dut, ["add_a", "add_b"], "add_s", golden.add)
     await checker.run(*vectors.pairs(vectors.special_fp32(), vectors.special_fp32()),
@@ -130,7 +130,7 @@ async def adder(dut):
     await checker.run(*vectors.add_vectors(_rng(2), RANDOM), what="add random")
 
 
-@cocotb.test()
+@cocotb.test(timeout_time=50, timeout_unit="ms")
 async def fp32_to_bf16(dut):
     checker = CombChecker(dut, ["cvt_x"], "cvt_y", golden.fp32_to_bf16)
     ties = np.array([0x3F808000, 0x3F818000, 0x3F808001, 0x7F7F8000, 0x7F7FFFFF,
@@ -139,7 +139,7 @@ async def fp32_to_bf16(dut):
     await checker.run(vectors.random_fp32(_rng(3), RANDOM), what="cvt random")
 
 
-@cocotb.test()
+@cocotb.test(timeout_time=50, timeout_unit="ms")
 async def mac_streams(dut):
     tb = MacTB(dut)
     await tb.reset()

@@ -191,7 +191,6 @@ class Controller(wiring.Component):
 
         ins = FetchedInstr(self.instr.payload)
         m.d.comb += decoder.word.eq(ins.word)
-        target = queues[Engine.LOAD]
         target_ready = Mux(decoder.engine == Engine.LOAD, queues[Engine.LOAD].w_rdy,
                            Mux(decoder.engine == Engine.COMPUTE, queues[Engine.COMPUTE].w_rdy,
                                queues[Engine.STORE].w_rdy))
@@ -207,7 +206,6 @@ class Controller(wiring.Component):
             m.d.sync += halted.eq(1)
         decoder_stalled = accept & ok & ~decoder.halt & ~target_ready
         record.append((accept & ~ok, decoder.error, ins.pc))
-        del target
 
         # ---- tokens ---------------------------------------------------------------
         tokens = {name: Signal(16, name=f"tokens_{name}") for name in ("l2c", "c2l", "c2s", "s2c")}

@@ -114,7 +114,7 @@ class InstructionFetch(wiring.Component):
         ]
 
         # ---- R -> instructions (gearbox for buses narrower or wider than 128 bits).
-        word, word_valid, r_take = self._gearbox(m, axi, queue)
+        word, word_valid = self._gearbox(m, axi, queue)
         with m.If(axi.rvalid & axi.rready):
             m.d.sync += outstanding.eq(outstanding - 1)
             with m.If(axi.rresp != AxiResp.OKAY):
@@ -130,7 +130,7 @@ class InstructionFetch(wiring.Component):
         return m
 
     def _gearbox(self, m, axi, queue):
-        """(word, word_valid, _): one instruction per cycle from the R channel; R is
+        """(word, word_valid): one instruction per cycle from the R channel; R is
         only accepted when the queue can take what the beat holds."""
         c = self.config
         bits = c.axi_data_bits
@@ -163,4 +163,4 @@ class InstructionFetch(wiring.Component):
                 m.d.sync += idx.eq(idx + 1)
                 with m.If(idx == parts - 1):
                     m.d.sync += holding.eq(0)
-        return word, word_valid, None
+        return word, word_valid

@@ -55,8 +55,7 @@ def random_streams(rng, rows, cols, sizes, special_percent=0, cancel=False):
         if special_percent:
             for x, pool in ((a, vectors.special_bf16()), (w, vectors.special_bf16()),
                             (s, vectors.special_fp32())):
-                mask = rng.integers(100, size=x.shape) < special_percent
-                x[mask] = rng.choice(pool, size=int(mask.sum()))
+                vectors.salt(rng, x, pool, special_percent)
         if cancel:
             af = rng.standard_normal((m, rows)).astype(BF16)
             wf = rng.standard_normal((rows, cols)).astype(BF16)

@@ -23,7 +23,7 @@ from mxu.hdl.dma import DmaDir, DmaError, DmaSpace, dma_descriptor_layout, pack_
     unpack_fields
 from mxu.sim.build import cocotb_build, cocotb_test
 from mxu.sim.dma import NativeDma, dma_system_verilog
-from mxu.verif.dma_model import Descriptor, DmaModel, bursts, check_descriptor
+from mxu.verif.dma_model import Descriptor, DmaModel, bursts, check_descriptor, random_descriptor
 
 LOAD, STORE, VMEM, ACC = DmaDir.LOAD, DmaDir.STORE, DmaSpace.VMEM, DmaSpace.ACC
 
@@ -101,26 +101,8 @@ def _check_all(dut, model, descriptors, what, seed=None):
 
 
 def _random_descriptor(rng, config, big=False):
-    d_dir = LOAD if rng.integers(2) == 0 else STORE
-    space = VMEM if rng.integers(2) == 0 else ACC
-    to_bf16 = bool(d_dir == STORE and space == ACC and rng.integers(2))
-    relu = bool(d_dir == STORE and rng.integers(2))
-    elem = 4 if space == ACC and not to_bf16 else 2
-    limit = (config.vmem_row_bytes if space == VMEM else
-             config.acc_row_bytes // 2 if to_bf16 else config.acc_row_bytes)
-    row_bytes = int(rng.integers(1, limit // elem + 1)) * elem
-    chip_rows = config.vmem_rows if space == VMEM else config.acc_rows
-    rows = int(rng.integers(1, (2000 if big else 60)))
-    kind = rng.integers(4)
-    stride = (row_bytes if kind < 2 else int(rng.integers(0, 3)) * elem if kind == 2
-              else int(rng.integers(row_bytes // elem, 3000)) * elem)
-    span = (rows - 1) * stride + row_bytes
-    base = int(rng.integers(0, min(1 << 22, config.ext_mem_bytes - span) // elem)) * elem
-    if rng.integers(3) == 0:
-        base = max(0, (base // 4096 + 1) * 4096 - int(rng.integers(0, 40)) * elem)
-    chip = int(rng.integers(0, chip_rows - rows + 1))
-    return Descriptor(d_dir, space, base, rows, row_bytes, stride, chip, to_bf16, relu,
-                      tag=int(rng.integers(256)))
+    return random_descriptor(rng, config, max_rows=2000 if big else 60,
+                             max_stride_elems=3000, max_base=1 << 22)
 
 
 @pytest.mark.parametrize("pause,latency", [(0, (0, 0)), (50, (0, 30)), (90, (5, 60))])

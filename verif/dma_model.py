@@ -18,7 +18,7 @@ from mxu.hdl.dma import DmaDir, DmaError, DmaSpace, dma_descriptor_layout, pack_
 from mxu.verif import golden
 
 __all__ = ["Descriptor", "DmaModel", "check_descriptor", "relu_f32_bits", "relu_bf16_bits",
-           "bursts"]
+           "bursts", "random_descriptor"]
 
 
 @dataclass(frozen=True)
@@ -160,3 +160,33 @@ class DmaModel:
             else:
                 self.ext[a:a + d.row_bytes] = self.store_row(d, chip[d.chip_row + i])
         return DmaError.OK
+
+
+def random_descriptor(rng, config, *, max_rows=24, max_stride_elems=300, max_base=None):
+    """A random legal descriptor: either direction and space, every store option,
+    odd row sizes, contiguous, overlapping or gapped strides, and a base near a
+    4 KiB boundary one time in three."""
+    d_dir = DmaDir.LOAD if rng.integers(2) == 0 else DmaDir.STORE
+    space = DmaSpace.VMEM if rng.integers(2) == 0 else DmaSpace.ACC
+    to_bf16 = bool(d_dir == DmaDir.STORE and space == DmaSpace.ACC and rng.integers(2))
+    relu = bool(d_dir == DmaDir.STORE and rng.integers(2))
+    elem = 4 if space == DmaSpace.ACC and not to_bf16 else 2
+    limit = (config.vmem_row_bytes if space == DmaSpace.VMEM else
+             config.acc_row_bytes // 2 if to_bf16 else config.acc_row_bytes)
+    row_bytes = int(rng.integers(1, limit // elem + 1)) * elem
+    rows = int(rng.integers(1, max_rows))
+    kind = rng.integers(4)
+    stride = (row_bytes if kind < 2 else int(rng.integers(0, 3)) * elem if kind == 2
+              else int(rng.integers(row_bytes // elem, max_stride_elems)) * elem)
+    span = (rows - 1) * stride + row_bytes
+    top = min(max_base or config.ext_mem_bytes, config.ext_mem_bytes - span)
+    base = int(rng.integers(0, top // elem)) * elem
+    if rng.integers(3) == 0:
+        base = max(0, min(config.ext_mem_bytes - span,
+                          (base // 4096 + 1) * 4096 - int(rng.integers(0, 48)) * elem))
+    chip_rows = config.vmem_rows if space == DmaSpace.VMEM else config.acc_rows
+    chip = int(rng.integers(0, chip_rows - rows + 1))
+    d = Descriptor(d_dir, space, base, rows, row_bytes, stride, chip, to_bf16, relu,
+                   tag=int(rng.integers(256)))
+    assert check_descriptor(config, d) == DmaError.OK, d
+    return d

@@ -195,8 +195,7 @@ def _random_tile(rng, m, rows, cols, special_percent=0):
     if special_percent:
         for x, pool in ((act, vectors.special_bf16()), (weight, vectors.special_bf16()),
                         (seed, vectors.special_fp32())):
-            mask = rng.integers(100, size=x.shape) < special_percent
-            x[mask] = rng.choice(pool, size=int(mask.sum()))
+            vectors.salt(rng, x, pool, special_percent)
     return act, weight, seed
 
 

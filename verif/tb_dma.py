@@ -29,7 +29,7 @@ from cocotbext.axi import AxiBus, AxiRam
 from mxu.hdl.config import ChipConfig
 from mxu.hdl.dma import DmaDir, DmaError, DmaSpace, dma_completion_layout, unpack_fields
 from mxu.hdl.vmem import _addr_shape
-from mxu.verif.dma_model import Descriptor, DmaModel, check_descriptor
+from mxu.verif.dma_model import Descriptor, DmaModel, check_descriptor, random_descriptor
 
 ARGS = json.loads(os.environ.get("MXU_TB_ARGS", "{}"))
 CONFIG = ChipConfig(**ARGS.get("config", {}))
@@ -232,33 +232,6 @@ class Bench:
         return (min(r[0] for r in rows) - 2, max(r[1] for r in rows) + 2)
 
 
-def random_descriptor(rng, *, legal=True):
-    """A random descriptor; with `legal`, one that passes the checks."""
-    c = CONFIG
-    d_dir = LOAD if rng.integers(2) == 0 else STORE
-    space = VMEM if rng.integers(2) == 0 else ACC
-    to_bf16 = bool(d_dir == STORE and space == ACC and rng.integers(2))
-    relu = bool(d_dir == STORE and rng.integers(2))
-    elem = 4 if space == ACC and not to_bf16 else 2
-    limit = (c.vmem_row_bytes if space == VMEM else
-             c.acc_row_bytes // 2 if to_bf16 else c.acc_row_bytes)
-    row_bytes = int(rng.integers(1, limit // elem + 1)) * elem
-    rows = int(rng.integers(1, 24))
-    kind = rng.integers(4)
-    stride = (row_bytes if kind == 0 else int(rng.integers(0, 3)) * elem if kind == 1
-              else int(rng.integers(row_bytes // elem, 300)) * elem)
-    span = (rows - 1) * stride + row_bytes
-    base = int(rng.integers(0, (c.ext_mem_bytes - span) // elem)) * elem
-    if rng.integers(3) == 0:   # near a 4 KiB boundary
-        base = max(0, min(c.ext_mem_bytes - span, (base // 4096 + 1) * 4096 - int(rng.integers(0, 48)) * elem))
-    chip_rows = c.vmem_rows if space == VMEM else c.acc_rows
-    chip = int(rng.integers(0, chip_rows - rows + 1))
-    d = Descriptor(d_dir, space, base, rows, row_bytes, stride, chip, to_bf16, relu,
-                   tag=int(rng.integers(256)))
-    assert not legal or check_descriptor(c, d) == DmaError.OK, d
-    return d
-
-
 @cocotb.test()
 async def test_directed(dut):
     """Hand-picked transfers: aligned and unaligned, contiguous (long bursts, 4 KiB
@@ -309,7 +282,7 @@ async def test_random(dut):
     await b.fill_acc()
     left = RANDOM
     while left > 0:
-        batch = [random_descriptor(b.rng) for _ in range(min(left, int(b.rng.integers(1, 5))))]
+        batch = [random_descriptor(b.rng, CONFIG) for _ in range(min(left, int(b.rng.integers(1, 5))))]
         left -= len(batch)
         await b.execute(batch)
         await b.check(f"random batch {batch}", b.rows_span(batch, VMEM), b.rows_span(batch, ACC))

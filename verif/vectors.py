@@ -7,7 +7,7 @@ import numpy as np
 
 from . import golden
 
-__all__ = ["BF16_CLASSES", "FP32_CLASSES", "special_bf16", "special_fp32", "pairs",
+__all__ = ["BF16_CLASSES", "FP32_CLASSES", "special_bf16", "special_fp32", "pairs", "salt",
            "random_bf16", "random_fp32", "mac_vectors", "add_vectors", "directed_add"]
 
 
@@ -55,6 +55,13 @@ def pairs(x, y):
     """Every (x[i], y[j]) pair as two flat arrays."""
     xs, ys = zip(*itertools.product(x, y))
     return np.array(xs, x.dtype), np.array(ys, y.dtype)
+
+
+def salt(rng, bits, pool, percent):
+    """Replace about `percent` % of the bit patterns in `bits` (in place) by
+    patterns drawn from `pool` (e.g. `special_bf16()`)."""
+    mask = rng.integers(100, size=bits.shape) < percent
+    bits[mask] = rng.choice(pool, size=int(mask.sum()))
 
 
 def random_bf16(rng, n):

@@ -19,8 +19,8 @@ import time
 import numpy as np
 
 from mxu.hdl import ChipConfig
-from mxu.sim.chip import Chip
-from mxu.synth.ecp5 import format_table
+from mxu.sim import Chip
+from mxu.sim.report import format_table
 from mxu.verif import golden
 
 DEFAULT_SHAPES = ["128x384x384", "128x384x1536", "128x1536x384", "128x512x256", "512x512x512"]
@@ -56,12 +56,12 @@ def run(config, shapes, seed, pe):
         golden.assert_bits_equal(C, golden.matmul(A, B, rows=config.rows), f"bench {shape}",
                                  seed=seed)
         s = chip.last_stats
-        total_cycles += s["cycles"]
+        total_cycles += s.cycles
         total_wall += wall
         total_macs += M * K * N
-        rows.append([shape, f"{s['cycles']:,}", f"{s['ideal_cycles']:,.0f}",
-                     f"{100 * s['utilization']:.1f} %", f"{wall:.2f}",
-                     f"{s['cycles'] / wall:,.0f}", f"{M * K * N / wall / 1e6:.1f}"])
+        rows.append([shape, f"{s.cycles:,}", f"{s.ideal_cycles:,.0f}",
+                     f"{100 * s.utilization:.1f} %", f"{wall:.2f}",
+                     f"{s.cycles / wall:,.0f}", f"{M * K * N / wall / 1e6:.1f}"])
     print(format_table(["M x K x N", "cycles", "ideal", "utilization", "wall s", "cycles/s",
                         "M MAC/s"], rows))
     print(f"{pe} PE: all bit-exact; whole chip simulated at {total_cycles / total_wall:,.0f} cycles/s, "

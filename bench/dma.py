@@ -2,7 +2,7 @@
 of the AXI bus peak (``config.axi_data_bytes`` per cycle).
 
 Runs the Verilated DMA subsystem (DMA + VMEM + accumulator memory) next to the
-C++ AXI memory model (``sim/csrc/axi_mem.h``) through ``mxu.sim.dma.NativeDma``;
+C++ AXI memory model (``sim/backends/csrc/axi_mem.h``) through ``mxu.sim.backends.dma.NativeDma``;
 cycles are counted from the descriptor's issue to its completion, so the
 descriptor checks, the first burst's latency and the final write response are
 all included. Every transfer is also checked byte for byte against
@@ -21,7 +21,7 @@ import numpy as np
 
 from mxu.hdl.config import ChipConfig
 from mxu.hdl.dma import DmaDir, DmaError, DmaSpace
-from mxu.sim.dma import NativeDma
+from mxu.sim.backends.dma import NativeDma
 from mxu.verif.dma_model import Descriptor, DmaModel
 
 KIB = 1024

@@ -14,8 +14,8 @@ import numpy as np
 
 from mxu.hdl import ChipConfig
 from mxu.sim import simulate_mac
-from mxu.sim.toolchain import icarus_available
-from mxu.synth.ecp5 import format_table
+from mxu.sim.backends.toolchain import icarus_available
+from mxu.sim.report import format_table
 from mxu.verif import golden, vectors
 
 

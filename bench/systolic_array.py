@@ -1,6 +1,6 @@
 """Simulation speed of the systolic array: simulated cycles/s and MAC/s, in one
 run, for Verilator (single-threaded and ``--threads 2``), Icarus and Amaranth's
-own simulator on the same RTL and the same kind of workload (DESIGN section 6).
+own simulator on the same RTL and the same kind of workload (docs/performance.md).
 
     .venv/bin/python bench/systolic_array.py            # the full table
     .venv/bin/python bench/systolic_array.py --quick    # smaller workloads
@@ -27,9 +27,9 @@ import argparse  # noqa: E402
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mxu.sim.array import native_array, pack_streams, run_amaranth, run_icarus  # noqa: E402
-from mxu.sim.toolchain import icarus_available  # noqa: E402
-from mxu.synth.ecp5 import format_table  # noqa: E402
+from mxu.sim.backends.array import native_array, pack_streams, run_amaranth, run_icarus  # noqa: E402
+from mxu.sim.backends.toolchain import icarus_available  # noqa: E402
+from mxu.sim.report import format_table  # noqa: E402
 from mxu.verif.array_model import array_reference_bits  # noqa: E402
 
 STAGES = 2

@@ -92,7 +92,7 @@ class SystolicArray(wiring.Component):
         None (default): the PEs are elaborated as Amaranth submodules. A Verilog
         module name: every PE becomes an ``Instance`` of that module, which the
         caller must supply as the Verilog of ``ProcessingElement(mac_stages)``
-        (same port names). `mxu.sim.array` uses this so that generating Verilog
+        (same port names). `mxu.sim.backends.verilog` uses this so that generating Verilog
         costs one PE, not ``rows * cols``; the hardware is the same.
 
     Interface

@@ -8,7 +8,7 @@ Member names are the lower-case AXI signal names without the channel prefix
 separator (``awaddr``, ``rresp``), so a component port ``axi`` becomes Verilog
 ports ``axi__awaddr``, ``axi__rresp``..., which cocotbext-axi finds with
 ``AxiBus.from_prefix(dut, "axi_")`` and which Verilated C++ sees as
-``axi___05Fawaddr`` (see ``sim/csrc/axi_mem.h``).
+``axi___05Fawaddr`` (see ``sim/backends/csrc/axi_mem.h``).
 
 Only the signals the mxu needs are present: no QOS, REGION or USER signals.
 ``*lock`` is the AXI4 one-bit lock (always 0 here), ``*cache`` and ``*prot`` are

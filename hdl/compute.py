@@ -2,7 +2,7 @@
 
 It takes instructions whose tokens the controller has already popped, and runs
 two independent streams so that the next tile's weights load while the current
-tile computes (DESIGN section 4):
+tile computes (docs/architecture.md):
 
 * the weight loader reads LOADW's VMEM rows and feeds the array's weight port;
 * the activation streamer reads MATMUL's activation rows (VMEM) and seed rows
@@ -90,7 +90,7 @@ class _PendingRows(wiring.Component):
 
 
 class ComputeEngine(wiring.Component):
-    """Runs LOADW, MATMUL and SYNC on a `SystolicArray` (DESIGN section 4).
+    """Runs LOADW, MATMUL and SYNC on a `SystolicArray` (docs/architecture.md).
 
     Parameters
     ----------

@@ -4,7 +4,8 @@ The HDL, the golden model, the simulation drivers, the benches and the synthesis
 flows all take a `ChipConfig`; none of them copies one of its numbers.
 """
 
-from dataclasses import dataclass, replace
+import numbers
+from dataclasses import dataclass, fields, replace
 
 __all__ = ["ChipConfig"]
 
@@ -64,9 +65,18 @@ class ChipConfig:
     cmd_queue_depth: int = 8
 
     def __post_init__(self):
+        # NumPy integers are integers too; store them as int so that equal
+        # configurations compare, hash and print equal.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, int(value))
+            else:
+                kind = "a positive integer" if f.name in ("rows", "cols") else "an integer"
+                raise ValueError(f"ChipConfig.{f.name} must be {kind}, not {value!r}")
         for name in ("rows", "cols"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if value < 1:
                 raise ValueError(f"ChipConfig.{name} must be a positive integer, not {value!r}")
         if self.mac_stages not in (1, 2, 3):
             raise ValueError(f"ChipConfig.mac_stages must be 1, 2 or 3, not {self.mac_stages!r}")

@@ -1,5 +1,5 @@
 """The controller: decode, per-engine command queues, dependency tokens, status,
-error handling and performance counters (DESIGN section 4, docs/isa.md).
+error handling and performance counters (docs/architecture.md, docs/isa.md).
 
 Fetched instructions are checked and sent, in program order, to the queue of
 the engine that runs them. An engine takes its queue's head once the tokens the
@@ -17,12 +17,9 @@ from .isa import (INSTR_BITS, Deps, DmaInstr, Engine, ErrorCode, Header, HaltIns
                   MatmulInstr, Opcode, SeedMode, SyncInstr)
 from .compute import ComputeCommand
 from .dma import dma_descriptor_layout
+from .regs import COUNTERS
 
-__all__ = ["Decoder", "Controller", "COUNTERS"]
-
-# Performance counters, in register order (docs/isa.md, "Registers").
-COUNTERS = ("cycles", "array_active", "load_stall", "compute_stall", "store_stall",
-            "dma_read_bytes", "dma_write_bytes", "instructions")
+__all__ = ["Decoder", "Controller"]
 
 
 class Decoder(wiring.Component):
@@ -138,6 +135,7 @@ class Controller(wiring.Component):
     instr : In(stream.Signature(FetchedInstr))
         From `InstructionFetch`.
     fetch_error, fetch_busy : In(1)
+    fetch_error_pc : In(32)
     fetch_stop : Out(1)
     load_cmd, store_cmd : Out(stream.Signature(DmaInstr))
     compute_cmd : Out(stream.Signature(ComputeCommand(config)))
@@ -158,7 +156,8 @@ class Controller(wiring.Component):
         super().__init__({
             "start": In(1),
             "instr": In(stream.Signature(FetchedInstr)),
-            "fetch_error": In(1), "fetch_busy": In(1), "fetch_stop": Out(1),
+            "fetch_error": In(1), "fetch_error_pc": In(32), "fetch_busy": In(1),
+            "fetch_stop": Out(1),
             "load_cmd": Out(stream.Signature(DmaInstr)),
             "store_cmd": Out(stream.Signature(DmaInstr)),
             "compute_cmd": Out(stream.Signature(ComputeCommand(config))),
@@ -269,7 +268,7 @@ class Controller(wiring.Component):
         deadlock_q = Signal()
         m.d.sync += deadlock_q.eq(deadlock)
         record.append((deadlock_q & deadlock, C(ErrorCode.DEADLOCK.value, 4), ins.pc))
-        record.append((self.fetch_error, C(ErrorCode.FETCH_ERROR.value, 4), ins.pc))
+        record.append((self.fetch_error, C(ErrorCode.FETCH_ERROR.value, 4), self.fetch_error_pc))
 
         # ---- first error wins ------------------------------------------------------
         with m.If(running & ~failed):

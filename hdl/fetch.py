@@ -45,6 +45,9 @@ class InstructionFetch(wiring.Component):
     error : Out(1)
         Sticky until ``start``: the program lies outside external memory, is
         misaligned, or a read returned SLVERR/DECERR.
+    error_pc : Out(32)
+        With ``error``: the pc of the first instruction that was not delivered
+        (0 for a misplaced program).
     busy : Out(1)
         A burst is outstanding.
     axi : Out(AXI4Signature); only AR and R are used, with ARID = FETCH_AXI_ID.
@@ -55,7 +58,7 @@ class InstructionFetch(wiring.Component):
         super().__init__({
             "start": In(1), "base": In(32), "length": In(32), "stop": In(1),
             "instr": Out(stream.Signature(FetchedInstr)),
-            "error": Out(1), "busy": Out(1),
+            "error": Out(1), "error_pc": Out(32), "busy": Out(1),
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
                                      data_width=config.axi_data_bits)),
         })
@@ -87,7 +90,7 @@ class InstructionFetch(wiring.Component):
             m.d.sync += [
                 active.eq(~misaligned & ~too_far), self.error.eq(misaligned | too_far),
                 addr.eq(self.base), end.eq(self.base + self.length * INSTR_BYTES),
-                emitted.eq(0), length.eq(self.length), end_sent.eq(0),
+                emitted.eq(0), length.eq(self.length), end_sent.eq(0), self.error_pc.eq(0),
             ]
 
         # ---- AR: one burst at a time, only when the queue has room for all of it.
@@ -117,8 +120,8 @@ class InstructionFetch(wiring.Component):
         word, word_valid = self._gearbox(m, axi, queue)
         with m.If(axi.rvalid & axi.rready):
             m.d.sync += outstanding.eq(outstanding - 1)
-            with m.If(axi.rresp != AxiResp.OKAY):
-                m.d.sync += self.error.eq(1)
+            with m.If((axi.rresp != AxiResp.OKAY) & ~self.error):
+                m.d.sync += [self.error.eq(1), self.error_pc.eq(emitted)]
         keep = word_valid & (emitted < length) & ~self.error
         send_end = active & ~end_sent & (emitted == length) & ~self.error & queue.w_rdy & ~word_valid
         with m.If(keep):

@@ -1,5 +1,5 @@
 """The mxu instruction set, defined once: the decoder in `mxu.hdl.controller` and
-the assembler in `mxu.sim.program` both read these layouts.
+the assembler in `mxu.sim.compiler.program` both read these layouts.
 
 Every instruction is 128 bits (16 bytes, little-endian in memory). The low 16 bits
 are the same for all: opcode, four dependency flags and eight opcode-specific
@@ -49,7 +49,7 @@ class Engine(enum.Enum, shape=2):
 
 
 class SeedMode(enum.Enum, shape=2):
-    """Where MATMUL's partial sums start (DESIGN section 3)."""
+    """Where MATMUL's partial sums start (docs/numerics.md)."""
     ZERO = 0     # +0.0
     ACC = 1      # accumulator row seed_row + i (accumulate over K tiles)
     BIAS = 2     # accumulator row seed_row for every i (a broadcast bias row)

@@ -1,4 +1,4 @@
-"""The host register file: an AXI4-Lite slave (DESIGN section 4, docs/isa.md).
+"""The host register file: an AXI4-Lite slave (docs/architecture.md, docs/isa.md).
 
 | offset | name | access | meaning |
 |---|---|---|---|
@@ -19,10 +19,13 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AXI4LiteSignature, AxiResp
-from .controller import COUNTERS
 from .isa import ErrorCode
 
-__all__ = ["RegisterFile", "REG", "CHIP_ID", "HOST_ADDR_BITS"]
+__all__ = ["RegisterFile", "REG", "CHIP_ID", "HOST_ADDR_BITS", "COUNTERS"]
+
+# Performance counters, in register order: counter i is at ``REG["COUNTERS"] + 8 i``.
+COUNTERS = ("cycles", "array_active", "load_stall", "compute_stall", "store_stall",
+            "dma_read_bytes", "dma_write_bytes", "instructions")
 
 CHIP_ID = 0x4D585531
 HOST_ADDR_BITS = 12

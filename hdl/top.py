@@ -1,4 +1,4 @@
-"""`MxuChip`: the whole chip (DESIGN section 4).
+"""`MxuChip`: the whole chip (docs/architecture.md).
 
 Inside: instruction fetch, the controller (decode, queues, tokens, status,
 counters), three engines -- load (a `Dma` for LOADs), compute (`ComputeEngine`
@@ -18,11 +18,11 @@ from amaranth.lib.wiring import In, Out
 from .accmem import AccMem
 from .axi import AXI4LiteSignature, AXI4Signature
 from .compute import ComputeEngine
-from .controller import COUNTERS, Controller
+from .controller import Controller
 from .dma import Dma, DmaDir
 from .fetch import FETCH_AXI_ID, InstructionFetch
 from .isa import ErrorCode
-from .regs import HOST_ADDR_BITS, RegisterFile
+from .regs import COUNTERS, HOST_ADDR_BITS, RegisterFile
 from .transfer import TransferEngine
 from .vmem import Vmem
 
@@ -66,14 +66,18 @@ class _ChipCore(wiring.Component):
         m.submodules.compute = DomainRenamer("compute")(compute)
         m.submodules.load_dma = load_dma = Dma(c)
         m.submodules.store_dma = store_dma = Dma(c)
-        m.submodules.load = load = TransferEngine(c, DmaDir.LOAD)
-        m.submodules.store = store = TransferEngine(c, DmaDir.STORE)
+        # A start clears an engine's sticky error from a run that failed.
+        load = TransferEngine(c, DmaDir.LOAD)
+        store = TransferEngine(c, DmaDir.STORE)
+        m.submodules.load = ResetInserter(self.start)(load)
+        m.submodules.store = ResetInserter(self.start)(store)
 
         m.d.comb += [
             fetch.start.eq(self.start), fetch.base.eq(self.prog_base),
             fetch.length.eq(self.prog_len), fetch.stop.eq(ctrl.fetch_stop),
             ctrl.start.eq(self.start),
-            ctrl.fetch_error.eq(fetch.error), ctrl.fetch_busy.eq(fetch.busy),
+            ctrl.fetch_error.eq(fetch.error), ctrl.fetch_error_pc.eq(fetch.error_pc),
+            ctrl.fetch_busy.eq(fetch.busy),
         ]
         wiring.connect(m, fetch.instr, ctrl.instr)
         for name, engine in (("load", load), ("compute", compute), ("store", store)):
@@ -158,7 +162,7 @@ class MxuChip(wiring.Component):
     config : ChipConfig
     pe_module : str or None
         See `SystolicArray`: instantiate this Verilog module for every PE
-        (`mxu.sim.chip` supplies it, so that generating Verilog costs one PE).
+        (`mxu.sim.backends.verilog.chip_verilog` supplies it, so that generating Verilog costs one PE).
 
     Interface
     ---------

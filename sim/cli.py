@@ -1,159 +1,106 @@
 """The ``mxu`` command line.
 
-    mxu demo                  a random matmul on the default 16x16 chip (and a MAC table),
-                              checked bit-exact against the golden model
-    mxu matmul --m --k --n [--rows --cols] [--waves out.vcd] [--fast-mac]
-    mxu mac --vectors N       stream N random MACs through the RTL MacUnit
+Each package adds its own commands: this module registers the runtime's, and
+every entry point of the group ``mxu.commands`` (declared in pyproject.toml) adds
+more -- the verification package the commands that check results against the
+golden model (``demo``, ``matmul``, ``mac``), the synthesis package ``synth``
+and ``export``. So the command line is one program while this package never
+imports the packages above it (docs/architecture.md).
 """
 
 import argparse
 import sys
-import time
+from importlib.metadata import entry_points
 
-import numpy as np
+from .driver.chip import ChipError
 
-from mxu.hdl import ChipConfig
-from mxu.synth.ecp5 import format_table
-from mxu.verif import golden, vectors
-
-from .units import simulate_mac
+__all__ = ["main", "register", "positive_int", "nonnegative_int"]
 
 
-def _classes(bits):
-    exp = bits & 0x7F800000
-    frac = bits & 0x007FFFFF
-    return {
-        "NaN": int(np.count_nonzero((exp == 0x7F800000) & (frac != 0))),
-        "inf": int(np.count_nonzero((exp == 0x7F800000) & (frac == 0))),
-        "subnormal": int(np.count_nonzero((exp == 0) & (frac != 0))),
-        "zero": int(np.count_nonzero((exp == 0) & (frac == 0))),
-    }
+def _int_flag(text, low, words):
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {words}, not {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be {words}, not {value}")
+    return value
 
 
-def _mac_batches(n, seed):
-    rng = np.random.default_rng(seed)
-    a, w = vectors.pairs(vectors.special_bf16(), vectors.special_bf16())
-    acc = np.resize(vectors.special_fp32(), a.size)
-    yield "special classes, pairwise", a, w, acc
-    x, y = vectors.directed_add()
-    one = np.full(x.size, 0x3F80, np.uint16)
-    yield "fp32 ties/cancellation", one, one, x   # 1*1 + x exercises the adder corners
-    yield "seeded random", *vectors.mac_vectors(rng, n)
+def positive_int(text):
+    """argparse type: an integer >= 1 (the error names the flag)."""
+    return _int_flag(text, 1, "a positive integer")
 
 
-def run_mac_table(n, seed, stages, simulator="verilator", out=None):
-    out = out or sys.stdout
-    rows, ok = [], True
-    for name, a, w, acc in _mac_batches(n, seed):
-        start = time.perf_counter()
-        got = simulate_mac(a, w, acc, stages=stages, simulator=simulator)
-        elapsed = time.perf_counter() - start
-        want = golden.mac(a, w, acc)
-        bad = int(np.count_nonzero(got != want))
-        ok &= bad == 0
-        c = _classes(got)
-        rows.append([name, f"{a.size:,}", bad, c["NaN"], c["inf"], c["subnormal"], c["zero"],
-                     f"{a.size / elapsed:,.0f}"])
-    print(f"MacUnit(stages={stages}) on {simulator} vs NumPy float32 golden model (seed {seed})",
-          file=out)
-    print(format_table(["batch", "vectors", "mismatches", "NaN", "inf", "subnormal", "zero",
-                        "vectors/s"], rows), file=out)
-    print("bit-exact: " + ("yes" if ok else "NO, see the mismatches column"), file=out)
-    return ok
+def nonnegative_int(text):
+    """argparse type: an integer >= 0."""
+    return _int_flag(text, 0, "an integer >= 0")
 
 
-def run_matmul_demo(M, K, N, config, seed, waves=None, fast_mac=False, out=None):
-    """A random bf16 matmul on the simulated chip, checked bit-exact; prints stats."""
-    out = out or sys.stdout
-    from .chip import Chip
-    rng = np.random.default_rng(seed)
-    A = rng.standard_normal((M, K)).astype(np.float32)
-    B = rng.standard_normal((K, N)).astype(np.float32)
-    start = time.perf_counter()
-    chip = Chip(config, waves=waves, fast_mac=fast_mac)
-    built = time.perf_counter() - start
-    start = time.perf_counter()
-    C = chip.matmul(A, B)
-    wall = time.perf_counter() - start
-    want = golden.matmul(A, B, rows=config.rows)
-    bad = int(np.count_nonzero(C.view(np.uint32) != want.view(np.uint32)))
-    s = chip.last_stats
-    rows = [
-        ["chip", f"{config.rows}x{config.cols} array, mac_stages={config.mac_stages}, "
-                 f"VMEM {config.vmem_bytes >> 10} KiB, accumulator {config.acc_bytes >> 10} KiB"],
-        ["PE model", "fast MAC (C float32, same results and cycles)" if fast_mac
-         else "RTL (gate-level fp32 datapath)"],
-        ["matmul", f"C[{M}x{N}] = A[{M}x{K}] @ B[{K}x{N}], bf16 in, fp32 out"],
-        ["cycles", f"{s['cycles']:,} (ideal {s['ideal_cycles']:,.0f})"],
-        ["utilization", f"{100 * s['utilization']:.1f} %"],
-        ["DMA bytes", f"{s['dma_bytes']['read']:,} read, {s['dma_bytes']['written']:,} written"],
-        ["stall cycles", ", ".join(f"{k} {v:,}" for k, v in s["stall_cycles"].items())],
-        ["instructions", f"{s['instructions']:,}"],
-        ["simulation", f"{wall:.2f} s, {s['cycles'] / wall:,.0f} cycles/s, "
-                       f"{M * K * N / wall / 1e6:,.1f} M MAC/s (model load {built:.1f} s)"],
-        ["bit-exact", "yes, every element equals the golden model" if bad == 0
-         else f"NO: {bad} of {C.size} elements differ"],
-    ]
-    print(format_table(["", "mxu"], rows), file=out)
-    if waves:
-        print(f"waveform written to {waves}", file=out)
-    return bad == 0
+def _size(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
 
 
-def cmd_demo(args):
-    ok_mac = run_mac_table(args.vectors, args.seed, ChipConfig().mac_stages)
-    print()
-    ok = run_matmul_demo(args.m, args.k, args.n, ChipConfig(), args.seed, fast_mac=args.fast_mac)
-    return 0 if ok and ok_mac else 1
+def cmd_cache(args):
+    from .backends.cache import cache_entries, cache_limit, cache_root, clear_cache
+    from .report import format_table
+    if args.clear:
+        freed = clear_cache()
+        print(f"cleared {cache_root()}: {_size(freed)} freed")
+        return 0
+    entries = cache_entries()
+    total = sum(e["size"] for e in entries)
+    print(f"build cache: {cache_root()} (set $MXU_CACHE to move it)")
+    print(f"size: {_size(total)} in {len(entries)} builds; limit {_size(cache_limit())} "
+          f"($MXU_CACHE_LIMIT), least recently used evicted first")
+    print("clear it with `mxu cache --clear`")
+    if args.info and entries:
+        import time
+        rows = [[e["kind"], e["path"].name, _size(e["size"]),
+                 time.strftime("%Y-%m-%d %H:%M", time.localtime(e["used"])),
+                 "yes" if e["complete"] else "no (unfinished)"]
+                for e in sorted(entries, key=lambda e: -e["used"])]
+        print(format_table(["kind", "build", "size", "last used", "complete"], rows))
+    return 0
 
 
-def cmd_matmul(args):
-    config = ChipConfig(rows=args.rows, cols=args.cols)
-    return 0 if run_matmul_demo(args.m, args.k, args.n, config, args.seed, args.waves,
-                                args.fast_mac) else 1
+def register(sub):
+    """Add the runtime's own commands to the subcommand parser `sub`."""
+    cache = sub.add_parser("cache", help="show or clear the simulator build cache")
+    group = cache.add_mutually_exclusive_group()
+    group.add_argument("--info", action="store_true",
+                       help="list every cached build with its size and last use")
+    group.add_argument("--clear", action="store_true",
+                       help="delete every cached build (they are rebuilt when needed)")
+    cache.set_defaults(func=cmd_cache)
 
 
-def cmd_mac(args):
-    return 0 if run_mac_table(args.vectors, args.seed, args.stages, args.simulator) else 1
+def _plugins():
+    return sorted(entry_points(group="mxu.commands"), key=lambda ep: ep.name)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="mxu", description="mxu: a bf16/fp32 matrix unit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+    for ep in _plugins():
+        ep.load()(sub)
+    register(sub)
+    return parser
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="mxu", description="mxu: a bf16/fp32 matrix unit")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the main job on the simulated chip")
-    demo.add_argument("--vectors", type=int, default=200_000, help="MACs through the MacUnit")
-    demo.add_argument("--m", type=int, default=128)
-    demo.add_argument("--k", type=int, default=384)
-    demo.add_argument("--n", type=int, default=384)
-    demo.add_argument("--seed", type=int, default=1)
-    demo.add_argument("--fast-mac", action="store_true",
-                      help="simulate the PEs' multiply-add in C (same results, faster)")
-    demo.set_defaults(func=cmd_demo)
-    mm = sub.add_parser("matmul", help="a random matmul on a simulated chip of any array size")
-    mm.add_argument("--m", type=int, required=True)
-    mm.add_argument("--k", type=int, required=True)
-    mm.add_argument("--n", type=int, required=True)
-    mm.add_argument("--rows", type=int, default=ChipConfig().rows)
-    mm.add_argument("--cols", type=int, default=ChipConfig().cols)
-    mm.add_argument("--seed", type=int, default=1)
-    mm.add_argument("--waves", metavar="FILE.vcd",
-                    help="record a waveform of the run (.vcd; .fst needs the OS's lz4 headers)")
-    mm.add_argument("--fast-mac", action="store_true",
-                    help="simulate the PEs' multiply-add in C (same results, faster)")
-    mm.set_defaults(func=cmd_matmul)
-    mac = sub.add_parser("mac", help="stream random MACs through the RTL MacUnit")
-    mac.add_argument("--vectors", type=int, default=1_000_000)
-    mac.add_argument("--seed", type=int, default=1)
-    mac.add_argument("--stages", type=int, default=ChipConfig().mac_stages)
-    mac.add_argument("--simulator", default="verilator", choices=["verilator", "icarus", "amaranth"])
-    mac.set_defaults(func=cmd_mac)
-    args = parser.parse_args(argv)
-    from .chip import ChipError
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, TypeError, ChipError) as error:
         print(f"mxu {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"mxu {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mxu.sim.build import to_verilog
+from mxu.sim.backends.verilog import to_verilog
+from mxu.sim.report import format_table
 
 __all__ = ["SynthReport", "run_ecp5", "format_table"]
 
@@ -67,12 +68,3 @@ def run_ecp5(component, name, *, freq_mhz=100, workdir=None, seed=1):
     return SynthReport(name=name, luts=used.get("TRELLIS_COMB", 0), ffs=used.get("TRELLIS_FF", 0),
                        dsps=used.get("MULT18X18D", 0), brams=used.get("DP16KD", 0),
                        fmax_mhz=max(fmax) if fmax else float("nan"))
-
-
-def format_table(header, rows):
-    """A plain-text table, columns padded to their widest cell."""
-    cells = [list(map(str, header))] + [list(map(str, r)) for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)

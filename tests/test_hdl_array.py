@@ -2,7 +2,7 @@
 dot product for every shape, tile size, special value and stall pattern, and the
 cycle contract ``cycles == sum(M_t) + rows*stages + cols - 1`` on the real RTL.
 
-Cost control (DESIGN section 7): large random volumes go through the ctypes
+Cost control (docs/testing.md): large random volumes go through the ctypes
 Verilator harness (one cached build per shape, shared by every test of that
 shape); cocotb checks the protocol, stalls and special values on a few small
 shapes; the big shapes (8x8, 16x16) and the long runs are marked ``slow``.
@@ -16,10 +16,10 @@ import pytest
 
 from mxu.hdl.array import SystolicArray, array_latency, default_weight_queue_depth
 from mxu.hdl.pe import ProcessingElement
-from mxu.sim.array import pack_streams, run_amaranth, run_streams, simulate_array
-from mxu.sim.build import cocotb_build, cocotb_test
-from mxu.sim.array import array_verilog
-from mxu.sim.toolchain import icarus_available
+from mxu.sim.backends.array import pack_streams, run_amaranth, run_streams, simulate_array
+from mxu.sim.backends.cocotb import cocotb_build, cocotb_test
+from mxu.sim.backends.verilog import array_verilog
+from mxu.sim.backends.toolchain import icarus_available
 from mxu.verif import golden, vectors
 from mxu.verif.array_model import array_reference
 
@@ -360,7 +360,7 @@ def test_cocotb(simulator, rows, cols, stages, tmp_path):
 
 def test_synth_wrapper_keeps_io_small():
     """The synthesis wrapper elaborates and has a fixed, small pin count."""
-    from mxu.sim.build import to_verilog
+    from mxu.sim.backends.verilog import to_verilog
     from mxu.synth.array import ArraySynthWrapper
     text = to_verilog(ArraySynthWrapper(2, 3, 2))
     header = text[text.index("module top("):text.index(");", text.index("module top("))]

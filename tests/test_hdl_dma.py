@@ -4,7 +4,7 @@
   90 % random pauses on all five channels: directed, random, illegal-descriptor
   and injected-SLVERR tests (``mxu.verif.tb_dma``), on a small ChipConfig.
 * Native (ctypes) runs of the default chip next to the C++ AXI memory model
-  (``sim/csrc/axi_mem.h``): large random transfers under latency and
+  (``sim/backends/csrc/axi_mem.h``): large random transfers under latency and
   back-pressure, SLVERR/DECERR injection on both directions, exact burst
   splitting (4 KiB, 256 beats), outstanding reads, bank conflicts with array
   traffic, and the >= 90 % throughput goal in cycles.
@@ -21,8 +21,9 @@ from mxu.hdl.axi import AXI4LiteSignature, AXI4Signature
 from mxu.hdl.config import ChipConfig
 from mxu.hdl.dma import DmaDir, DmaError, DmaSpace, dma_descriptor_layout, pack_fields, \
     unpack_fields
-from mxu.sim.build import cocotb_build, cocotb_test
-from mxu.sim.dma import NativeDma, dma_system_verilog
+from mxu.sim.backends.cocotb import cocotb_build, cocotb_test
+from mxu.sim.backends.dma import NativeDma
+from mxu.sim.backends.verilog import dma_system_verilog
 from mxu.verif.dma_model import Descriptor, DmaModel, bursts, check_descriptor, random_descriptor
 
 LOAD, STORE, VMEM, ACC = DmaDir.LOAD, DmaDir.STORE, DmaSpace.VMEM, DmaSpace.ACC

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from mxu.sim import simulate_bf16_mul, simulate_fp32_add, simulate_fp32_to_bf16, simulate_mac
-from mxu.sim.build import cocotb_build, cocotb_test, to_verilog
-from mxu.sim.toolchain import icarus_available
+from mxu.sim.backends.cocotb import cocotb_build, cocotb_test
+from mxu.sim.backends.verilog import to_verilog
+from mxu.sim.backends.toolchain import icarus_available
 from mxu.verif import golden, vectors
 from mxu.verif.numerics_dut import NumericsTestTop
 

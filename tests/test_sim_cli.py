@@ -19,5 +19,7 @@ def test_mac_table(capsys):
 
 @pytest.mark.parametrize("argv", [["matmul", "--m", "0", "--k", "3", "--n", "3"]])
 def test_bad_shapes(argv, capsys):
-    assert main(argv + ["--rows", "4", "--cols", "4"]) == 2
-    assert "empty dimension" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(argv + ["--rows", "4", "--cols", "4"])
+    assert exit_.value.code == 2
+    assert "argument --m: must be a positive integer, not 0" in capsys.readouterr().err

@@ -7,8 +7,8 @@ import pytest
 
 from chip_configs import TINY
 from mxu.hdl.isa import ErrorCode
-from mxu.sim.chip import Chip
-from mxu.sim.program import Program
+from mxu.sim import Chip
+from mxu.sim import Program
 from mxu.verif import golden, programs
 from mxu.verif.isa_model import IsaModel
 
@@ -156,9 +156,9 @@ def test_cocotb_programs(simulator, pause, tmp_path):
     import dataclasses
     import json
 
-    from mxu.sim.build import cocotb_build
-    from mxu.sim.chip import chip_verilog
-    from mxu.sim.build import cocotb_test
+    from mxu.sim.backends.cocotb import cocotb_build
+    from mxu.sim.backends.verilog import chip_verilog
+    from mxu.sim.backends.cocotb import cocotb_test
     build = cocotb_build(chip_verilog(CFG), "top", simulator, name=f"chip{CFG.rows}x{CFG.cols}")
     args = {"config": dataclasses.asdict(CFG), "pause": pause, "seed": SEED}
     cocotb_test(build, "top", "mxu.verif.tb_chip", simulator, test_dir=tmp_path,

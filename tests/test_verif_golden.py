@@ -1,5 +1,5 @@
 """The golden model against an independent exact-arithmetic oracle and against the
-statements of DESIGN section 3."""
+statements of docs/numerics.md."""
 
 import ml_dtypes
 import numpy as np

@@ -2,7 +2,7 @@
 
 The array computes, for every tile t and activation row i,
 ``C[t][i, j] = seed[t][i, j] + A[t][i, 0]*W[t][0, j] + ... + A[t][i, rows-1]*W[t][rows-1, j]``
-as the sequential fp32 dot product of DESIGN section 3 (PE row k adds the k-th
+as the sequential fp32 dot product of docs/numerics.md (PE row k adds the k-th
 product). That is exactly `mxu.verif.golden.matmul` with ``K == rows`` (no zero
 padding), so this module only applies it tile by tile and checks the operands.
 """
@@ -15,7 +15,7 @@ __all__ = ["array_reference", "array_reference_bits"]
 
 
 def array_reference(A, W, seeds=None, *, rows, cols):
-    """``[S_t + A_t @ W_t for each tile t]`` in the order of DESIGN section 3.
+    """``[S_t + A_t @ W_t for each tile t]`` in the order of docs/numerics.md.
 
     A : list of T arrays (M_t, rows); W : list of T arrays (rows, cols);
     seeds : None (+0.0 seeds) or list of T float32 arrays (M_t, cols).

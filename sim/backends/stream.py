@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 from amaranth.sim import Simulator
 
-from .build import build_lock, cached_build_dir, to_verilog
-from .native import build_native, load_native
+from .cache import cached_build
+from .native import build_native, generator_digest, load_native
 from .toolchain import require_simulator
+from .verilog import to_verilog
 
 __all__ = ["run_stream"]
 
@@ -59,8 +60,8 @@ _LOADED = {}
 
 def _run_verilator(make_component, payloads, name, ready_percent, seed):
     if name not in _LOADED:
-        _LOADED[name] = load_native(build_native(to_verilog(make_component()), "stream_harness.cpp",
-                                                 name=name))
+        _LOADED[name] = load_native(build_native(
+            name, "stream_harness.cpp", key=[name], verilog=lambda: to_verilog(make_component())))
     lib = _LOADED[name]
     run = lib.mxu_stream_run
     run.restype = ctypes.c_int64
@@ -130,19 +131,24 @@ endmodule
 
 def _run_icarus(make_component, payloads, name, ready_percent, seed):
     component = make_component()
-    verilog = to_verilog(component)
     iw = len(component.i.payload.as_value())
     ow = len(component.o.payload.as_value())
     tb = _ICARUS_TB.format(iw=iw, ow=ow)
-    build_dir = cached_build_dir("icarus-stream", name, verilog, tb)
-    vvp = build_dir / "sim.vvp"
-    with build_lock(build_dir):
-        if not vvp.exists():
-            (build_dir / "top.v").write_text(verilog)
-            (build_dir / "tb.v").write_text(tb)
-            subprocess.run(["iverilog", "-g2012", "-o", str(vvp), "-s", "tb",
-                            str(build_dir / "tb.v"), str(build_dir / "top.v")],
-                           check=True, capture_output=True, text=True)
+
+    def build(directory, status):
+        status("generating Verilog")
+        (directory / "top.v").write_text(to_verilog(component))
+        (directory / "tb.v").write_text(tb)
+        status("iverilog")
+        result = subprocess.run(["iverilog", "-g2012", "-o", str(directory / "sim.vvp"), "-s", "tb",
+                                 str(directory / "tb.v"), str(directory / "top.v")],
+                                capture_output=True, text=True)
+        (directory / "build.log").write_text(result.stdout + result.stderr)
+        if result.returncode != 0:
+            raise RuntimeError(f"iverilog failed:\n{result.stdout}{result.stderr}"[-3000:])
+
+    vvp = cached_build("icarus-stream", name, [generator_digest(), name, tb], build,
+                       artifacts=["sim.vvp"], what=f"{name} (Icarus)") / "sim.vvp"
     n = payloads.size
     with tempfile.TemporaryDirectory(prefix="mxu-icarus-") as tmp:
         infile, outfile = Path(tmp) / "in.hex", Path(tmp) / "out.hex"

@@ -1,5 +1,5 @@
 // mxu external-memory model: a cycle-level AXI4 slave with a flat byte array,
-// for Verilated native harnesses (DESIGN section 5: the memory lives inside the
+// for Verilated native harnesses (docs/simulation.md: the memory lives inside the
 // simulated top, Python only loads and reads its bytes, never stepping the clock).
 //
 //  * Any data width (8..1024 bits), INCR/FIXED/WRAP bursts, WSTRB, any number of
@@ -135,6 +135,14 @@ class AxiMem {
 
     // True while any burst is accepted but not fully answered.
     bool busy() const { return !reads_.empty() || !writes_.empty() || !bq_.empty() || !wq_.empty(); }
+
+    // Forget every transaction in flight (the master was reset): the bytes, the
+    // parameters, the error ranges and the statistics stay.
+    void abort() {
+        reads_.clear(); writes_.clear(); wq_.clear(); bq_.clear();
+        r_presenting_ = b_presenting_ = r_last_ = false;
+        ar_wait_ = aw_wait_ = w_wait_ = false;
+    }
 
     // Set the slave outputs for this cycle.
     void drive(AxiPins &p) {

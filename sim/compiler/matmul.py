@@ -29,13 +29,11 @@ instruction that frees what it overwrites:
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from mxu.hdl.isa import SeedMode
 
 from .program import Program
 
-__all__ = ["MatmulPlan", "plan_matmul", "compile_matmul", "run_matmul"]
+__all__ = ["MatmulPlan", "plan_matmul", "compile_matmul"]
 
 RING_SLOTS = 4
 
@@ -199,99 +197,3 @@ def compile_matmul(config, plan, *, a_addr, b_addr, c_addr, bias="none", bias_ad
             batch(n + W)
     p.halt()
     return p
-
-
-_FLOAT_OK = (np.float32, np.float64, np.float16)
-
-
-def _operand(x, name):
-    from mxu.verif.golden import bf16
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, not {type(x).__name__}")
-    if x.ndim != 2:
-        raise ValueError(f"{name} must be 2-D, not {x.ndim}-D with shape {x.shape}")
-    if 0 in x.shape:
-        raise ValueError(f"{name} has an empty dimension: shape {x.shape}")
-    if x.dtype == bf16:
-        return np.ascontiguousarray(x)
-    if x.dtype.type not in _FLOAT_OK:
-        raise TypeError(f"{name} must be bfloat16 or float32 (rounded to bf16), not {x.dtype}")
-    return np.ascontiguousarray(x.astype(np.float32).astype(bf16))
-
-
-def _bias(bias, M, N):
-    if bias is None:
-        return "none", None
-    if not isinstance(bias, np.ndarray):
-        raise TypeError(f"bias must be a numpy array or None, not {type(bias).__name__}")
-    from mxu.verif.golden import bf16
-    if bias.dtype != bf16 and bias.dtype.type not in _FLOAT_OK:
-        raise TypeError(f"bias must be a float array, not {bias.dtype}")
-    values = np.ascontiguousarray(bias.astype(np.float32))
-    if values.shape == (N,):
-        return "row", values
-    if values.shape == (M, N):
-        return "matrix", values
-    raise ValueError(f"bias must have shape ({N},) or ({M}, {N}), not {bias.shape}")
-
-
-def _align(x, a=64):
-    return _ceil(x, a) * a
-
-
-def run_matmul(chip, A, B, *, bias=None, out_dtype=np.float32, relu=False):
-    """Validate, lay out, compile and run ``relu?(A @ B + bias)`` on `chip`."""
-    from mxu.verif.golden import bf16
-    A, B = _operand(A, "A"), _operand(B, "B")
-    (M, K), (K2, N) = A.shape, B.shape
-    if K != K2:
-        raise ValueError(f"inner dimensions differ: A is {A.shape}, B is {B.shape}")
-    if out_dtype not in (np.float32, bf16) and np.dtype(out_dtype) not in (np.float32, bf16):
-        raise TypeError(f"out_dtype must be np.float32 or ml_dtypes.bfloat16, not {out_dtype!r}")
-    out_bf16 = np.dtype(out_dtype) == np.dtype(bf16)
-    kind, bias_values = _bias(bias, M, N)
-    cfg = chip.config
-    a_addr = 0
-    b_addr = _align(a_addr + A.nbytes)
-    bias_addr = _align(b_addr + B.nbytes)
-    c_addr = _align(bias_addr + (bias_values.nbytes if bias_values is not None else 0))
-    c_bytes = M * N * (2 if out_bf16 else 4)
-    if c_addr + c_bytes > cfg.ext_mem_bytes:
-        raise ValueError(f"operands and result need {c_addr + c_bytes} bytes of external memory; "
-                         f"the chip's has {cfg.ext_mem_bytes}")
-    plan = plan_matmul(cfg, M, K, N, kind)
-    program = compile_matmul(cfg, plan, a_addr=a_addr, b_addr=b_addr, c_addr=c_addr,
-                             bias=kind, bias_addr=bias_addr, out_bf16=out_bf16, relu=relu)
-    code = program.to_bytes()
-    base = _align(c_addr + c_bytes, 0x10000)
-    need = base + len(code)
-    if need > cfg.ext_mem_bytes:
-        raise ValueError(f"operands, result and program need {need} bytes of external memory; "
-                         f"the chip's has {cfg.ext_mem_bytes}")
-    image = {a_addr: A.view(np.uint8).ravel(), b_addr: B.view(np.uint8).ravel()}
-    if bias_values is not None:
-        image[bias_addr] = bias_values.view(np.uint8).ravel()
-    ideal = M * K * N / (cfg.rows * cfg.cols)
-    # Watchdog: ten times the ideal cycle count plus room for loads and stores.
-    result = chip.run(program, image, base=base,
-                      max_cycles=int(10 * ideal + 20 * (A.nbytes + B.nbytes + c_bytes) + 1_000_000))
-    if not result.ok:
-        from .chip import ChipError
-        raise ChipError(f"the chip stopped with {result.error.name} at instruction "
-                        f"{result.error_pc}: {program.text[min(result.error_pc, len(program) - 1)]}",
-                        result)
-    raw = chip.read_memory(c_addr, c_bytes)
-    C = raw.view(bf16 if out_bf16 else np.float32).reshape(M, N).copy()
-    k = result.counters
-    chip.last_stats = {
-        "cycles": k["cycles"],
-        "ideal_cycles": ideal,
-        "utilization": ideal / k["cycles"] if k["cycles"] else 0.0,
-        "dma_bytes": {"read": k["dma_read_bytes"], "written": k["dma_write_bytes"]},
-        "stall_cycles": {"load": k["load_stall"], "compute": k["compute_stall"],
-                         "store": k["store_stall"]},
-        "array_active_cycles": k["array_active"],
-        "instructions": len(program),
-        "plan": plan,
-    }
-    return C

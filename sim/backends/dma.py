@@ -1,5 +1,5 @@
 """Native (ctypes) runner for the DMA subsystem next to the C++ external-memory
-model (``sim/csrc/axi_mem.h``).
+model (``sim/backends/csrc/axi_mem.h``).
 
 `NativeDma` is what ``bench/dma.py`` and the large DMA tests use: Python fills
 the external memory through a NumPy view of the model's byte array (no clock
@@ -11,29 +11,12 @@ import functools
 
 import numpy as np
 
-from .build import lean_verilog
 from .native import build_native, load_native
+from .verilog import dma_system_verilog
 
-__all__ = ["dma_system_verilog", "axi_mem_flags", "NativeDma", "PAUSE_CHANNELS"]
+__all__ = ["NativeDma", "PAUSE_CHANNELS"]
 
 PAUSE_CHANNELS = ("aw", "w", "b", "ar", "r")
-
-
-@functools.lru_cache(maxsize=8)
-def dma_system_verilog(config):
-    """Verilog of ``DmaSystem(config)`` (module ``top``), cached per process."""
-    from mxu.hdl.dma import DmaSystem
-    return lean_verilog(DmaSystem(config))
-
-
-def axi_mem_flags():
-    """Verilator flags that let a native harness ``#include "axi_mem.h"`` (or any
-    header of ``sim/csrc``); the headers' hash is part of them, so editing one
-    rebuilds cached harnesses."""
-    from .native import CSRC
-    from .toolchain import content_hash
-    digest = content_hash(*(h.read_text() for h in sorted(CSRC.glob("*.h"))))
-    return ("-CFLAGS", f"-I{CSRC} -DMXU_CSRC_H_{digest}")
 
 
 def _words(value, n):
@@ -63,8 +46,8 @@ class NativeDma:
         from mxu.hdl.dma import dma_completion_layout, dma_descriptor_layout
         self.config = config
         self.ext_bytes = ext_bytes or config.ext_mem_bytes
-        lib = load_native(build_native(dma_system_verilog(config), "dma_harness.cpp",
-                                       name="dma_system", extra_flags=axi_mem_flags()))
+        lib = load_native(build_native("dma_system", "dma_harness.cpp", key=[repr(config)],
+                                       verilog=lambda: dma_system_verilog(config)))
         lib.mxu_dma_new.restype = ctypes.c_void_p
         lib.mxu_dma_new.argtypes = [ctypes.c_uint64, ctypes.c_uint32]
         lib.mxu_dma_free.argtypes = [ctypes.c_void_p]
@@ -138,7 +121,7 @@ class NativeDma:
         return out
 
     def run(self, descriptors, *, array_traffic=False, max_cycles=None):
-        """Run descriptors (`mxu.verif.dma_model.Descriptor` or packed ints) back to
+        """Run descriptors (objects with ``pack(config)``, or packed ints) back to
         back. Returns (list of (error, tag) per descriptor, cycles). Raises
         TimeoutError if the watchdog (`max_cycles`, default generous) expires.
 

@@ -1,7 +1,7 @@
 // Streams a vector of input payloads through a Verilated component with ports
 // i__payload/i__valid/i__ready and o__payload/o__valid/o__ready, collecting one
 // output payload per input. The whole loop runs in C++: Python only hands over
-// the arrays (DESIGN section 5).
+// the arrays (docs/simulation.md).
 #include <cstdint>
 #include "Vtop.h"
 #include "verilated.h"

@@ -1,0 +1,486 @@
+"""`SimulatedChip`: one simulated mxu chip and its external memory
+(docs/simulation.md, docs/driver.md).
+
+The chip and its external memory run inside one Verilated shared library; Python
+writes bytes straight into the model's memory, writes the registers, lets C++
+clock the chip until ``irq``, and reads results back. No Python runs per cycle.
+This layer knows registers, memory and programs as bytes; it knows no compiler
+and no tensors (the runtime's `mxu.sim.Chip` wraps it).
+
+Recovery contract (docs/driver.md): after anything that can leave the chip in
+an unknown state -- the watchdog, an error code, an AXI protocol violation, an
+exception or Ctrl-C during a run -- the driver hard-resets the chip (and drops
+the memory model's transactions in flight) before it returns or raises, so the
+next call starts from a known state; every error message says so.
+
+>>> chip = SimulatedChip(ChipConfig(rows=8, cols=8))
+>>> result = chip.run(program_bytes)
+>>> result.counters["cycles"]
+"""
+
+import ctypes
+import functools
+import numbers
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mxu.hdl.config import ChipConfig
+from mxu.hdl.isa import INSTR_BYTES, ErrorCode
+from mxu.hdl.regs import CHIP_ID, COUNTERS, REG
+
+from ..backends.native import build_native, load_native
+from ..backends.toolchain import require_simulator
+from ..backends.verilog import chip_verilog
+
+__all__ = ["SimulatedChip", "RunResult", "ChipError", "AXI_CHANNELS", "WAVE_WARN_BYTES"]
+
+AXI_CHANNELS = ("aw", "w", "b", "ar", "r")
+WAVE_WARN_BYTES = 1 << 30
+_MAX_LATENCY = 1 << 16
+_SLICE_SECONDS = 0.1        # wall time of one C++ slice: Ctrl-C acts within about this
+
+_U64, _U32, _PTR = ctypes.c_uint64, ctypes.c_uint32, ctypes.c_void_p
+_SIGNATURES = {
+    "mxu_chip_new": (_PTR, [_U64, _U32]),
+    "mxu_chip_free": (None, [_PTR]),
+    "mxu_chip_reset": (None, [_PTR]),
+    "mxu_chip_mem": (ctypes.POINTER(ctypes.c_uint8), [_PTR]),
+    "mxu_chip_mem_params": (None, [_PTR, _U32, _U32, ctypes.POINTER(_U32), _U64]),
+    "mxu_chip_add_error": (None, [_PTR, _U64, _U64, _U32]),
+    "mxu_chip_clear_errors": (None, [_PTR]),
+    "mxu_chip_reg_write": (ctypes.c_int, [_PTR, _U32, _U32, ctypes.POINTER(_U32)]),
+    "mxu_chip_reg_read": (ctypes.c_int, [_PTR, _U32, ctypes.POINTER(_U32), ctypes.POINTER(_U32)]),
+    "mxu_chip_run_for": (_U64, [_PTR, _U64]),
+    "mxu_chip_irq": (ctypes.c_int, [_PTR]),
+    "mxu_chip_cycles": (_U64, [_PTR]),
+    "mxu_chip_violations": (ctypes.c_char_p, [_PTR, ctypes.POINTER(_U64)]),
+    "mxu_chip_clear_violations": (None, [_PTR]),
+    "mxu_chip_trace": (ctypes.c_int, [_PTR, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]),
+    "mxu_chip_trace_window": (None, [_PTR, _U64, _U64]),
+    "mxu_chip_trace_flush": (None, [_PTR]),
+}
+
+RESET_NOTE = "the chip has been reset and is ready for the next run"
+
+
+class ChipError(RuntimeError):
+    """The chip stopped with an error code, the watchdog ended a stuck run, or the
+    chip broke the AXI protocol. `result` holds the `RunResult` where there is
+    one. The driver has reset the chip before raising (docs/driver.md)."""
+
+    def __init__(self, message, result=None):
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class RunResult:
+    """What one `SimulatedChip.run` left behind.
+
+    ``memory`` is a view of the external memory as it is *now* (a later run
+    changes it; copy what you keep). It keeps the simulated chip alive, so it
+    stays valid after the chip object is gone.
+    """
+    error: ErrorCode
+    error_pc: int
+    counters: dict
+    memory: np.ndarray = field(repr=False)
+    wall_s: float = 0.0
+
+    @property
+    def ok(self):
+        return self.error is ErrorCode.NONE
+
+
+_TRACE_FLAGS = {
+    None: (),
+    "vcd": ("--trace", "--trace-structs"),
+    # FST: zlib from the OS; LZ4 from our stand-in header (csrc/lz4/lz4.h, on
+    # every native build's include path).
+    "fst": ("--trace-fst", "--trace-structs"),
+}
+_TRACE_MAKE = {"fst": ("LDLIBS=-lz",)}
+
+
+def _wave_format(waves):
+    """"vcd" or "fst" for a waveform path, after checking that it can be written."""
+    if waves is None:
+        return None
+    path = Path(waves)
+    suffix = path.suffix.lower()
+    if suffix not in (".vcd", ".fst"):
+        raise ValueError(f"waves must name a .vcd or .fst file, not {str(waves)!r}")
+    if suffix == ".fst" and not Path("/usr/include/zlib.h").exists():
+        raise ValueError("FST waveforms need zlib's development headers from the OS "
+                         "(apt-get install zlib1g-dev); name a .vcd file instead")
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise ValueError(f"cannot write the waveform {str(waves)!r}: "
+                         f"directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"cannot write the waveform {str(waves)!r}: permission denied")
+    return suffix[1:]
+
+
+@functools.lru_cache(maxsize=4)
+def _library(config, waves=None, fast_mac=False):
+    # Waveforms need a separate build: tracing slows every cycle down.
+    name = f"chip{config.rows}x{config.cols}" + ("_fastmac" if fast_mac else "") + \
+        (f"_{waves}" if waves else "")
+    lib = load_native(build_native(name, "chip_harness.cpp", key=[repr(config)],
+                                   extra_flags=_TRACE_FLAGS[waves],
+                                   make_vars=_TRACE_MAKE.get(waves, ()),
+                                   verilog=lambda: chip_verilog(config, fast_mac)))
+    for fn_name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, fn_name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+class _NativeChip:
+    """Owns one native chip instance; frees it when nothing refers to it any
+    more. Memory views refer to it, so they never outlive the memory."""
+
+    def __init__(self, lib, config):
+        self.lib = lib
+        self.handle = lib.mxu_chip_new(config.ext_mem_bytes, config.axi_data_bytes)
+        if not self.handle:
+            raise MemoryError(f"could not allocate a simulated chip with "
+                              f"{config.ext_mem_bytes} bytes of external memory")
+
+    def memory(self, nbytes):
+        pointer = ctypes.cast(self.lib.mxu_chip_mem(self.handle), ctypes.c_void_p).value
+        buffer = (ctypes.c_uint8 * nbytes).from_address(pointer)
+        buffer._owner = self
+        return np.frombuffer(buffer, np.uint8)
+
+    def __del__(self):
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle:
+            self.lib.mxu_chip_free(handle)
+
+
+def _integer(value, name, low=None, high=None):
+    """`value` as an int, checked: NumPy integers are accepted, bools and
+    floats are not."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, not {value!r}")
+    value = int(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        span = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {span}, not {value}")
+    return value
+
+
+def _as_bytes(data, name):
+    """Raw bytes of `data`: bytes-like or a NumPy array (its bytes in memory order)."""
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return np.frombuffer(bytes(data), np.uint8)
+    raise TypeError(f"{name} must be bytes or a NumPy array, not {type(data).__name__}")
+
+
+class SimulatedChip:
+    """One simulated mxu chip with its external memory.
+
+    Parameters
+    ----------
+    config : ChipConfig or None
+        Sizes; the default 16x16 chip if None.
+    simulator : str
+        "verilator" (the only whole-chip backend; cocotb testbenches in
+        the verification package run the same RTL on other simulators).
+    mem_latency : (int, int)
+        Random latency range, in cycles, of the external memory's responses.
+    mem_pause : dict or None
+        Percent (0..99) of cycles each AXI channel ("aw", "w", "b", "ar", "r") stalls.
+    seed : int
+        Seed of the memory model's randomness.
+    waves : str or None
+        Record a waveform of every run into this .vcd or .fst file (FST needs
+        zlib's headers from the OS), from a separately built traced model.
+    waves_from, waves_cycles : int
+        The window of each run to record: from cycle `waves_from` of the run,
+        `waves_cycles` cycles (None: to the end).
+    waves_scope : str
+        Record only the signals under this hierarchy ("TOP" is the whole chip;
+        e.g. "TOP.top.core.compute" for the compute engine).
+    waves_depth : int or None
+        Hierarchy levels to record below `waves_scope` (None: all). A warning is
+        printed when the file is projected to exceed 1 GiB.
+    fast_mac : bool
+        Simulate each PE's multiply-add with a C function of the same IEEE
+        arithmetic instead of its gate-level fp32 datapath (`mxu.sim.backends.fast_pe`):
+        several times faster, identical results and cycle counts; everything else
+        is still the RTL. Default False: the whole chip is RTL.
+    """
+
+    def __init__(self, config=None, simulator="verilator", *, mem_latency=(0, 0), mem_pause=None,
+                 seed=1, waves=None, waves_from=0, waves_cycles=None, waves_depth=None,
+                 waves_scope="TOP", fast_mac=False):
+        if config is not None and not isinstance(config, ChipConfig):
+            raise TypeError(f"config must be a ChipConfig, not {type(config).__name__}")
+        self.config = config or ChipConfig()
+        require_simulator(simulator)
+        if simulator != "verilator":
+            raise ValueError(f"Chip runs on Verilator only (the cocotb testbenches cover "
+                             f"{simulator!r}); got simulator={simulator!r}")
+        if not isinstance(fast_mac, (bool, np.bool_)):
+            raise TypeError(f"fast_mac must be True or False, not {fast_mac!r}")
+        timing = self._check_timing(mem_latency, mem_pause, seed)
+        wave_format = _wave_format(waves)
+        self._window = (_integer(waves_from, "waves_from", 0),
+                        None if waves_cycles is None else _integer(waves_cycles, "waves_cycles", 1))
+        levels = 0 if waves_depth is None else _integer(waves_depth, "waves_depth", 1, 99)
+        if not isinstance(waves_scope, str) or not waves_scope:
+            raise TypeError(f"waves_scope must be a hierarchy name such as 'TOP', not {waves_scope!r}")
+        if waves_scope != "TOP" and waves_depth is None:
+            levels = 99
+        self.simulator = simulator
+        self.fast_mac = bool(fast_mac)
+        self.waves = None if waves is None else str(waves)
+        self._lib = _library(self.config, wave_format, self.fast_mac)
+        self._native = _NativeChip(self._lib, self.config)
+        self._handle = self._native.handle
+        if waves is not None:
+            code = self._lib.mxu_chip_trace(self._handle, str(waves).encode(), levels,
+                                            waves_scope.encode())
+            if code != 0:
+                raise ValueError(f"cannot write the waveform {str(waves)!r}")
+        self.memory = self._native.memory(self.config.ext_mem_bytes)
+        self._needs_reset = False
+        self._warned_waves = False
+        self._set_timing(*timing)
+        if self.read_reg("ID") != CHIP_ID:
+            raise ChipError("the simulated chip does not answer with the mxu ID")
+
+    # ---- external memory ---------------------------------------------------------
+    @staticmethod
+    def _check_timing(latency, pause, seed):
+        if not isinstance(latency, (tuple, list)) or len(latency) != 2:
+            raise TypeError(f"mem_latency must be a pair (min, max) of cycles, not {latency!r}")
+        lo = _integer(latency[0], "mem_latency[0]", 0, _MAX_LATENCY)
+        hi = _integer(latency[1], "mem_latency[1]", lo, _MAX_LATENCY)
+        pause = {} if pause is None else pause
+        if not isinstance(pause, dict):
+            raise TypeError(f"mem_pause must be a dict of channel: percent, not {pause!r}")
+        unknown = set(pause) - set(AXI_CHANNELS)
+        if unknown:
+            raise ValueError(f"mem_pause has unknown AXI channels {sorted(unknown)}; "
+                             f"use {AXI_CHANNELS}")
+        pcts = [_integer(pause.get(ch, 0), f"mem_pause[{ch!r}]", 0, 99) for ch in AXI_CHANNELS]
+        return lo, hi, pcts, _integer(seed, "seed", 0, (1 << 64) - 1)
+
+    def _set_timing(self, lo, hi, pcts, seed):
+        self._lib.mxu_chip_mem_params(self._handle, lo, hi, (_U32 * 5)(*pcts), seed)
+
+    def set_memory_timing(self, latency=(0, 0), pause=None, seed=1):
+        """Latency range (cycles) and per-channel pause percentages (0..99) of the
+        external memory model."""
+        self._set_timing(*self._check_timing(latency, pause, seed))
+
+    def inject_error(self, lo, hi, resp="slverr"):
+        """Make every access to external bytes [lo, hi) answer SLVERR or DECERR."""
+        if resp not in ("slverr", "decerr"):
+            raise ValueError(f"resp must be 'slverr' or 'decerr', not {resp!r}")
+        lo = _integer(lo, "lo", 0)
+        hi = _integer(hi, "hi", lo)
+        self._lib.mxu_chip_add_error(self._handle, lo, hi, {"slverr": 2, "decerr": 3}[resp])
+
+    def clear_errors(self):
+        """Remove every injected error range."""
+        self._lib.mxu_chip_clear_errors(self._handle)
+
+    def write_memory(self, addr, data, name="data"):
+        """Copy bytes (or a NumPy array's bytes) to external address `addr`."""
+        addr = _integer(addr, "addr", 0)
+        data = _as_bytes(data, name)
+        if addr + data.size > self.memory.size:
+            raise ValueError(f"{name}: {data.size} bytes at 0x{addr:x} do not fit in the "
+                             f"{self.memory.size}-byte external memory")
+        self.memory[addr:addr + data.size] = data
+
+    def read_memory(self, addr, nbytes):
+        """A copy of `nbytes` external bytes from `addr`."""
+        addr, nbytes = _integer(addr, "addr", 0), _integer(nbytes, "nbytes", 0)
+        if addr + nbytes > self.memory.size:
+            raise ValueError(f"{nbytes} bytes at 0x{addr:x} lie beyond the "
+                             f"{self.memory.size}-byte external memory")
+        return self.memory[addr:addr + nbytes].copy()
+
+    # ---- registers -----------------------------------------------------------------
+    def write_reg(self, name, value):
+        if name not in REG:
+            raise ValueError(f"unknown register {name!r}; registers are {sorted(REG)}")
+        resp = _U32()
+        if self._lib.mxu_chip_reg_write(self._handle, REG[name], int(value) & 0xFFFFFFFF,
+                                        ctypes.byref(resp)) != 0:
+            self.reset()
+            raise ChipError(f"register write to {name} timed out; {RESET_NOTE}")
+        return resp.value
+
+    def read_reg(self, name, offset=0):
+        if name not in REG:
+            raise ValueError(f"unknown register {name!r}; registers are {sorted(REG)}")
+        data, resp = _U32(), _U32()
+        if self._lib.mxu_chip_reg_read(self._handle, REG[name] + offset, ctypes.byref(data),
+                                       ctypes.byref(resp)) != 0:
+            self.reset()
+            raise ChipError(f"register read of {name} timed out; {RESET_NOTE}")
+        return data.value
+
+    def counters(self):
+        out = {}
+        for i, name in enumerate(COUNTERS):
+            lo = self.read_reg("COUNTERS", 8 * i)
+            hi = self.read_reg("COUNTERS", 8 * i + 4)
+            out[name] = lo | hi << 32
+        return out
+
+    def soft_reset(self):
+        """The register file's soft reset (CTRL bit 1): everything but the
+        registers and the memories' contents. `reset` is the stronger one."""
+        self.write_reg("CTRL", 0b10)
+
+    def reset(self):
+        """Hard reset: the whole chip, and the memory model's transactions in
+        flight. Memory contents, timing and injected errors stay."""
+        self._lib.mxu_chip_reset(self._handle)
+        self._lib.mxu_chip_clear_violations(self._handle)
+        self._needs_reset = False
+
+    @property
+    def busy(self):
+        return bool(self.read_reg("STATUS") & 1)
+
+    # ---- running ---------------------------------------------------------------------
+    def _program_bytes(self, program):
+        code = program.to_bytes() if hasattr(program, "to_bytes") else program
+        if not isinstance(code, (bytes, bytearray, memoryview)):
+            raise TypeError(f"program must be a Program or bytes, not {type(program).__name__}")
+        code = bytes(code)
+        if not code or len(code) % INSTR_BYTES:
+            raise ValueError(f"program is {len(code)} bytes, not a whole, non-zero number of "
+                             f"{INSTR_BYTES}-byte instructions")
+        return code
+
+    def _place(self, code, base):
+        # A misaligned base is the hardware's to report (FETCH_ERROR); one that
+        # does not fit cannot even be written.
+        if base is None:
+            base = (self.memory.size - len(code)) & ~0xFFFF
+        base = _integer(base, "base", 0)
+        if base + len(code) > self.memory.size:
+            raise ValueError(f"a {len(code)}-byte program at base 0x{base:x} does not fit in the "
+                             f"{self.memory.size}-byte external memory")
+        return base
+
+    def run(self, program, memory_image=None, *, base=None, max_cycles=None,
+            expected_cycles=None):
+        """Run `program` (a `Program` or bytes) to its end.
+
+        `memory_image` is None, or a dict {address: bytes or ndarray} written to
+        external memory first. The program goes at `base` (default: the top
+        64 KiB-aligned region that holds it). Returns a `RunResult`, whose
+        ``error`` may be a chip error code (the chip halted cleanly and has been
+        reset). Raises `ChipError` when the watchdog (`max_cycles`, default
+        50 M cycles plus 100 per instruction) expires or the chip breaks the
+        AXI protocol, and re-raises Ctrl-C; the chip is reset in every case.
+        `expected_cycles` (optional) lets the waveform size warning project.
+        """
+        code = self._program_bytes(program)
+        base = self._place(code, base)
+        image = {}
+        for addr, data in (memory_image or {}).items():
+            key = f"memory_image[{addr!r}]"
+            image[_integer(addr, f"memory_image key {addr!r}", 0)] = _as_bytes(data, key)
+        limit = 50_000_000 + 100 * len(code) if max_cycles is None else \
+            _integer(max_cycles, "max_cycles", 1)
+        for addr, data in image.items():
+            self.write_memory(addr, data, f"memory_image[0x{addr:x}]")
+        if self._needs_reset or self.busy:
+            self.reset()
+        self.write_memory(base, code, "program")
+        try:
+            self._needs_reset = True
+            self.write_reg("PROG_BASE", base)
+            self.write_reg("PROG_LEN", len(code) // INSTR_BYTES)
+            start = time.perf_counter()
+            self._open_window()
+            self.write_reg("CTRL", 1)
+            cycles = self._clock(limit, expected_cycles)
+            wall = time.perf_counter() - start
+        except BaseException:
+            self.reset()
+            raise
+        return self._finish(cycles, limit, wall)
+
+    def _open_window(self):
+        if self.waves is None:
+            return
+        now = self._lib.mxu_chip_cycles(self._handle)
+        first, count = self._window
+        until = (1 << 64) - 1 if count is None else now + first + count
+        self._lib.mxu_chip_trace_window(self._handle, now + first, until)
+
+    def _clock(self, limit, expected):
+        """Clock until irq, in slices of about `_SLICE_SECONDS` of wall time so
+        that Python's signal handlers (Ctrl-C) run between them. Returns the
+        cycles run, or None when the watchdog expired."""
+        done, chunk = 0, 20_000
+        lib, handle = self._lib, self._handle
+        while not lib.mxu_chip_irq(handle):
+            if done >= limit:
+                return None
+            t0 = time.perf_counter()
+            done += lib.mxu_chip_run_for(handle, min(chunk, limit - done))
+            spent = time.perf_counter() - t0
+            chunk = int(min(max(chunk * _SLICE_SECONDS / max(spent, 1e-6), 1_000), 50_000_000))
+            if self.waves is not None:
+                self._check_wave_size(done, expected)
+        return done
+
+    def _check_wave_size(self, done, expected):
+        if self._warned_waves or done < 2_000:
+            return
+        self._lib.mxu_chip_trace_flush(self._handle)
+        size = Path(self.waves).stat().st_size if Path(self.waves).exists() else 0
+        first, count = self._window
+        dumped = max(1, done - first)
+        window = count if count is not None else max(expected or 0, dumped)
+        projected = size / dumped * window
+        if projected > WAVE_WARN_BYTES or size > WAVE_WARN_BYTES:
+            self._warned_waves = True
+            print(f"mxu: warning: the waveform {self.waves} is projected to reach "
+                  f"{max(projected, size) / 2**30:.1f} GiB ({size / dumped / 1024:.0f} KiB per "
+                  f"cycle); narrow it with waves_from/waves_cycles/waves_depth "
+                  f"(--waves-from, --waves-cycles, --waves-depth)", file=sys.stderr)
+
+    def _finish(self, cycles, limit, wall):
+        if self.waves is not None:
+            self._lib.mxu_chip_trace_flush(self._handle)
+        if cycles is None:
+            status = self.read_reg("STATUS")
+            self.reset()
+            raise ChipError(f"watchdog: the chip did not finish within {limit} cycles "
+                            f"(STATUS=0x{status:x}); {RESET_NOTE}")
+        count = _U64()
+        text = self._lib.mxu_chip_violations(self._handle, ctypes.byref(count))
+        if count.value:
+            message = text.decode()
+            self.reset()
+            raise ChipError(f"AXI protocol violation by the chip: {message}; {RESET_NOTE}")
+        status = self.read_reg("STATUS")
+        result = RunResult(error=ErrorCode((status >> 4) & 0xF), error_pc=self.read_reg("ERROR_PC"),
+                           counters=self.counters(), memory=self.memory, wall_s=wall)
+        if result.ok:
+            self._needs_reset = False
+        else:
+            self.reset()
+        return result

@@ -48,6 +48,8 @@ class ChipConfig:
     cmd_queue_depth : int
         Instructions each engine's command queue holds between fetch and the
         engine (a power of two, >= 2).
+    loop_body_instrs : int
+        Longest body of a LOOP instruction each loop expander stores (1..4096).
     """
 
     rows: int = 16
@@ -63,6 +65,7 @@ class ChipConfig:
     dma_max_outstanding: int = 16
     dma_max_burst_beats: int = 256
     cmd_queue_depth: int = 8
+    loop_body_instrs: int = 255
 
     def __post_init__(self):
         # NumPy integers are integers too; store them as int so that equal
@@ -111,6 +114,9 @@ class ChipConfig:
                 f"ChipConfig.dma_max_burst_beats must be a power of two from 1 to 256, "
                 f"not {self.dma_max_burst_beats!r}")
 
+        if not 1 <= self.loop_body_instrs <= 4096:
+            raise ValueError(f"ChipConfig.loop_body_instrs must be from 1 to 4096, "
+                             f"not {self.loop_body_instrs!r}")
         if not _is_pow2(self.cmd_queue_depth) or self.cmd_queue_depth < 2:
             raise ValueError(f"ChipConfig.cmd_queue_depth must be a power of two >= 2, "
                              f"not {self.cmd_queue_depth!r}")

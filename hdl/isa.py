@@ -22,7 +22,7 @@ from .fields import struct_layout, pack_fields, unpack_fields
 
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "Opcode", "Engine", "SeedMode", "Deps", "Header",
-    "DmaInstr", "LoadWInstr", "MatmulInstr", "SyncInstr", "HaltInstr", "INSTRUCTIONS",
+    "DmaInstr", "LoadWInstr", "MatmulInstr", "SyncInstr", "HaltInstr", "LoopInstr", "INSTRUCTIONS",
     "ENGINE_OF", "ErrorCode", "encode", "decode", "field_table",
 ]
 
@@ -39,6 +39,7 @@ class Opcode(enum.Enum, shape=4):
     LOADW = 3    # compute engine: stage a weight tile from VMEM into the array
     MATMUL = 4   # compute engine: stream activation rows through the array
     SYNC = 5     # the named engine: only dependency tokens
+    LOOP = 6     # the loop expander: repeat the next instructions with strides
     HALT = 15    # end of program, once every engine is idle
 
 
@@ -156,9 +157,24 @@ class HaltInstr(data.Struct):
     reserved: 112
 
 
+class LoopInstr(data.Struct):
+    """LOOP: the next ``2 * body`` words are ``body`` pairs (instruction, delta);
+    the loop expander issues ``instruction + i * delta`` (128-bit sums) for
+    i = 0..count-1, the pairs in order (`mxu.hdl.loop`). Legal only with
+    count >= 1, 1 <= body <= ``config.loop_body_instrs``, the whole body inside
+    the program, and deps, flags and reserved bits zero."""
+    opcode: Opcode
+    deps: Deps
+    flags: 8
+    count: 32        # iterations
+    body: 16         # instruction/delta pairs that follow
+    reserved: 64
+
+
 INSTRUCTIONS = {
     Opcode.LOAD: DmaInstr, Opcode.STORE: DmaInstr, Opcode.LOADW: LoadWInstr,
     Opcode.MATMUL: MatmulInstr, Opcode.SYNC: SyncInstr, Opcode.HALT: HaltInstr,
+    Opcode.LOOP: LoopInstr,
 }
 
 ENGINE_OF = {

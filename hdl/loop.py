@@ -27,10 +27,12 @@ from .isa import INSTR_BITS, Header, LoopInstr, Opcode
 __all__ = ["LoopExpander", "loop_is_legal"]
 
 
-def loop_is_legal(config, instr):
-    """The value "`instr` (a `LoopInstr` view) is a LOOP the expander runs"."""
+def loop_is_legal(config, instr, pc, length):
+    """The value "`instr` (a `LoopInstr` view at `pc` of a `length`-instruction
+    program) is a LOOP the expander runs"."""
     return ((instr.count != 0) & (instr.body != 0) & (instr.body <= config.loop_body_instrs)
-            & (instr.deps.as_value() == 0) & (instr.flags == 0) & (instr.reserved == 0))
+            & (instr.deps.as_value() == 0) & (instr.flags == 0) & (instr.reserved == 0)
+            & (pc + 2 * instr.body < length))
 
 
 class LoopExpander(wiring.Component):
@@ -48,6 +50,9 @@ class LoopExpander(wiring.Component):
     o : Out(stream.Signature(FetchedInstr))
         To the `Controller`: every instruction but legal LOOPs and their body
         words, with the bodies repeated ``count`` times.
+    length : In(32)
+        The program's length in instructions: a LOOP whose body would run past
+        it is illegal.
     busy : Out(1)
         A loop is being captured or issued.
 
@@ -60,6 +65,7 @@ class LoopExpander(wiring.Component):
         super().__init__({
             "i": In(stream.Signature(FetchedInstr)),
             "o": Out(stream.Signature(FetchedInstr)),
+            "length": In(32),
             "busy": Out(1),
         })
 
@@ -83,7 +89,7 @@ class LoopExpander(wiring.Component):
 
         with m.FSM():
             with m.State("PASS"):
-                take = is_loop & loop_is_legal(self.config, loop)
+                take = is_loop & loop_is_legal(self.config, loop, fetched.pc, self.length)
                 m.d.comb += [
                     self.o.valid.eq(self.i.valid & ~take),
                     self.o.payload.eq(self.i.payload),

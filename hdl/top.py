@@ -22,6 +22,7 @@ from .controller import Controller
 from .dma import Dma, DmaDir
 from .fetch import FETCH_AXI_ID, InstructionFetch
 from .isa import ErrorCode
+from .loop import LoopExpander
 from .regs import COUNTERS, HOST_ADDR_BITS, RegisterFile
 from .transfer import TransferEngine
 from .vmem import Vmem
@@ -51,6 +52,12 @@ class _ChipCore(wiring.Component):
         m = Module()
         c = self.config
         m.submodules.fetch = fetch = InstructionFetch(c)
+        # Two expanders in a row: LOOPs nest two deep (the outer one's body holds
+        # the inner LOOP and its pairs as plain words). A start abandons a loop
+        # that a failed run left half issued.
+        outer, inner = LoopExpander(c), LoopExpander(c)
+        m.submodules.outer_loops = ResetInserter(self.start)(outer)
+        m.submodules.inner_loops = ResetInserter(self.start)(inner)
         m.submodules.ctrl = ctrl = Controller(c)
         m.submodules.vmem = vmem = Vmem(c, weight_port=True)
         m.submodules.acc = acc = AccMem(c)
@@ -79,7 +86,10 @@ class _ChipCore(wiring.Component):
             ctrl.fetch_error.eq(fetch.error), ctrl.fetch_error_pc.eq(fetch.error_pc),
             ctrl.fetch_busy.eq(fetch.busy),
         ]
-        wiring.connect(m, fetch.instr, ctrl.instr)
+        wiring.connect(m, fetch.instr, outer.i)
+        wiring.connect(m, outer.o, inner.i)
+        wiring.connect(m, inner.o, ctrl.instr)
+        m.d.comb += [outer.length.eq(self.prog_len), inner.length.eq(self.prog_len)]
         for name, engine in (("load", load), ("compute", compute), ("store", store)):
             wiring.connect(m, getattr(ctrl, f"{name}_cmd"), engine.cmd)
             wiring.connect(m, engine.complete, getattr(ctrl, f"{name}_complete"))

@@ -11,7 +11,10 @@ from .backends.array import simulate_array
 from .backends.units import simulate_bf16_mul, simulate_fp32_add, simulate_fp32_to_bf16, simulate_mac
 from .compiler.program import Program
 from .driver.chip import ChipError, RunResult
-from .runtime.chip import Chip
+from .runtime.chip import Chip, Recording
+from .runtime.stats import RunStats
+from .runtime.tensor import DeviceTensor
 
 __all__ = ["simulate_mac", "simulate_bf16_mul", "simulate_fp32_add", "simulate_fp32_to_bf16",
-           "simulate_array", "Chip", "ChipError", "RunResult", "Program"]
+           "simulate_array", "Chip", "ChipError", "RunResult", "Program", "DeviceTensor",
+           "RunStats", "Recording"]

@@ -54,6 +54,20 @@ def test_every_instruction_against_the_model(chip):
     assert result.counters["array_active"] == 14
 
 
+def test_loops_against_the_model(chip):
+    """LOOP bodies issued by the hardware loop expander, with strided addresses:
+    loads, LOADW/MATMUL pairs (zero and accumulator seeds), stores, SYNCs."""
+    _fresh(chip)
+    p, image = programs.loop_program(CFG, np.random.default_rng(SEED + 2))
+    result, model, expected = _both(chip, p, image)
+    assert result.error is ErrorCode.NONE and expected.error is ErrorCode.NONE
+    lo, hi = programs.LOOP_OUTPUTS
+    golden.assert_bits_equal(result.memory[lo:hi], model.ext[lo:hi], "loop program")
+    assert np.any(model.ext[lo:hi])
+    assert result.counters["instructions"] == 1 + 6 + 12 + 6 + 3 + 1
+    assert result.counters["array_active"] == 24
+
+
 def test_accumulator_raw_hazard_is_interlocked(chip):
     """Back-to-back MATMULs of 1-2 rows, each seeded from the previous one's output
     rows: far shorter than the array's latency, so only the interlock keeps them right."""

@@ -19,7 +19,7 @@ from mxu.hdl.isa import Engine, ErrorCode, Opcode, SeedMode
 from mxu.verif import golden
 from mxu.verif.dma_model import Descriptor, DmaModel
 
-__all__ = ["IsaModel", "ModelResult", "check_instruction"]
+__all__ = ["IsaModel", "ModelResult", "check_instruction", "expand_loops"]
 
 _TOKENS = {  # (engine, "prev"/"next") -> token counter name
     (Engine.LOAD, "next"): ("l2c", "c2l"),      # push l2c, pop c2l
@@ -92,6 +92,39 @@ def _engine(opcode, f):
     return isa.ENGINE_OF.get(opcode)
 
 
+def _expand(config, stream, length):
+    """One loop expander (`mxu.hdl.loop`) on a stream of (pc, word)."""
+    mask = (1 << isa.INSTR_BITS) - 1
+    for pc, word in stream:
+        if word is not None and word & 0xF == Opcode.LOOP.value:
+            f = isa.decode(word)[1]
+            body = f["body"]
+            if (f["count"] and 1 <= body <= config.loop_body_instrs and not any(f["deps"].values())
+                    and not f["flags"] and not f["reserved"] and pc + 2 * body < length):
+                items = [next(stream) for _ in range(2 * body)]
+                pairs = [(items[2 * j][0], items[2 * j][1], items[2 * j + 1][1]) for j in range(body)]
+                for i in range(f["count"]):
+                    for ipc, instr, delta in pairs:
+                        yield ipc, (instr + i * delta) & mask
+                continue
+        yield pc, word
+
+
+def expand_loops(config, words):
+    """(pc, word) of every instruction the controller sees, LOOPs expanded as the
+    chip's two loop expanders in a row do (so loops nest two deep); then
+    (len(words), None) for ever. An illegal LOOP is passed on as it is (the
+    decoder rejects it)."""
+    def fetched():
+        yield from enumerate(words)
+        while True:
+            yield len(words), None
+    stream = fetched()
+    for _ in range(2):
+        stream = _expand(config, stream, len(words))
+    return stream
+
+
 class IsaModel:
     """External memory, VMEM, accumulator and array state, and the engines.
 
@@ -132,13 +165,15 @@ class IsaModel:
         queues = {e: [] for e in Engine}
         tokens = {"l2c": 0, "c2l": 0, "c2s": 0, "s2c": 0}
         result = ModelResult(ErrorCode.NONE, 0)
-        pc, halted = 0, False
+        stream = expand_loops(self.config, words)
+        pc, word = next(stream)
+        halted = False
         while True:
             progress = False
             if not halted:
-                if pc >= len(words):
+                if word is None:
                     return ModelResult(ErrorCode.ILLEGAL_INSTR, pc)
-                error, opcode, f = check_instruction(self.config, words[pc])
+                error, opcode, f = check_instruction(self.config, word)
                 if error is not ErrorCode.NONE:
                     result.error, result.pc = error, pc
                     return result
@@ -148,7 +183,7 @@ class IsaModel:
                     queue = queues[_engine(opcode, f)]
                     if len(queue) < self.queue_depth:
                         queue.append((pc, opcode, f))
-                        pc += 1
+                        pc, word = next(stream)
                         progress = True
             for engine, queue in queues.items():
                 while queue and self._can_pop(engine, queue[0][2]["deps"], tokens):

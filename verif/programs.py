@@ -7,8 +7,8 @@ from mxu.hdl.isa import ErrorCode, Opcode, encode
 from mxu.sim import Program
 from mxu.verif import golden
 
-__all__ = ["every_instruction", "random_program", "random_image", "bf16_bits",
-           "error_programs", "EVERY_INSTRUCTION_OUTPUTS"]
+__all__ = ["every_instruction", "loop_program", "random_program", "random_image", "bf16_bits",
+           "error_programs", "EVERY_INSTRUCTION_OUTPUTS", "LOOP_OUTPUTS"]
 
 # External byte ranges `every_instruction` writes.
 EVERY_INSTRUCTION_OUTPUTS = [(0x1000, 0x1080), (0x2000, 0x2030), (0x3000, 0x3030)]
@@ -41,6 +41,42 @@ def every_instruction(config, rng):
     p.sync("load", pop_next=True)
     p.halt()
     return p, {0x000: acts, 0x100: weights, 0x200: bias}
+
+
+# External byte range `loop_program` writes.
+LOOP_OUTPUTS = (0x1000, 0x1000 + 6 * 64)
+
+
+def loop_program(config, rng):
+    """(program, image): three LOOPs -- six activation loads, six LOADW/MATMUL
+    pairs, six stores -- whose addresses step by a stride, and a LOOP whose
+    body has one instruction. Written for a 4x4 array."""
+    assert (config.rows, config.cols) == (4, 4), "loop_program is written for 4x4"
+    image = {0x000: bf16_bits(rng, (4, 4)), 0x100: bf16_bits(rng, (24, 4))}
+    p = Program().load(vmem_row=0, ext_addr=0x000, rows=4, row_bytes=8)
+
+    def iteration(i, engine):
+        q = Program()
+        if engine == "load":
+            q.load(vmem_row=16 + 4 * i, ext_addr=0x100 + 32 * i, rows=4, row_bytes=8,
+                   push_next=True)
+        elif engine == "compute":
+            q.loadw(vmem_row=0, k_rows=4, pop_prev=True)
+            q.matmul(act_row=16 + 4 * i, m_rows=4, out_row=4 * i, new_weights=True,
+                     push_next=True)
+        else:
+            q.store(acc_row=4 * i, ext_addr=0x1000 + 64 * i, rows=4, row_bytes=16, pop_prev=True)
+        return q
+
+    for engine in ("load", "compute"):
+        p.loop_between(6, iteration(0, engine), iteration(1, engine))
+    # The stores as a loop of two iterations around a loop of three.
+    def stores(outer):
+        q = Program()
+        return q.loop_between(3, iteration(3 * outer, "store"), iteration(3 * outer + 1, "store"))
+    p.loop_between(2, stores(0), stores(1))
+    p.loop_between(3, Program().sync("load"), Program().sync("load"))
+    return p.halt(), image
 
 
 def random_image(config, rng):
@@ -130,4 +166,19 @@ def error_programs(config):
                                 .halt(), ErrorCode.WEIGHT_OVERFLOW, 1)
     cases["deadlock"] = (Program().loadw(vmem_row=0, k_rows=4, pop_prev=True).halt(),
                          ErrorCode.DEADLOCK, None)
+    one = Program().sync("load")
+    cases["loop of zero iterations"] = (Program().loop(0, one, [0]).halt(), ErrorCode.ILLEGAL_INSTR, 0)
+    too_long = Program()
+    for _ in range(config.loop_body_instrs + 1):
+        too_long.sync("load")
+    cases["loop body too long"] = (Program().loop(2, too_long, [0] * len(too_long)).halt(),
+                                   ErrorCode.ILLEGAL_INSTR, 0)
+    cases["loop past the end"] = (Program().sync("load").raw(encode(Opcode.LOOP, count=2, body=2)),
+                                  ErrorCode.ILLEGAL_INSTR, 1)
+    inner = Program().loop(2, one, [0])
+    middle = Program().loop(2, inner, [0] * len(inner))
+    cases["loops three deep"] = (Program().sync("load").loop(2, middle, [0] * len(middle)).halt(),
+                                 ErrorCode.ILLEGAL_INSTR, 4)
+    cases["loop with flags"] = (Program().raw(encode(Opcode.LOOP, count=1, body=1, flags=1))
+                                .raw(one.words[0]).raw(0).halt(), ErrorCode.ILLEGAL_INSTR, 0)
     return cases

@@ -119,6 +119,16 @@ async def every_instruction(dut):
 
 
 @cocotb.test()
+async def loops(dut):
+    tb = ChipTB(dut)
+    await tb.reset()
+    program, image = programs.loop_program(CONFIG, np.random.default_rng(SEED + 2))
+    error, _, model, expected = await tb.run(program, image)
+    assert error is ErrorCode.NONE and expected.error is ErrorCode.NONE
+    tb.check(model, [programs.LOOP_OUTPUTS], "loop program")
+
+
+@cocotb.test()
 async def random_programs(dut):
     tb = ChipTB(dut)
     await tb.reset()

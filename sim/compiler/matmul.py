@@ -1,199 +1,320 @@
-"""The matmul compiler: ``C = relu?(A @ B + bias)`` as an mxu program, with
-double buffering so that the array streams while the next operands load and the
-previous results store (docs/compiler.md).
+"""The matmul compiler: a list of `MatmulOp` becomes one chip program
+(docs/compiler.md). Pure: configuration and operand descriptors in, `Program`
+out; no chip, no data.
 
-Schedule. K is cut into ``rows``-deep tiles (t), N into ``cols``-wide tiles (j),
-M into blocks of ``Mb`` rows (mb). N tiles are taken ``G`` at a time (a group):
+Schedule. Each op is cut by `plan_op`; its steps run
 
-    for mb: for group: for t: for j in group: LOADW W(t, j); MATMUL A(mb, t) -> C(mb, j)
+    for M block: for group of G N tiles: for t in K tiles: for j in group:
+        LOADW W(t, j); MATMUL A(block, t) -> C(block, j)
 
-Each step's weight tile lives in a ring of ``W`` VMEM slots; the activation tile
-A(mb, t) (Mb rows) is loaded at its first use and stays in VMEM for the block;
-the fp32 partial sums of a group stay in the accumulator (seeded from zero, a
-bias row, or a bias block for t = 0, then from themselves) and are stored once
-the last K tile is in. Output and bias blocks are double-buffered per group,
-activation blocks per M block.
+and the steps of all ops of a *segment* form one stream, numbered n. Weight
+tiles live in a ring of W VMEM slots shared by the segment; the loads of step
+n + W are issued after step n, so that loading overlaps computing, also across
+ops. Tokens (docs/isa.md), every push before its pop in program order:
 
-Tokens (docs/isa.md). Every push comes before its pop in program order, so the
-program cannot deadlock on the engines' queues, and each pop waits for the
-instruction that frees what it overwrites:
-
-* load -> compute: the last load of step s pushes; LOADW s pops;
+* load -> compute: the last load of step n pushes; LOADW n pops;
 * compute -> load: MATMUL n pushes; the first load of step n + W pops (the ring
-  slot it refills was read by step n; activation and bias buffers were last read
-  at least W steps earlier, which `_plan` guarantees);
+  slot it refills, and any activation or bias buffer, was last read by step n
+  or earlier);
 * compute -> store: the MATMUL of the last K tile pushes; its STORE pops;
 * store -> compute: the last STORE of a group pushes; the first MATMUL of the
   group two later (which reuses its output buffer) pops.
+
+Ops of one segment get disjoint on-chip regions. A new segment starts when the
+next op does not fit beside the others, or reads what an earlier op of the
+segment writes; between segments a barrier (STORE -> compute SYNC -> load SYNC)
+drains the chip, and the token pipeline starts afresh.
+
+Loops. The steps of a group's middle K tiles repeat with addresses that move by
+a constant stride: they become a LOOP (`Program.loop_between`), and runs of
+groups that repeat with a constant stride become a LOOP around those. So a
+program's size grows with the number of M blocks, not with M*K*N.
 """
 
+import bisect
+import math
 from dataclasses import dataclass
 
-from mxu.hdl.isa import SeedMode
+from mxu.hdl.isa import INSTR_BITS, SeedMode
 
+from .operands import MatmulOp
+from .plan import RING_SLOTS, ceil_div, plan_op
 from .program import Program
 
-__all__ = ["MatmulPlan", "plan_matmul", "compile_matmul"]
+__all__ = ["CompiledProgram", "compile_matmuls", "plan_segments"]
 
-RING_SLOTS = 4
-
-
-def _ceil(a, b):
-    return -(-a // b)
+_MASK = (1 << INSTR_BITS) - 1
 
 
 @dataclass(frozen=True)
-class MatmulPlan:
-    """Tiling and on-chip placement of one matmul (all sizes in rows)."""
-    M: int
-    K: int
-    N: int
-    KT: int          # K tiles
-    NT: int          # N tiles
-    Mb: int          # rows per M block
-    G: int           # N tiles per group
-    W: int           # weight ring slots
-    a_buffers: int   # activation block buffers (1: a single M block)
-    vmem_rows: int   # VMEM rows used
-    acc_rows: int    # accumulator rows used
+class _Placed:
+    """An op of a segment with its plan and on-chip regions."""
+    op: MatmulOp
+    plan: object
+    a_base: int          # VMEM row of its activation buffers
+    out_base: int        # accumulator row of its output buffers
+    bias_base: int       # accumulator row of its bias blocks or bias rows
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One group of one op: G N tiles of one M block, every K tile."""
+    index: int           # in the segment
+    op: int              # index into the segment's ops
+    g: int               # in the op
+    mb: int
+    m0: int
+    mrows: int
+    j0: int
+    size: int            # N tiles in this group
+    start: int           # segment step of (t = 0, j = j0)
+    first_of_block: bool
+    first_of_op: bool
+    KT: int
 
     @property
-    def steps(self):
-        return _ceil(self.M, self.Mb) * self.KT * self.NT
+    def end(self):
+        return self.start + self.size * self.KT
 
 
-def plan_matmul(config, M, K, N, bias="none"):
-    """Choose Mb, G and W so that everything fits; ValueError if nothing does."""
-    r, c = config.rows, config.cols
-    KT, NT = _ceil(K, r), _ceil(N, c)
-    bb = config.axi_data_bytes
-    w_beats = r * _ceil(2 * c, bb)
-    bias_rows = NT if bias == "row" else 0
+@dataclass(frozen=True)
+class CompiledProgram:
+    """A program and how it was made."""
+    program: Program
+    segments: tuple      # tuple of tuples of (op index, OpPlan)
+    steps: int           # MATMUL steps in all segments
 
-    def fits(Mb, G, W):
-        blocks = _ceil(M, Mb)
-        a_buf = 1 if blocks == 1 else 2
-        vmem = a_buf * Mb * KT + W * r
-        acc = (4 if bias == "matrix" else 2) * G * Mb + bias_rows
-        # Buffers freed W steps before their reuse: enough steps per block/group.
-        spaced = blocks == 1 or KT * NT >= W
-        spaced &= bias != "matrix" or KT * G >= W or _ceil(NT, G) * blocks <= 2
-        ok = vmem <= config.vmem_rows and acc <= config.acc_rows and spaced
-        return ok, a_buf, vmem, acc
-
-    W = min(RING_SLOTS, KT * NT)
-    Mb = M
-    while Mb >= 1:
-        act_beats = Mb * _ceil(2 * r, bb)
-        G = min(NT, max(1, _ceil(act_beats, max(1, Mb - w_beats))))
-        while G >= 1:
-            ok, a_buf, vmem, acc = fits(Mb, G, W)
-            if ok:
-                return MatmulPlan(M, K, N, KT, NT, Mb, G, W, a_buf, vmem, acc)
-            G -= 1
-        Mb = Mb // 2 if Mb > 1 else 0
-    raise ValueError(
-        f"a {M}x{K} @ {K}x{N} matmul does not fit the chip: even one activation row of "
-        f"K={K} needs {KT} VMEM rows next to a {W}-tile weight ring "
-        f"(VMEM has {config.vmem_rows} rows of {config.vmem_row_elems} bf16)")
+    @property
+    def macs(self):
+        return sum(plan.M * plan.K * plan.N for seg in self.segments for _, plan in seg)
 
 
-def compile_matmul(config, plan, *, a_addr, b_addr, c_addr, bias="none", bias_addr=0,
-                   out_bf16=False, relu=False):
-    """The `Program` for `plan` with operands at the given external addresses.
+def plan_segments(config, ops):
+    """[(segment, [placed op])]: ops in order, cut into segments of ops whose
+    regions fit side by side and that do not read each other's results."""
+    segments, current, vmem, acc = [], [], RING_SLOTS * config.rows, 0
+    for i, op in enumerate(ops):
+        op.check(config)
+        plan = plan_op(config, op.M, op.K, op.N, op.bias_kind)
+        if plan is None:
+            raise ValueError(f"op {i}: a {op.M}x{op.K} @ {op.K}x{op.N} matmul does not fit the "
+                             f"chip even one activation row at a time (K={op.K} needs "
+                             f"{ceil_div(op.K, config.rows)} VMEM rows); split K")
+        depends = any(op.a.overlaps(p.op.c) or op.b.overlaps(p.op.c)
+                      or (op.bias is not None and op.bias.overlaps(p.op.c)) for _, p in current)
+        fits = (vmem + plan.vmem_rows <= config.vmem_rows
+                and acc + plan.acc_rows <= config.acc_rows)
+        if current and (depends or not fits):
+            segments.append(current)
+            current, vmem, acc = [], RING_SLOTS * config.rows, 0
+        bias_base = acc + plan.out_rows
+        current.append((i, _Placed(op, plan, vmem, acc, bias_base)))
+        vmem += plan.vmem_rows
+        acc += plan.acc_rows
+    if current:
+        segments.append(current)
+    return segments
 
-    A is M x K bf16 and B is K x N bf16, both row-major; C is M x N fp32 (bf16 if
-    `out_bf16`), row-major. `bias` is "none", "row" (N fp32 at `bias_addr`) or
-    "matrix" (M x N fp32 at `bias_addr`).
-    """
-    cfg, P = config, plan
-    r, c = cfg.rows, cfg.cols
-    M, K, N, KT, NT, Mb, G, W = P.M, P.K, P.N, P.KT, P.NT, P.Mb, P.G, P.W
-    out_elem = 2 if out_bf16 else 4
-    # VMEM: weight ring, then activation block buffers.
-    ring_base, a_base = 0, W * r
-    # Accumulator: output buffers (2 groups), bias buffers (matrix), bias rows.
-    out_base = 0
-    bias_block_base = 2 * G * Mb
-    bias_row_base = (4 if bias == "matrix" else 2) * G * Mb
 
-    steps = []
-    groups = []           # (mb, first j, group size)
-    for mb in range(_ceil(M, Mb)):
-        m0, mrows = mb * Mb, min(Mb, M - mb * Mb)
-        for g0 in range(0, NT, G):
-            gg = len(groups)
-            js = list(range(g0, min(NT, g0 + G)))
-            groups.append((mb, js))
-            for t in range(KT):
-                for j in js:
-                    steps.append(dict(mb=mb, m0=m0, mrows=mrows, gg=gg, js=js, t=t, j=j,
-                                      first_group=(g0 == 0)))
+class _Segment:
+    """The step stream of one segment and the instructions of each step."""
 
-    def a_row(s):
-        return a_base + (s["mb"] % P.a_buffers) * Mb * KT + s["t"] * Mb
+    def __init__(self, config, placed, last):
+        self.config = config
+        self.placed = placed
+        self.last = last
+        self.groups = []
+        for k, p in enumerate(placed):
+            plan = p.plan
+            g = 0
+            for mb in range(plan.blocks):
+                m0 = mb * plan.Mb
+                for j0 in range(0, plan.NT, plan.G):
+                    start = self.groups[-1].end if self.groups else 0
+                    grp = _Group(len(self.groups), k, g, mb, m0, min(plan.Mb, plan.M - m0), j0,
+                                 min(plan.G, plan.NT - j0), start, j0 == 0, g == 0, plan.KT)
+                    self.groups.append(grp)
+                    g += 1
+        self.starts = [grp.start for grp in self.groups]
+        self.steps = self.groups[-1].end
+        self.W = min(RING_SLOTS, self.steps)
 
-    def out_row(s):
-        return out_base + ((s["gg"] % 2) * G + s["js"].index(s["j"])) * Mb
+    # ---- where step n is --------------------------------------------------------------
+    def locate(self, n):
+        grp = self.groups[bisect.bisect_right(self.starts, n) - 1]
+        t, jj = divmod(n - grp.start, grp.size)
+        return grp, t, jj
 
-    def bias_block_row(s):
-        return bias_block_base + ((s["gg"] % 2) * G + s["js"].index(s["j"])) * Mb
+    # ---- instructions ---------------------------------------------------------------
+    def a_row(self, grp, t):
+        p = self.placed[grp.op]
+        return p.a_base + (grp.mb % p.plan.a_buffers) * p.plan.Mb * p.plan.KT + t * p.plan.Mb
 
-    p = Program()
-    if bias == "row":
-        full = N // c
-        if full:
-            p.load(acc_row=bias_row_base, ext_addr=bias_addr, rows=full, row_bytes=4 * c)
-        if N % c:
-            p.load(acc_row=bias_row_base + full, ext_addr=bias_addr + 4 * c * full, rows=1,
-                   row_bytes=4 * (N % c))
+    def out_row(self, grp, jj):
+        p = self.placed[grp.op]
+        return p.out_base + ((grp.g % 2) * p.plan.G + jj) * p.plan.Mb
 
-    def batch(n):
-        s = steps[n]
-        t, j = s["t"], s["j"]
+    def bias_block_row(self, grp, jj):
+        p = self.placed[grp.op]
+        return p.bias_base + ((grp.g % 2) * p.plan.G + jj) * p.plan.Mb
+
+    def batch(self, prog, n):
+        """The loads step n needs: activation tile, bias, weight tile."""
+        cfg, (grp, t, jj) = self.config, self.locate(n)
+        p = self.placed[grp.op]
+        op, r, c = p.op, cfg.rows, cfg.cols
+        j = grp.j0 + jj
+        k_rows = min(r, op.K - t * r)
+        ncols = min(c, op.N - j * c)
         loads = []
-        k_rows = min(r, K - t * r)
-        if s["first_group"] and j == s["js"][0]:
-            loads.append(dict(vmem_row=a_row(s), ext_addr=a_addr + 2 * (s["m0"] * K + t * r),
-                              rows=s["mrows"], row_bytes=2 * k_rows, ext_stride=2 * K))
-        if bias == "matrix" and t == 0:
-            ncols = min(c, N - j * c)
-            loads.append(dict(acc_row=bias_block_row(s),
-                              ext_addr=bias_addr + 4 * (s["m0"] * N + j * c), rows=s["mrows"],
-                              row_bytes=4 * ncols, ext_stride=4 * N))
-        ncols = min(c, N - j * c)
-        loads.append(dict(vmem_row=ring_base + (n % W) * r,
-                          ext_addr=b_addr + 2 * (t * r * N + j * c), rows=k_rows,
-                          row_bytes=2 * ncols, ext_stride=2 * N))
+        if op.bias_kind == "row" and grp.first_of_op and t == 0 and jj == 0:
+            full = op.N // c
+            if full:
+                loads.append(dict(acc_row=p.bias_base, ext_addr=op.bias.addr, rows=full,
+                                  row_bytes=4 * c))
+            if op.N % c:
+                loads.append(dict(acc_row=p.bias_base + full, ext_addr=op.bias.addr + 4 * c * full,
+                                  rows=1, row_bytes=4 * (op.N % c)))
+        if grp.first_of_block and jj == 0:
+            loads.append(dict(vmem_row=self.a_row(grp, t),
+                              ext_addr=op.a.addr + grp.m0 * op.a.stride + 2 * t * r,
+                              rows=grp.mrows, row_bytes=2 * k_rows, ext_stride=op.a.stride))
+        if op.bias_kind == "matrix" and t == 0:
+            loads.append(dict(acc_row=self.bias_block_row(grp, jj),
+                              ext_addr=op.bias.addr + grp.m0 * op.bias.stride + 4 * j * c,
+                              rows=grp.mrows, row_bytes=4 * ncols, ext_stride=op.bias.stride))
+        loads.append(dict(vmem_row=(n % self.W) * r,
+                          ext_addr=op.b.addr + t * r * op.b.stride + 2 * j * c,
+                          rows=k_rows, row_bytes=2 * ncols, ext_stride=op.b.stride))
         for i, load in enumerate(loads):
-            p.load(**load, pop_next=(i == 0 and n >= W), push_next=(i == len(loads) - 1))
+            prog.load(**load, pop_next=(i == 0 and n >= self.W), push_next=(i == len(loads) - 1))
 
-    S = len(steps)
-    for n in range(min(W, S)):
-        batch(n)
-    for n, s in enumerate(steps):
-        t, j, gg = s["t"], s["j"], s["gg"]
-        k_rows = min(r, K - t * r)
-        p.loadw(vmem_row=ring_base + (n % W) * r, k_rows=k_rows, pop_prev=True)
+    def step(self, prog, n):
+        """Step n's LOADW and MATMUL, its STORE after the last K tile, and the
+        loads of step n + W."""
+        cfg, (grp, t, jj) = self.config, self.locate(n)
+        p = self.placed[grp.op]
+        op, plan, c = p.op, p.plan, cfg.cols
+        j = grp.j0 + jj
+        k_rows = min(cfg.rows, op.K - t * cfg.rows)
+        prog.loadw(vmem_row=(n % self.W) * cfg.rows, k_rows=k_rows, pop_prev=True)
         if t > 0:
-            seed, seed_row = SeedMode.ACC, out_row(s)
-        elif bias == "row":
-            seed, seed_row = SeedMode.BIAS, bias_row_base + j
-        elif bias == "matrix":
-            seed, seed_row = SeedMode.ACC, bias_block_row(s)
+            seed, seed_row = SeedMode.ACC, self.out_row(grp, jj)
+        elif op.bias_kind == "row":
+            seed, seed_row = SeedMode.BIAS, p.bias_base + j
+        elif op.bias_kind == "matrix":
+            seed, seed_row = SeedMode.ACC, self.bias_block_row(grp, jj)
         else:
             seed, seed_row = SeedMode.ZERO, 0
-        p.matmul(act_row=a_row(s), m_rows=s["mrows"], out_row=out_row(s), seed=seed,
-                 seed_row=seed_row, new_weights=True,
-                 pop_next=(t == 0 and j == s["js"][0] and gg >= 2),
-                 push_prev=(n + W < S), push_next=(t == KT - 1))
-        if t == KT - 1:
-            ncols = min(c, N - j * c)
-            p.store(acc_row=out_row(s), ext_addr=c_addr + out_elem * (s["m0"] * N + j * c),
-                    rows=s["mrows"], row_bytes=out_elem * ncols, ext_stride=out_elem * N,
-                    to_bf16=out_bf16, relu=relu, pop_prev=True,
-                    push_prev=(j == s["js"][-1] and gg + 2 < len(groups)))
-        if n + W < S:
-            batch(n + W)
-    p.halt()
-    return p
+        last_t = t == plan.KT - 1
+        prog.matmul(act_row=self.a_row(grp, t), m_rows=grp.mrows, out_row=self.out_row(grp, jj),
+                    seed=seed, seed_row=seed_row, new_weights=True,
+                    pop_next=(t == 0 and jj == 0 and grp.index >= 2),
+                    push_prev=(n + self.W < self.steps), push_next=last_t)
+        if last_t:
+            esize = op.c.elem
+            last_of_group = jj == grp.size - 1
+            barrier = not self.last and grp.index == len(self.groups) - 1 and last_of_group
+            prog.store(acc_row=self.out_row(grp, jj),
+                       ext_addr=op.c.addr + grp.m0 * op.c.stride + esize * j * c,
+                       rows=grp.mrows, row_bytes=esize * min(c, op.N - j * c),
+                       ext_stride=op.c.stride, to_bf16=op.c.dtype == "bf16", relu=op.relu,
+                       pop_prev=True,
+                       push_prev=(last_of_group and grp.index + 2 < len(self.groups)) or barrier)
+        if n + self.W < self.steps:
+            self.batch(prog, n + self.W)
+
+    # ---- emission with loops ---------------------------------------------------------
+    def steps_program(self, lo, hi):
+        prog = Program()
+        for n in range(lo, hi):
+            self.step(prog, n)
+        return prog
+
+    def group_program(self, grp, loops):
+        """The instructions of a group's steps; its regular middle K tiles as a
+        LOOP when `loops`."""
+        W, KT, G = self.W, self.placed[grp.op].plan.KT, grp.size
+        period = G * W // math.gcd(G, W)
+        n_a = grp.start + G
+        while n_a < W:
+            n_a += G
+        # A regular step has 1 <= t <= KT-2, loads for a step of the same group
+        # with t <= KT-2 too, and pushes and pops like its neighbours.
+        last = min(grp.start + G * (KT - 1) - 1 - W, self.steps - W - 1)
+        count = (last - n_a + 1) // period if loops else 0
+        while count >= 2:
+            first = self.steps_program(n_a, n_a + period)
+            body_ok = len(first) <= self.config.loop_body_instrs
+            second = self.steps_program(n_a + period, n_a + 2 * period)
+            final = self.steps_program(n_a + (count - 1) * period, n_a + count * period)
+            deltas = [(b - a) & _MASK for a, b in zip(first.words, second.words)]
+            if body_ok and _is_progression(first, final, deltas, count - 1):
+                prog = self.steps_program(grp.start, n_a)
+                prog.loop(count, first, deltas)
+                prog.extend(self.steps_program(n_a + count * period, grp.end))
+                return prog
+            count -= 1
+        return self.steps_program(grp.start, grp.end)
+
+    def emit(self, prog, loops):
+        for n in range(self.W):
+            self.batch(prog, n)
+        units = [self.group_program(grp, loops) for grp in self.groups]
+        _emit_runs(prog, units, loops, self.config.loop_body_instrs)
+        if not self.last:
+            prog.sync("compute", pop_next=True, push_prev=True)
+            prog.sync("load", pop_next=True)
+
+
+def _is_progression(first, final, deltas, k):
+    return len(first) == len(final) and all(
+        (a + k * d) & _MASK == b for a, b, d in zip(first.words, final.words, deltas))
+
+
+def _emit_runs(prog, units, loops, body_limit):
+    """Append `units` (one Program per group); pairs of groups that repeat with a
+    constant stride (pairs: output buffers alternate between groups) become one
+    LOOP."""
+    i = 0
+    while i < len(units):
+        if loops and i + 3 < len(units):
+            first = units[i].concat(units[i + 1])
+            if len(first) <= body_limit:
+                deltas = None
+                count = 1
+                while i + 2 * count + 1 < len(units):
+                    nxt = units[i + 2 * count].concat(units[i + 2 * count + 1])
+                    prev = units[i + 2 * count - 2].concat(units[i + 2 * count - 1])
+                    if len(nxt) != len(first):
+                        break
+                    step = [(b - a) & _MASK for a, b in zip(prev.words, nxt.words)]
+                    if deltas is None:
+                        deltas = step
+                    elif step != deltas:
+                        break
+                    count += 1
+                if count >= 2:
+                    prog.loop(count, first, deltas)
+                    i += 2 * count
+                    continue
+        prog.extend(units[i])
+        i += 1
+
+
+def compile_matmuls(config, ops, *, loops=True):
+    """One `Program` for `ops` (a sequence of `MatmulOp`), in order; with `loops`
+    False every step is spelled out (the reference the loops are tested against)."""
+    ops = list(ops)
+    if not ops:
+        raise ValueError("compile_matmuls needs at least one op")
+    segments = plan_segments(config, ops)
+    prog = Program()
+    steps = 0
+    for k, placed in enumerate(segments):
+        seg = _Segment(config, [p for _, p in placed], last=k == len(segments) - 1)
+        seg.emit(prog, loops)
+        steps += seg.steps
+    prog.halt()
+    return CompiledProgram(prog, tuple(tuple((i, p.plan) for i, p in placed) for placed in segments),
+                           steps)

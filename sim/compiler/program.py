@@ -83,6 +83,38 @@ class Program:
     def halt(self):
         return self._emit(Opcode.HALT, {})
 
+    def loop(self, count, body, deltas):
+        """LOOP: issue ``body.words[j] + i * deltas[j]`` for i = 0..count-1 (the
+        loop expander, docs/isa.md). `body` is a `Program`; `deltas` one integer
+        per body instruction (negative steps are fine: sums are modulo 2^128)."""
+        if len(deltas) != len(body):
+            raise ValueError(f"a loop body of {len(body)} instructions needs as many deltas, "
+                             f"not {len(deltas)}")
+        mask = (1 << isa.INSTR_BITS) - 1
+        self._emit(Opcode.LOOP, {}, count=count, body=len(body))
+        for word, text, delta in zip(body.words, body.text, deltas):
+            self.words += [word, delta & mask]
+            self.text += [f"  {text}", "  (delta)"]
+        return self
+
+    def loop_between(self, count, first, second):
+        """LOOP over `count` iterations whose first two are the `Program`s
+        `first` and `second` (the same instructions, fields moved by a constant
+        step): the deltas are their differences."""
+        if len(first) != len(second):
+            raise ValueError("both iterations of a loop must have the same instructions")
+        return self.loop(count, first, [b - a for a, b in zip(first.words, second.words)])
+
+    def extend(self, other):
+        """Append the instructions of `other`."""
+        self.words += other.words
+        self.text += other.text
+        return self
+
+    def concat(self, other):
+        """A new program: these instructions, then those of `other`."""
+        return Program().extend(self).extend(other)
+
     def raw(self, word, note="raw"):
         """Append an arbitrary 128-bit word (for testing the decoder's error paths)."""
         self.words.append(int(word))

@@ -1,16 +1,67 @@
 """`Chip`: the simulated mxu as users see it (docs/runtime.md).
 
 It owns one driver-level `SimulatedChip` (registers, external memory, ``run``)
-and adds what a user of a matrix unit wants: ``matmul`` on NumPy arrays and
+and adds what a user of a matrix unit wants: tensors that live in the chip's
+external memory (its HBM), matmuls of any size on ndarrays or device tensors,
+recorded sequences of matmuls compiled into one program, a compile cache, and
 statistics. ``chip.run(program)`` passes straight through to the driver.
+
+>>> chip = Chip(ChipConfig(rows=8, cols=8))
+>>> W = chip.upload(weights, dtype=ml_dtypes.bfloat16)     # stays on the chip
+>>> y = chip.matmul(x, W, bias=b)                          # ndarray in, ndarray out
+>>> with chip.record():                                    # one program for many matmuls
+...     heads = [chip.matmul(q[:, 32*h:32*h+32], kt[h]) for h in range(12)]
+>>> chip.last_stats.utilization
 """
+
+import collections
+import time
 
 import numpy as np
 
-from ..driver.chip import SimulatedChip
-from .matmul import run_matmul
+from mxu.hdl.dtypes import as_bf16, bfloat16
 
-__all__ = ["Chip"]
+from ..compiler.matmul import compile_matmuls
+from ..driver.chip import RESET_NOTE, ChipError, SimulatedChip
+from .matmul import check_flag, prepare_matmul
+from .memory import Allocator
+from .stats import RunStats
+from .tensor import DTYPES, DeviceTensor
+
+__all__ = ["Chip", "Recording", "PROGRAM_CACHE_SIZE"]
+
+PROGRAM_CACHE_SIZE = 64
+
+
+class Recording:
+    """Matmuls recorded by ``with chip.record():``, compiled into one program and
+    run when the block ends; `run()` runs them again (from the compile cache)."""
+
+    def __init__(self, chip):
+        self.chip, self.calls, self.stats = chip, [], None
+
+    def __enter__(self):
+        if self.chip._recording is not None:
+            raise RuntimeError("recordings do not nest")
+        self.chip._recording = self
+        return self
+
+    def __exit__(self, kind, error, tb):
+        self.chip._recording = None
+        if kind is None and self.calls:
+            self.run()
+        return False
+
+    @property
+    def outputs(self):
+        return [call.out for call in self.calls]
+
+    def run(self):
+        """Run the recorded matmuls as one program; returns their `RunStats`."""
+        if not self.calls:
+            raise ValueError("nothing was recorded")
+        self.stats = self.chip._execute(self.calls)
+        return self.stats
 
 
 class Chip:
@@ -18,13 +69,21 @@ class Chip:
 
     Parameters are those of `mxu.sim.driver.SimulatedChip`: ``config`` (a
     `ChipConfig`, default 16x16), ``simulator``, ``mem_latency``, ``mem_pause``,
-    ``seed``, ``waves``, ``fast_mac``.
+    ``seed``, ``waves`` (and its window options), ``fast_mac``.
     """
 
     def __init__(self, config=None, simulator="verilator", **options):
         self.device = SimulatedChip(config, simulator, **options)
         self.config = self.device.config
         self.last_stats = None
+        self._allocator = Allocator(self.config.ext_mem_bytes)
+        self._programs = collections.OrderedDict()
+        self._recording = None
+
+    def __repr__(self):
+        c = self.config
+        return (f"Chip({c.rows}x{c.cols}, {'fast MAC' if self.device.fast_mac else 'RTL'}, "
+                f"{self._allocator.free_bytes:,} of {c.ext_mem_bytes:,} bytes free)")
 
     # ---- the driver, passed through ---------------------------------------------
     @property
@@ -32,11 +91,15 @@ class Chip:
         return self.device.memory
 
     def run(self, program, memory_image=None, **options):
-        """Run a `Program` (or program bytes); see `SimulatedChip.run`."""
+        """Run a `Program` (or program bytes); see `SimulatedChip.run`. Raw
+        programs address external memory directly, device tensors included."""
         return self.device.run(program, memory_image, **options)
 
     def soft_reset(self):
         self.device.soft_reset()
+
+    def reset(self):
+        self.device.reset()
 
     def inject_error(self, lo, hi, resp="slverr"):
         self.device.inject_error(lo, hi, resp)
@@ -62,7 +125,114 @@ class Chip:
     def counters(self):
         return self.device.counters()
 
-    # ---- the runtime ----------------------------------------------------------------
-    def matmul(self, A, B, bias=None, out_dtype=np.float32, relu=False):
-        """``relu?(A @ B + bias)`` on the chip (docs/runtime.md)."""
-        return run_matmul(self, A, B, bias=bias, out_dtype=out_dtype, relu=relu)
+    # ---- tensors ------------------------------------------------------------------------
+    @property
+    def free_bytes(self):
+        """External memory not held by tensors."""
+        return self._allocator.free_bytes
+
+    def empty(self, shape, dtype=np.float32):
+        """An uninitialised device tensor of `shape` (1-D or 2-D) and `dtype`
+        (``np.float32`` or ``ml_dtypes.bfloat16``)."""
+        dtype = np.dtype(dtype)
+        if dtype not in DTYPES:
+            raise TypeError(f"device tensors are bfloat16 or float32, not {dtype}")
+        shape = tuple(int(n) for n in np.atleast_1d(shape))
+        if len(shape) not in (1, 2) or min(shape) < 1:
+            raise ValueError(f"device tensors are 1-D or 2-D with sizes >= 1, not {shape}")
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        block = self._allocator.alloc(nbytes, f"a {shape} {dtype.name} tensor")
+        return DeviceTensor(self, block, block.addr, shape, dtype, shape[-1] * dtype.itemsize)
+
+    def upload(self, array, dtype=None):
+        """Copy a 1-D or 2-D float array into external memory: a `DeviceTensor`.
+        `dtype`: ``ml_dtypes.bfloat16`` (rounded to nearest even) or
+        ``np.float32``; None keeps bfloat16 arrays bfloat16 and makes every
+        other float array float32."""
+        if isinstance(array, DeviceTensor):
+            raise TypeError("upload takes a numpy array; this is already a DeviceTensor")
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"upload takes a numpy array, not {type(array).__name__}")
+        if array.dtype != bfloat16 and not np.issubdtype(array.dtype, np.floating):
+            raise TypeError(f"upload takes a float array, not {array.dtype}")
+        dtype = np.dtype(bfloat16 if array.dtype == bfloat16 else np.float32) if dtype is None \
+            else np.dtype(dtype)
+        if dtype not in DTYPES:
+            raise TypeError(f"device tensors are bfloat16 or float32, not {dtype}")
+        data = as_bf16(array) if dtype == np.dtype(bfloat16) else array.astype(np.float32)
+        tensor = self.empty(data.shape, dtype)
+        self.device.write_memory(tensor.addr, np.ascontiguousarray(data), "array")
+        return tensor
+
+    # ---- matmuls --------------------------------------------------------------------------
+    def record(self):
+        """``with chip.record() as rec:`` -- the matmuls inside become one program,
+        run when the block ends. Inside, `matmul` returns device tensors (not
+        yet computed); ``rec.stats`` and ``chip.last_stats`` describe the run."""
+        return Recording(self)
+
+    def matmul(self, A, B, bias=None, out_dtype=np.float32, relu=False, out=None, keep=False):
+        """``relu?(A @ B + bias)`` on the chip, bit-exact to
+        ``golden.matmul(A, B, seed=bias, rows=config.rows)`` (docs/numerics.md).
+
+        A (M x K) and B (K x N): ndarrays (rounded to bf16) or bf16 device
+        tensors, views included. bias: None, (N,) or (M, N) fp32 (ndarray or
+        device tensor). out_dtype: ``np.float32`` or ``ml_dtypes.bfloat16``.
+        Returns an ndarray; a device tensor with ``keep=True``, or `out` (a
+        device tensor to write) when given, so results feed the next matmul
+        without a round trip. Any size that fits external memory runs: M and N
+        are tiled, and K is split into chunks when one block cannot hold it.
+        """
+        keep = check_flag(keep, "keep")
+        start = time.perf_counter()
+        call = prepare_matmul(self, A, B, bias, out_dtype, relu, out)
+        if self._recording is not None:
+            self._recording.calls.append(call)
+            return call.out
+        stats = self._execute([call], host_start=start)
+        self.last_stats = stats
+        if keep or out is not None:
+            return call.out
+        result = call.out.numpy()
+        call.out.free()
+        return result
+
+    def _compile(self, ops):
+        key = tuple(ops)
+        if key in self._programs:
+            self._programs.move_to_end(key)
+            return self._programs[key], True
+        compiled = compile_matmuls(self.config, ops)
+        self._programs[key] = compiled
+        if len(self._programs) > PROGRAM_CACHE_SIZE:
+            self._programs.popitem(last=False)
+        return compiled, False
+
+    def _execute(self, calls, host_start=None):
+        """Compile (or fetch from the cache) and run the ops of `calls` as one
+        program; returns and records its `RunStats`."""
+        start = time.perf_counter() if host_start is None else host_start
+        ops = [op for call in calls for op in call.ops]
+        compiled, hit = self._compile(ops)
+        code = compiled.program.to_bytes()
+        block = self._allocator.alloc(len(code), "the program")
+        ideal = compiled.macs / (self.config.rows * self.config.cols)
+        operand_bytes = sum(op.a.rows * op.a.row_bytes + op.b.rows * op.b.row_bytes
+                            + op.c.rows * op.c.row_bytes for op in ops)
+        try:
+            result = self.device.run(code, base=block.addr, expected_cycles=int(1.2 * ideal) + 10_000,
+                                     max_cycles=int(10 * ideal + 20 * operand_bytes + 1_000_000))
+        finally:
+            block.free()
+        if not result.ok:
+            pc = result.error_pc
+            text = compiled.program.text[pc] if pc < len(compiled.program) else "(end of program)"
+            raise ChipError(f"the chip stopped with {result.error.name} at instruction {pc}: "
+                            f"{text.strip()}; {RESET_NOTE}", result)
+        stats = RunStats(rows=self.config.rows, cols=self.config.cols,
+                         macs=sum(call.macs for call in calls), program_bytes=len(code),
+                         cache_hits=int(hit))
+        stats.add_counters(result.counters, result.wall_s)
+        stats.host_seconds = time.perf_counter() - start - result.wall_s
+        self.last_stats = stats
+        return stats

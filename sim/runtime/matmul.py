@@ -1,60 +1,22 @@
-"""``Chip.matmul``: validate NumPy operands, place them in external memory, compile
-and run one program, read the result back (docs/runtime.md)."""
+"""``Chip.matmul``: operands checked and placed, K split where the chip cannot
+hold it, ops for the compiler (docs/runtime.md)."""
 
-import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from mxu.hdl.dtypes import bfloat16 as bf16
+from mxu.hdl.dtypes import bfloat16
 
-from ..compiler.matmul import compile_matmul, plan_matmul
-from ..driver.chip import RESET_NOTE, ChipError
-from .stats import RunStats
+from ..compiler.operands import MatmulOp
+from ..compiler.plan import max_k_tiles
+from .tensor import DeviceTensor
 
-__all__ = ["run_matmul"]
+__all__ = ["MatmulCall", "prepare_matmul", "check_flag"]
 
-
-def _ceil(a, b):
-    return -(-a // b)
+_FLOATS = (np.float16, np.float32, np.float64)
 
 
-_FLOAT_OK = (np.float32, np.float64, np.float16)
-
-
-def _operand(x, name):
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, not {type(x).__name__}")
-    if x.ndim != 2:
-        raise ValueError(f"{name} must be 2-D, not {x.ndim}-D with shape {x.shape}")
-    if 0 in x.shape:
-        raise ValueError(f"{name} has an empty dimension: shape {x.shape}")
-    if x.dtype == bf16:
-        return np.ascontiguousarray(x)
-    if x.dtype.type not in _FLOAT_OK:
-        raise TypeError(f"{name} must be bfloat16 or float32 (rounded to bf16), not {x.dtype}")
-    return np.ascontiguousarray(x.astype(np.float32).astype(bf16))
-
-
-def _bias(bias, M, N):
-    if bias is None:
-        return "none", None
-    if not isinstance(bias, np.ndarray):
-        raise TypeError(f"bias must be a numpy array or None, not {type(bias).__name__}")
-    if bias.dtype != bf16 and bias.dtype.type not in _FLOAT_OK:
-        raise TypeError(f"bias must be a float array, not {bias.dtype}")
-    values = np.ascontiguousarray(bias.astype(np.float32))
-    if values.shape == (N,):
-        return "row", values
-    if values.shape == (M, N):
-        return "matrix", values
-    raise ValueError(f"bias must have shape ({N},) or ({M}, {N}), not {bias.shape}")
-
-
-def _align(x, a=64):
-    return _ceil(x, a) * a
-
-
-def _flag(value, name):
+def check_flag(value, name):
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, not {value!r}")
     return bool(value)
@@ -65,54 +27,122 @@ def _out_dtype(out_dtype):
         dtype = np.dtype(out_dtype)
     except TypeError:
         dtype = None
-    if dtype not in (np.dtype(np.float32), np.dtype(bf16)):
+    if dtype not in (np.dtype(np.float32), np.dtype(bfloat16)):
         raise TypeError(f"out_dtype must be np.float32 or ml_dtypes.bfloat16, not {out_dtype!r}")
     return dtype
 
 
-def run_matmul(chip, A, B, *, bias=None, out_dtype=np.float32, relu=False):
-    """Validate, lay out, compile and run ``relu?(A @ B + bias)`` on `chip`."""
-    relu = _flag(relu, "relu")
-    out_bf16 = _out_dtype(out_dtype) == np.dtype(bf16)
-    A, B = _operand(A, "A"), _operand(B, "B")
-    (M, K), (K2, N) = A.shape, B.shape
+@dataclass
+class MatmulCall:
+    """One user matmul as the compiler will see it: its ops (several when K is
+    split), the output tensor, and the temporaries that must live until it runs."""
+    ops: list
+    out: DeviceTensor
+    macs: int
+    keep: list = field(default_factory=list)
+
+
+def _device_operand(chip, x, name, dtype):
+    """`x` as a 2-D device tensor of `dtype`: ndarrays are uploaded (a
+    temporary), device tensors are checked."""
+    if isinstance(x, DeviceTensor):
+        if x.chip is not chip:
+            raise ValueError(f"{name} is a device tensor of another chip")
+        x._alive()
+        if x.dtype != np.dtype(dtype):
+            hint = " (upload it with dtype=ml_dtypes.bfloat16)" if dtype == bfloat16 else ""
+            raise TypeError(f"{name} must be a {np.dtype(dtype).name} device tensor, not "
+                            f"{x.dtype.name}{hint}")
+        return _as_row(x)
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array or a DeviceTensor, not {type(x).__name__}")
+    if x.dtype != bfloat16 and x.dtype.type not in _FLOATS:
+        raise TypeError(f"{name} must be a float array (bfloat16, float16/32/64), not {x.dtype}")
+    if x.ndim not in (1, 2):
+        raise ValueError(f"{name} must be 1-D or 2-D, not {x.ndim}-D with shape {x.shape}")
+    if 0 in x.shape:
+        raise ValueError(f"{name} has an empty dimension: shape {x.shape}")
+    return _as_row(chip.upload(x, dtype=dtype))
+
+
+def _as_row(t):
+    """A 1-D tensor as its 2-D, one-row self."""
+    if t.ndim == 2:
+        return t
+    return DeviceTensor(t.chip, t._block, t.addr, (1, t.cols), t.dtype, t.stride)
+
+
+def prepare_matmul(chip, A, B, bias=None, out_dtype=np.float32, relu=False, out=None):
+    """Check everything and build the `MatmulCall` for ``relu?(A @ B + bias)``."""
+    relu = check_flag(relu, "relu")
+    dtype = _out_dtype(out_dtype)
+    for name, x in (("A", A), ("B", B)):
+        if isinstance(x, np.ndarray) and x.ndim != 2:
+            raise ValueError(f"{name} must be 2-D, not {x.ndim}-D with shape {x.shape}")
+        if isinstance(x, DeviceTensor) and x.ndim != 2:
+            raise ValueError(f"{name} must be 2-D, not shape {x.shape}")
+    a = _device_operand(chip, A, "A", bfloat16)
+    b = _device_operand(chip, B, "B", bfloat16)
+    (M, K), (K2, N) = a.shape, b.shape
     if K != K2:
-        raise ValueError(f"inner dimensions differ: A is {A.shape}, B is {B.shape}")
-    kind, bias_values = _bias(bias, M, N)
-    cfg = chip.config
-    start = time.perf_counter()
-    a_addr = 0
-    b_addr = _align(a_addr + A.nbytes)
-    bias_addr = _align(b_addr + B.nbytes)
-    c_addr = _align(bias_addr + (bias_values.nbytes if bias_values is not None else 0))
-    c_bytes = M * N * (2 if out_bf16 else 4)
-    if c_addr + c_bytes > cfg.ext_mem_bytes:
-        raise ValueError(f"operands and result need {c_addr + c_bytes} bytes of external memory; "
-                         f"the chip's has {cfg.ext_mem_bytes}")
-    plan = plan_matmul(cfg, M, K, N, kind)
-    program = compile_matmul(cfg, plan, a_addr=a_addr, b_addr=b_addr, c_addr=c_addr,
-                             bias=kind, bias_addr=bias_addr, out_bf16=out_bf16, relu=relu)
-    code = program.to_bytes()
-    base = _align(c_addr + c_bytes, 0x10000)
-    need = base + len(code)
-    if need > cfg.ext_mem_bytes:
-        raise ValueError(f"operands, result and program need {need} bytes of external memory; "
-                         f"the chip's has {cfg.ext_mem_bytes}")
-    image = {a_addr: A.view(np.uint8).ravel(), b_addr: B.view(np.uint8).ravel()}
-    if bias_values is not None:
-        image[bias_addr] = bias_values.view(np.uint8).ravel()
-    ideal = M * K * N / (cfg.rows * cfg.cols)
-    # Watchdog: ten times the ideal cycle count plus room for loads and stores.
-    result = chip.run(program, image, base=base, expected_cycles=int(1.2 * ideal) + 10_000,
-                      max_cycles=int(10 * ideal + 20 * (A.nbytes + B.nbytes + c_bytes) + 1_000_000))
-    if not result.ok:
-        pc = min(result.error_pc, len(program) - 1)
-        raise ChipError(f"the chip stopped with {result.error.name} at instruction "
-                        f"{result.error_pc}: {program.text[pc]}; {RESET_NOTE}", result)
-    raw = chip.read_memory(c_addr, c_bytes)
-    C = raw.view(bf16 if out_bf16 else np.float32).reshape(M, N).copy()
-    stats = RunStats(rows=cfg.rows, cols=cfg.cols, macs=M * K * N, program_bytes=len(code))
-    stats.add_counters(result.counters, result.wall_s)
-    stats.host_seconds = time.perf_counter() - start - result.wall_s
-    chip.last_stats = stats
-    return C
+        raise ValueError(f"inner dimensions differ: A is {a.shape}, B is {b.shape}")
+    temps = [t for t, x in ((a, A), (b, B)) if x is not t]
+    bias_t = None
+    if bias is not None:
+        shape = bias.shape
+        if shape not in ((N,), (1, N), (M, N)):
+            raise ValueError(f"bias must have shape ({N},) or ({M}, {N}), not {shape}")
+        bias_t = _device_operand(chip, bias, "bias", np.float32)
+        if bias_t is not bias:
+            temps.append(bias_t)
+    if out is not None:
+        if not isinstance(out, DeviceTensor):
+            raise TypeError(f"out must be a DeviceTensor, not {type(out).__name__}")
+        if out.chip is not chip:
+            raise ValueError("out is a device tensor of another chip")
+        out._alive()
+        if out.shape != (M, N):
+            raise ValueError(f"out must have shape ({M}, {N}), not {out.shape}")
+        if np.dtype(out_dtype) != np.dtype(np.float32) and out.dtype != dtype:
+            raise TypeError(f"out is {out.dtype.name} but out_dtype is {dtype.name}")
+        dtype = out.dtype
+        c = out
+    else:
+        c = chip.empty((M, N), dtype)
+    ops = _split_k(chip, a, b, bias_t, c, relu, temps)
+    return MatmulCall(ops, c, M * K * N, temps)
+
+
+def _split_k(chip, a, b, bias, c, relu, temps):
+    """One op, or one per K chunk when the chip cannot hold a block's whole K:
+    chunks of whole K tiles, each seeded with the previous one's fp32 partial
+    sums (the order stays the sequential one of docs/numerics.md)."""
+    config = chip.config
+    (M, K), N = a.shape, b.shape[1]
+    kind = "none" if bias is None else ("row" if bias.rows == 1 and M > 1 else "matrix")
+    op = MatmulOp(a.operand(), b.operand(), c.operand(), bias.operand() if bias else None, relu)
+    op.check(config)
+    tiles = -(-K // config.rows)
+    fit = min(max_k_tiles(config, M, N, kind), max_k_tiles(config, M, N, "matrix"))
+    if fit >= tiles:
+        return [op]
+    if fit == 0:
+        raise ValueError(f"a {M}x{K} @ {K}x{N} matmul does not fit the chip even with one "
+                         f"K tile at a time (VMEM {config.vmem_rows} rows, accumulator "
+                         f"{config.acc_rows} rows)")
+    # The partial sums: the output itself when it is fp32 without ReLU.
+    if c.dtype == np.dtype(np.float32) and not relu:
+        partial = c
+    else:
+        partial = chip.empty((M, N), np.float32)
+        temps.append(partial)
+    step = fit * config.rows
+    ops = []
+    for k0 in range(0, K, step):
+        k1 = min(K, k0 + step)
+        last = k1 == K
+        seed = bias if k0 == 0 else partial
+        ops.append(MatmulOp(a[:, k0:k1].operand(), b[k0:k1].operand(),
+                            (c if last else partial).operand(),
+                            seed.operand() if seed is not None else None, relu and last))
+    return ops

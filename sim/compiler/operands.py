@@ -1,0 +1,114 @@
+"""Operand descriptors: what the compiler knows of a matmul's operands -- where
+they are, not what they hold (docs/compiler.md).
+
+An `Operand` is a 2-D block of external memory: ``rows`` rows of ``cols``
+elements of ``dtype`` ("bf16" or "fp32"), row i at ``addr + i * stride``. A
+`MatmulOp` is ``C = relu?(A @ B + bias)`` on four of them.
+"""
+
+from dataclasses import dataclass
+
+__all__ = ["Operand", "MatmulOp", "ELEMENT_BYTES"]
+
+ELEMENT_BYTES = {"bf16": 2, "fp32": 4}
+_ADDR_LIMIT = 1 << 32      # DmaInstr.ext_addr and ext_stride are 32 bits
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A strided 2-D block of external memory."""
+    addr: int
+    rows: int
+    cols: int
+    stride: int          # bytes from one row to the next
+    dtype: str           # "bf16" or "fp32"
+
+    @property
+    def elem(self):
+        return ELEMENT_BYTES[self.dtype]
+
+    @property
+    def row_bytes(self):
+        return self.cols * self.elem
+
+    @property
+    def span(self):
+        """[first byte, last byte + 1) of the memory the block touches."""
+        return self.addr, self.addr + (self.rows - 1) * self.stride + self.row_bytes
+
+    def overlaps(self, other):
+        (a0, a1), (b0, b1) = self.span, other.span
+        return a0 < b1 and b0 < a1
+
+    def check(self, name, ext_mem_bytes):
+        """Raise ValueError naming `name` if the block cannot be moved by the DMA."""
+        if self.dtype not in ELEMENT_BYTES:
+            raise ValueError(f"{name}.dtype must be 'bf16' or 'fp32', not {self.dtype!r}")
+        if self.rows < 1 or self.cols < 1:
+            raise ValueError(f"{name} must have at least one row and column, not "
+                             f"{self.rows}x{self.cols}")
+        if self.addr % self.elem or self.stride % self.elem:
+            raise ValueError(f"{name}: address 0x{self.addr:x} and stride {self.stride} must be "
+                             f"multiples of the {self.elem}-byte element")
+        if self.rows > 1 and self.stride < self.row_bytes:
+            raise ValueError(f"{name}: rows of {self.row_bytes} bytes overlap at stride {self.stride}")
+        lo, hi = self.span
+        if lo < 0 or hi > min(ext_mem_bytes, _ADDR_LIMIT) or self.stride >= _ADDR_LIMIT:
+            raise ValueError(f"{name}: bytes [0x{lo:x}, 0x{hi:x}) lie outside the "
+                             f"{ext_mem_bytes}-byte external memory")
+
+
+@dataclass(frozen=True)
+class MatmulOp:
+    """``c = relu?(a @ b + bias)``: a (M x K) and b (K x N) bf16, c (M x N) fp32 or
+    bf16 (rounded to nearest even), bias fp32: None, one row (1 x N, "row") or
+    M x N ("matrix"). A matrix bias may be c itself (read, then overwritten:
+    how the runtime chains the chunks of a split K)."""
+    a: Operand
+    b: Operand
+    c: Operand
+    bias: Operand = None
+    relu: bool = False
+
+    @property
+    def M(self):
+        return self.a.rows
+
+    @property
+    def K(self):
+        return self.a.cols
+
+    @property
+    def N(self):
+        return self.b.cols
+
+    @property
+    def bias_kind(self):
+        if self.bias is None:
+            return "none"
+        return "row" if self.bias.rows == 1 and self.M > 1 else "matrix"
+
+    @property
+    def macs(self):
+        return self.M * self.K * self.N
+
+    def check(self, config):
+        """Raise ValueError if the operands do not describe a matmul the chip runs."""
+        for name in ("a", "b", "c") + (("bias",) if self.bias is not None else ()):
+            getattr(self, name).check(name, config.ext_mem_bytes)
+        if self.a.dtype != "bf16" or self.b.dtype != "bf16":
+            raise ValueError(f"a and b must be bf16, not {self.a.dtype} and {self.b.dtype}")
+        if self.b.rows != self.K:
+            raise ValueError(f"inner dimensions differ: a is {self.M}x{self.K}, "
+                             f"b is {self.b.rows}x{self.N}")
+        if (self.c.rows, self.c.cols) != (self.M, self.N):
+            raise ValueError(f"c must be {self.M}x{self.N}, not {self.c.rows}x{self.c.cols}")
+        if self.bias is not None:
+            if self.bias.dtype != "fp32":
+                raise ValueError(f"bias must be fp32, not {self.bias.dtype}")
+            if self.bias.cols != self.N or self.bias.rows not in (1, self.M):
+                raise ValueError(f"bias must be 1x{self.N} or {self.M}x{self.N}, "
+                                 f"not {self.bias.rows}x{self.bias.cols}")
+        for name in ("a", "b") + (("bias",) if self.bias not in (None, self.c) else ()):
+            if getattr(self, name).overlaps(self.c):
+                raise ValueError(f"the output c overlaps the input {name}")

@@ -1,0 +1,122 @@
+"""Tiling and on-chip placement of one matmul (docs/compiler.md).
+
+K is cut into ``rows``-deep tiles (t), N into ``cols``-wide tiles (j), M into
+blocks of ``Mb`` rows. N tiles are taken ``G`` at a time (a group), so that an
+activation tile, loaded once, serves G MATMULs. A ring of `RING_SLOTS` VMEM
+weight slots lets the loads run that many steps ahead of the array.
+"""
+
+from dataclasses import dataclass
+
+from mxu.hdl.isa import DmaInstr, MatmulInstr
+
+__all__ = ["RING_SLOTS", "MAX_GROUP", "OpPlan", "plan_op", "max_k_tiles", "ceil_div"]
+
+RING_SLOTS = 4
+MAX_GROUP = 16     # N tiles per group: keeps a group's loop body within the expander
+# Rows one MATMUL or one DMA descriptor moves: the narrower of the two fields.
+_MAX_ROWS = min((1 << MatmulInstr.as_shape()["m_rows"].width) - 1,
+                (1 << DmaInstr.as_shape()["rows"].width) - 1)
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class OpPlan:
+    """How one matmul is cut (sizes in rows). VMEM: `a_buffers` activation blocks
+    of ``Mb * KT`` rows. Accumulator: two groups of output rows, two groups of
+    bias blocks for a matrix bias, one bias row per N tile for a row bias."""
+    M: int
+    K: int
+    N: int
+    KT: int          # K tiles
+    NT: int          # N tiles
+    Mb: int          # rows per M block
+    G: int           # N tiles per group
+    a_buffers: int   # activation block buffers (1 when M is one block)
+    bias: str        # "none", "row" or "matrix"
+
+    @property
+    def blocks(self):
+        return ceil_div(self.M, self.Mb)
+
+    @property
+    def groups_per_block(self):
+        return ceil_div(self.NT, self.G)
+
+    @property
+    def steps(self):
+        return self.blocks * self.KT * self.NT
+
+    @property
+    def vmem_rows(self):
+        return self.a_buffers * self.Mb * self.KT
+
+    @property
+    def out_rows(self):
+        return 2 * self.G * self.Mb
+
+    @property
+    def acc_rows(self):
+        bias = {"none": 0, "row": self.NT, "matrix": 2 * self.G * self.Mb}[self.bias]
+        return self.out_rows + bias
+
+
+def _pow2_floor(n):
+    return 1 << (n.bit_length() - 1)
+
+
+def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RING_SLOTS):
+    """The largest M block (then the widest group) whose buffers fit in
+    `vmem_rows` VMEM rows (after the weight ring) and `acc_rows` accumulator
+    rows; None if even one activation row does not fit."""
+    r, c = config.rows, config.cols
+    vmem_rows = config.vmem_rows - ring * r if vmem_rows is None else vmem_rows
+    acc_rows = config.acc_rows if acc_rows is None else acc_rows
+    KT, NT = ceil_div(K, r), ceil_div(N, c)
+    bb = config.axi_data_bytes
+    w_beats = r * ceil_div(2 * c, bb)
+
+    def plan(Mb, G):
+        blocks = ceil_div(M, Mb)
+        p = OpPlan(M, K, N, KT, NT, Mb, G, 1 if blocks == 1 else 2, bias)
+        # A buffer is reused two blocks (or groups) later: the loads that refill
+        # it run `ring` steps ahead, so a block (or group) must last that long.
+        spaced = blocks <= 2 or KT * NT >= ring
+        spaced &= bias != "matrix" or KT * G >= ring or p.groups_per_block * blocks <= 2
+        fits = p.vmem_rows <= vmem_rows and p.acc_rows <= acc_rows
+        return p if fits and spaced else None
+
+    # Start from the largest block whose activations can fit at all.
+    Mb = min(M, _MAX_ROWS, max(1, vmem_rows // KT if M <= vmem_rows // KT else vmem_rows // (2 * KT)))
+    while Mb >= 1:
+        # Activation beats per tile against compute cycles per MATMUL: enough N
+        # tiles per group that the load engine keeps ahead of the array; a power
+        # of two so that group and ring line up in loops.
+        act_beats = Mb * ceil_div(2 * r, bb)
+        want = min(NT, MAX_GROUP, ceil_div(act_beats, max(1, Mb - w_beats)))
+        G = min(NT, MAX_GROUP, 1 << (want - 1).bit_length())
+        while G >= 1:
+            p = plan(Mb, G)
+            if p:
+                # Blocks of equal size: a short last block would stream below
+                # `rows` activation rows and leave bubbles.
+                even = ceil_div(M, p.blocks)
+                return plan(even, G) or p
+            G = _pow2_floor(G - 1) if G > 1 else 0
+        Mb = Mb // 2 if Mb > 1 else 0
+    return None
+
+
+def max_k_tiles(config, M, N, bias="none"):
+    """The most K tiles one matmul of M x (KT*rows) x N can hold (0 if none)."""
+    lo, hi = 0, max(1, config.vmem_rows)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if plan_op(config, M, mid * config.rows, N, bias):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

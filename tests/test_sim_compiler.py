@@ -1,0 +1,211 @@
+"""The matmul compiler, checked without a Verilator build (docs/compiler.md):
+every compiled program runs on the ISA functional model and must equal the
+golden model bit for bit; programs with loops must issue exactly the
+instructions of their fully spelled-out twins; programs stay small."""
+
+import numpy as np
+import pytest
+
+from chip_configs import SHAPES
+from mxu.hdl import ChipConfig
+from mxu.sim.compiler.matmul import compile_matmuls
+from mxu.sim.compiler.operands import MatmulOp, Operand
+from mxu.sim.compiler.plan import max_k_tiles, plan_op
+from mxu.verif import golden
+from mxu.verif.isa_model import IsaModel, expand_loops
+
+SEED = 20261124
+
+
+class Memory:
+    """A bump allocator over an `IsaModel`'s external memory, for test operands."""
+
+    def __init__(self, config):
+        self.model = IsaModel(config)
+        self.top = 0
+
+    def put(self, array, dtype):
+        data = np.ascontiguousarray(array.astype(golden.bf16 if dtype == "bf16" else np.float32))
+        addr = self.top
+        self.model.ext[addr:addr + data.nbytes] = data.view(np.uint8).ravel()
+        self.top += -(-data.nbytes // 64) * 64
+        return Operand(addr, data.shape[0], data.shape[1], data.shape[1] * data.itemsize, dtype)
+
+    def empty(self, rows, cols, dtype):
+        return self.put(np.zeros((rows, cols), np.float32), dtype)
+
+    def get(self, op):
+        dt = golden.bf16 if op.dtype == "bf16" else np.float32
+        rows = [self.model.ext[op.addr + i * op.stride: op.addr + i * op.stride + op.row_bytes]
+                for i in range(op.rows)]
+        return np.stack(rows).view(dt).reshape(op.rows, op.cols)
+
+    def run(self, ops, loops=True):
+        compiled = compile_matmuls(self.model.config, ops, loops=loops)
+        code = compiled.program.to_bytes()
+        base = -(-self.top // 0x10000) * 0x10000
+        self.model.ext[base:base + len(code)] = np.frombuffer(code, np.uint8)
+        result = self.model.run(code, base)
+        assert result.error.name == "NONE", (result, compiled.program.listing()[:4000])
+        return compiled
+
+
+def _issued(config, program):
+    b = program.to_bytes()
+    words = [int.from_bytes(b[i:i + 16], "little") for i in range(0, len(b), 16)]
+    out = []
+    for _, word in expand_loops(config, words):
+        if word is None:
+            return out
+        out.append(word)
+
+
+def _want(A, B, bias=None, relu=False, bf16_out=False, rows=1):
+    M, N = A.shape[0], B.shape[1]
+    seed = None if bias is None else np.broadcast_to(bias.astype(np.float32), (M, N))
+    C = golden.matmul(A, B, seed=seed, rows=rows)
+    if relu:
+        C = np.where(np.isnan(C) | (C > 0), C, np.float32(0)).astype(np.float32)
+    if bf16_out:
+        C = golden.fp32_to_bf16(golden.f32_bits(C)).view(golden.bf16)
+    return C
+
+
+def _check(config, M, K, N, bias=None, relu=False, bf16_out=False, seed=SEED):
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((M, K)).astype(golden.bf16)
+    B = rng.standard_normal((K, N)).astype(golden.bf16)
+    mem = Memory(config)
+    bias_values = None
+    if bias == "row":
+        bias_values = rng.standard_normal((1, N)).astype(np.float32)
+    elif bias == "matrix":
+        bias_values = rng.standard_normal((M, N)).astype(np.float32)
+    op = MatmulOp(mem.put(A, "bf16"), mem.put(B, "bf16"),
+                  mem.empty(M, N, "bf16" if bf16_out else "fp32"),
+                  None if bias_values is None else mem.put(bias_values, "fp32"), relu)
+    compiled = mem.run([op])
+    literal = compile_matmuls(config, [op], loops=False)
+    assert _issued(config, compiled.program) == _issued(config, literal.program)
+    got = mem.get(op.c)
+    want = _want(A, B, bias_values, relu, bf16_out, config.rows)
+    golden.assert_bits_equal(got.view(np.uint16 if bf16_out else np.uint32),
+                             want.view(np.uint16 if bf16_out else np.uint32),
+                             f"{M}x{K}x{N} bias={bias}", seed=seed)
+    return compiled
+
+
+@pytest.mark.parametrize("shape", ["1x1", "4x4", "3x5", "8x8"])
+@pytest.mark.parametrize("M, K, N", [(1, 1, 1), (9, 13, 11), (40, 70, 33), (64, 64, 64)])
+def test_matmuls_on_the_model(shape, M, K, N):
+    _check(SHAPES[shape], M, K, N)
+
+
+@pytest.mark.parametrize("bias, relu, bf16_out", [("row", False, False), ("matrix", True, False),
+                                                  ("row", True, True), (None, False, True)])
+def test_bias_relu_and_bf16_output(bias, relu, bf16_out):
+    _check(SHAPES["4x4"], 37, 50, 29, bias, relu, bf16_out)
+
+
+def test_the_default_chip_loops_its_tiles():
+    compiled = _check(ChipConfig(), 128, 384, 384)
+    literal = compile_matmuls(ChipConfig(), [_op(128, 384, 384)], loops=False)
+    assert len(compiled.program) < len(literal.program) / 3
+
+
+def _op(M, K, N, base=0):
+    a = Operand(base, M, K, 2 * K, "bf16")
+    b = Operand(base + 2 * M * K, K, N, 2 * N, "bf16")
+    c = Operand(base + 2 * M * K + 2 * K * N, M, N, 4 * N, "fp32")
+    return MatmulOp(a, b, c)
+
+
+def test_program_bytes_stay_under_one_percent_of_the_operands():
+    op = _op(1024, 1024, 1024)
+    compiled = compile_matmuls(ChipConfig(), [op])
+    operand_bytes = 2 * 1024 * 1024 * 2 + 4 * 1024 * 1024
+    assert len(compiled.program.to_bytes()) <= 0.01 * operand_bytes
+
+
+def test_the_plan_respects_field_widths():
+    config = ChipConfig(rows=1, cols=1, vmem_bytes=1 << 20)
+    plan = plan_op(config, 65536, 1, 1)
+    assert plan.Mb <= 65535
+
+
+def test_a_k_that_cannot_fit_is_refused_by_the_compiler_and_split_by_the_runtime():
+    config = SHAPES["4x4"]
+    K = 4 * (config.vmem_rows + 10)
+    with pytest.raises(ValueError, match="does not fit the chip"):
+        compile_matmuls(config, [_op(2, K, 3)])
+    assert 0 < max_k_tiles(config, 2, 3, "matrix") < K // 4
+
+
+def test_k_chunks_seeded_from_partial_sums_equal_the_whole():
+    """What the runtime does when K does not fit: chunks of whole K tiles, each
+    seeded (as a matrix bias) with the previous chunk's fp32 result."""
+    config, rng = SHAPES["3x5"], np.random.default_rng(SEED + 1)
+    M, K, N = 7, 40, 12
+    A = rng.standard_normal((M, K)).astype(golden.bf16)
+    B = rng.standard_normal((K, N)).astype(golden.bf16)
+    mem = Memory(config)
+    a, b, c = mem.put(A, "bf16"), mem.put(B, "bf16"), mem.empty(M, N, "fp32")
+    ops, seed = [], None
+    for k0 in range(0, K, 9):                    # 9 = 3 K tiles of the 3-row array
+        k1 = min(K, k0 + 9)
+        a_k = Operand(a.addr + 2 * k0, M, k1 - k0, a.stride, "bf16")
+        b_k = Operand(b.addr + k0 * b.stride, k1 - k0, N, b.stride, "bf16")
+        ops.append(MatmulOp(a_k, b_k, c, seed))
+        seed = c
+    compiled = mem.run(ops)
+    assert len(compiled.segments) == len(ops)            # each chunk waits for the last
+    golden.assert_bits_equal(mem.get(c), golden.matmul(A, B, rows=config.rows), "K chunks")
+
+
+def test_independent_matmuls_share_one_segment_and_dependent_ones_wait():
+    config, rng = SHAPES["4x4"], np.random.default_rng(SEED + 2)
+    mem = Memory(config)
+    heads = []
+    for _ in range(6):
+        Q = rng.standard_normal((16, 8)).astype(golden.bf16)
+        Kt = rng.standard_normal((8, 16)).astype(golden.bf16)
+        heads.append((Q, Kt, MatmulOp(mem.put(Q, "bf16"), mem.put(Kt, "bf16"),
+                                      mem.empty(16, 16, "bf16"))))
+    V = rng.standard_normal((16, 8)).astype(golden.bf16)
+    v = mem.put(V, "bf16")
+    follow = MatmulOp(heads[0][2].c, v, mem.empty(16, 8, "fp32"))      # reads head 0's output
+    compiled = mem.run([h[2] for h in heads] + [follow])
+    assert [len(s) for s in compiled.segments] == [6, 1]
+    for Q, Kt, op in heads:
+        want = _want(Q, Kt, bf16_out=True, rows=4)
+        golden.assert_bits_equal(mem.get(op.c).view(np.uint16), want.view(np.uint16), "head")
+    P = _want(heads[0][0], heads[0][1], bf16_out=True, rows=4)
+    golden.assert_bits_equal(mem.get(follow.c), golden.matmul(P, V, rows=4), "dependent")
+
+
+def test_strided_views_as_operands():
+    """Column and row slices of larger matrices, as device tensor views give."""
+    config, rng = SHAPES["4x4"], np.random.default_rng(SEED + 3)
+    big_a = rng.standard_normal((20, 30)).astype(golden.bf16)
+    big_b = rng.standard_normal((40, 24)).astype(golden.bf16)
+    mem = Memory(config)
+    a, b = mem.put(big_a, "bf16"), mem.put(big_b, "bf16")
+    a_view = Operand(a.addr + 3 * a.stride + 2 * 5, 12, 17, a.stride, "bf16")     # [3:15, 5:22]
+    b_view = Operand(b.addr + 10 * b.stride + 2 * 4, 17, 9, b.stride, "bf16")     # [10:27, 4:13]
+    op = MatmulOp(a_view, b_view, mem.empty(12, 9, "fp32"))
+    mem.run([op])
+    want = golden.matmul(big_a[3:15, 5:22], big_b[10:27, 4:13], rows=4)
+    golden.assert_bits_equal(mem.get(op.c), want, "views")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("a", Operand(1, 2, 2, 4, "bf16"), "multiples of the 2-byte element"),
+    ("c", Operand(0, 2, 3, 12, "fp32"), "overlaps the input a"),
+    ("b", Operand(0, 3, 3, 6, "bf16"), "inner dimensions differ"),
+    ("a", Operand(0, 2, 2, 8, "fp32"), "a and b must be bf16")])
+def test_bad_operands_are_refused(field, value, message):
+    ops = dict(a=Operand(0, 2, 2, 4, "bf16"), b=Operand(64, 2, 3, 6, "bf16"),
+               c=Operand(128, 2, 3, 12, "fp32"))
+    ops[field] = value
+    with pytest.raises(ValueError, match=message):
+        compile_matmuls(SHAPES["4x4"], [MatmulOp(**ops)])

@@ -10,6 +10,7 @@ imports the packages above it (docs/architecture.md).
 
 import argparse
 import sys
+import time
 from importlib.metadata import entry_points
 
 from .driver.chip import ChipError
@@ -67,8 +68,59 @@ def cmd_cache(args):
     return 0
 
 
+def embed_texts(texts, config, rtl=False, out=None):
+    """Embed `texts` with all-MiniLM-L6-v2 on a simulated chip; print the cosine
+    similarity matrix and the statistics. Returns the embeddings."""
+    import numpy as np
+    from .models import SentenceEncoder
+    from .report import format_table
+    from .runtime.chip import Chip
+    out = out or sys.stdout
+    start = time.perf_counter()
+    encoder = SentenceEncoder("all-MiniLM-L6-v2", chip=Chip(config, fast_mac=not rtl))
+    loaded = time.perf_counter() - start
+    emb = encoder.encode(list(texts))
+    s = encoder.last_stats
+    sims = emb @ emb.T
+    names = [f"[{i}]" for i in range(len(texts))]
+    for i, t in enumerate(texts):
+        print(f"[{i}] {t}", file=out)
+    print(format_table([""] + names, [[n] + [f"{v:.4f}" for v in row] for n, row in zip(names, sims)]),
+          file=out)
+    tokens = sum(len(t) for t in encoder.tokenize(texts))
+    rows = [
+        ["model", f"all-MiniLM-L6-v2 on a {config.rows}x{config.cols} chip, "
+                  f"{'RTL' if rtl else 'fast MAC'} PEs (model load {loaded:.1f} s)"],
+        ["tokens", f"{tokens:,}"],
+        ["model GMACs", f"{s.model_macs / 1e9:.3f} ({s.macs / 1e9:.3f} with padding)"],
+        ["chip cycles", f"{s.cycles:,} in {s.programs} programs ({s.cache_hits} from the cache)"],
+        ["utilization", f"{100 * s.utilization:.1f} % (MFU {100 * s.mfu:.1f} %)"],
+        ["simulated MAC/s", f"{s.macs / s.sim_seconds / 1e6:,.1f} M" if s.sim_seconds else "-"],
+        ["wall seconds", f"{s.wall_seconds:.2f} ({s.sim_seconds:.2f} simulation, "
+                         f"{s.host_seconds:.2f} host)"],
+    ]
+    print(format_table(["", "mxu embed"], rows), file=out)
+    return emb
+
+
+def cmd_embed(args):
+    from mxu.hdl import ChipConfig
+    embed_texts(args.texts, ChipConfig(rows=args.rows, cols=args.cols), rtl=args.rtl)
+    return 0
+
+
 def register(sub):
     """Add the runtime's own commands to the subcommand parser `sub`."""
+    from mxu.hdl import ChipConfig
+    embed = sub.add_parser("embed", help="embed texts with all-MiniLM-L6-v2 on the simulated chip")
+    embed.add_argument("texts", nargs="+", help="the texts to embed")
+    embed.add_argument("--rows", type=positive_int, default=ChipConfig().rows,
+                       help="systolic array rows")
+    embed.add_argument("--cols", type=positive_int, default=ChipConfig().cols,
+                       help="systolic array columns")
+    embed.add_argument("--rtl", action="store_true",
+                       help="all-RTL PEs instead of the fast MAC model (same results, slower)")
+    embed.set_defaults(func=cmd_embed)
     cache = sub.add_parser("cache", help="show or clear the simulator build cache")
     group = cache.add_mutually_exclusive_group()
     group.add_argument("--info", action="store_true",

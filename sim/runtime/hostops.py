@@ -1,0 +1,112 @@
+"""The operations a transformer layer runs on the host, one function each, each a
+fixed sequence of NumPy float32 operations (docs/transformer.md).
+
+The chip runs every matmul; these run in between. The golden transformer
+(`mxu.verif.transformer`) calls the same functions, so a whole forward on the
+chip is bit-exact against it. Reductions use `tree_sum`, a fixed pairwise tree
+over the last axis, so that the result does not depend on how NumPy happens to
+sum; `np.exp` and `np.sqrt` are NumPy's float32 functions.
+"""
+
+import numpy as np
+
+__all__ = ["tree_sum", "softmax", "layer_norm", "gelu", "erf", "scale", "add", "embed",
+           "mean_pool", "l2_normalize"]
+
+F32 = np.float32
+
+
+def tree_sum(x):
+    """Sum over the last axis in a fixed order: pad with +0 to a power of two,
+    then add the upper half onto the lower half until one element is left.
+    Returns float32 with the last axis kept (size 1)."""
+    x = np.asarray(x, F32)
+    n = x.shape[-1]
+    width = 1 << max(0, (n - 1).bit_length())
+    if width != n:
+        pad = np.zeros(x.shape[:-1] + (width - n,), F32)
+        x = np.concatenate([x, pad], axis=-1)
+    while width > 1:
+        width //= 2
+        x = x[..., :width] + x[..., width:]
+    return x
+
+
+def softmax(scores, mask):
+    """Softmax over the last axis of float32 `scores`, where `mask` (bool,
+    broadcastable) is True for the positions that may be attended to:
+    ``m = max(x)``, ``e = exp(x - m)`` (masked positions 0), ``e / tree_sum(e)``.
+    A row with no position allowed is all zeros."""
+    x = np.asarray(scores, F32)
+    mask = np.broadcast_to(mask, x.shape)
+    m = np.max(np.where(mask, x, F32(-np.inf)), axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, F32(0))
+    with np.errstate(over="ignore", under="ignore"):
+        e = np.where(mask, np.exp(x - m), F32(0)).astype(F32)
+    s = tree_sum(e)
+    return np.where(s > 0, e / np.where(s > 0, s, F32(1)), F32(0)).astype(F32)
+
+
+def layer_norm(x, gamma, beta, eps):
+    """LayerNorm over the last axis: ``d = x - tree_sum(x)/n``,
+    ``var = tree_sum(d*d)/n``, ``((d * (1/sqrt(var + eps))) * gamma) + beta``."""
+    x = np.asarray(x, F32)
+    n = F32(x.shape[-1])
+    d = x - tree_sum(x) / n
+    var = tree_sum(d * d) / n
+    inv = F32(1) / np.sqrt(var + F32(eps))
+    return ((d * inv) * np.asarray(gamma, F32) + np.asarray(beta, F32)).astype(F32)
+
+
+# Abramowitz & Stegun 7.1.26: |error| <= 1.5e-7 on the whole real line.
+_ERF_P = 0.3275911
+_ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def erf(x):
+    """The error function, Abramowitz & Stegun 7.1.26 evaluated in float64 and
+    rounded to float32 (absolute error <= 1.5e-7)."""
+    x64 = np.asarray(x, np.float64)
+    t = 1.0 / (1.0 + _ERF_P * np.abs(x64))
+    poly = t * (_ERF_A[0] + t * (_ERF_A[1] + t * (_ERF_A[2] + t * (_ERF_A[3] + t * _ERF_A[4]))))
+    return (np.sign(x64) * (1.0 - poly * np.exp(-x64 * x64))).astype(F32)
+
+
+def gelu(x):
+    """GELU, erf form as BERT defines it: ``(0.5 * x) * (1 + erf(x * (1/sqrt 2)))``."""
+    x = np.asarray(x, F32)
+    return ((F32(0.5) * x) * (F32(1) + erf(x * F32(1 / np.sqrt(2))))).astype(F32)
+
+
+def scale(x, factor):
+    """``x * float32(factor)``."""
+    return (np.asarray(x, F32) * F32(factor)).astype(F32)
+
+
+def add(x, y):
+    """The residual add, ``x + y`` in float32."""
+    return (np.asarray(x, F32) + np.asarray(y, F32)).astype(F32)
+
+
+def embed(ids, word, position, token_type):
+    """BERT's input embeddings of token ids (batch, seq): ``(word[id] +
+    position[i]) + token_type[0]`` in float32 (before the embedding LayerNorm)."""
+    ids = np.asarray(ids)
+    pos = np.arange(ids.shape[-1])
+    return ((word[ids] + position[pos]) + token_type[0]).astype(F32)
+
+
+def mean_pool(x, mask):
+    """Mean of the token vectors x (batch, seq, hidden) over the real tokens
+    (mask (batch, seq) True): ``tree_sum`` over tokens divided by their count."""
+    x = np.where(np.asarray(mask)[..., None], np.asarray(x, F32), F32(0))
+    total = tree_sum(np.swapaxes(x, -1, -2))[..., 0]
+    count = np.maximum(np.asarray(mask).sum(axis=-1, keepdims=True), 1).astype(F32)
+    return (total / count).astype(F32)
+
+
+def l2_normalize(x, eps=1e-12):
+    """``x / max(sqrt(tree_sum(x*x)), eps)`` over the last axis."""
+    x = np.asarray(x, F32)
+    norm = np.sqrt(tree_sum(x * x))
+    return (x / np.maximum(norm, F32(eps))).astype(F32)

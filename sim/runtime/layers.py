@@ -1,0 +1,236 @@
+"""Transformer layers on the chip (docs/transformer.md).
+
+Every matmul runs on the chip -- the projections, the per-head scores and P.V
+alike -- on weights uploaded once and kept resident. Softmax, LayerNorm, GELU,
+the scaling and the residual adds run on the host (`hostops`). Activations are
+rounded to bf16 where a matmul reads them, as on a TPU; what the chip writes
+for the host is fp32.
+
+Shapes are static: a batch of B sequences padded to L tokens is one (B*L, H)
+activation with a (B, L) mask, so each distinct (B, L) compiles its programs
+once and replays them from the compile cache.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mxu.hdl.dtypes import bfloat16
+
+from . import hostops
+from .stats import RunStats
+
+__all__ = ["EncoderConfig", "LayerWeights", "EncoderWeights", "Linear", "MultiHeadAttention",
+           "FeedForward", "EncoderLayer", "Encoder", "model_macs"]
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Sizes of a BERT-style encoder."""
+    hidden: int
+    heads: int
+    ffn: int
+    layers: int
+    eps: float = 1e-12
+    vocab: int = 30522
+    max_positions: int = 512
+
+    @property
+    def head_dim(self):
+        return self.hidden // self.heads
+
+    def __post_init__(self):
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+
+
+@dataclass
+class LayerWeights:
+    """One encoder layer, float32, matmul weights as (in, out)."""
+    wq: np.ndarray
+    bq: np.ndarray
+    wk: np.ndarray
+    bk: np.ndarray
+    wv: np.ndarray
+    bv: np.ndarray
+    wo: np.ndarray
+    bo: np.ndarray
+    ln1_gamma: np.ndarray
+    ln1_beta: np.ndarray
+    w1: np.ndarray
+    b1: np.ndarray
+    w2: np.ndarray
+    b2: np.ndarray
+    ln2_gamma: np.ndarray
+    ln2_beta: np.ndarray
+
+    @classmethod
+    def random(cls, config, rng):
+        """Random weights of the given sizes (for tests)."""
+        H, F = config.hidden, config.ffn
+        w = lambda i, o: (rng.standard_normal((i, o)) / math.sqrt(i)).astype(np.float32)
+        b = lambda n: (0.1 * rng.standard_normal(n)).astype(np.float32)
+        g = lambda n: (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+        return cls(w(H, H), b(H), w(H, H), b(H), w(H, H), b(H), w(H, H), b(H), g(H), b(H),
+                   w(H, F), b(F), w(F, H), b(H), g(H), b(H))
+
+
+@dataclass
+class EncoderWeights:
+    """A BERT-style encoder: embeddings and layers, float32."""
+    config: EncoderConfig
+    word: np.ndarray
+    position: np.ndarray
+    token_type: np.ndarray
+    emb_gamma: np.ndarray
+    emb_beta: np.ndarray
+    layers: list = field(default_factory=list)
+
+    @classmethod
+    def random(cls, config, seed=0):
+        rng = np.random.default_rng(seed)
+        H = config.hidden
+        e = lambda n: (0.5 * rng.standard_normal((n, H))).astype(np.float32)
+        return cls(config, e(config.vocab), e(config.max_positions), e(2),
+                   (1 + 0.1 * rng.standard_normal(H)).astype(np.float32),
+                   (0.1 * rng.standard_normal(H)).astype(np.float32),
+                   [LayerWeights.random(config, rng) for _ in range(config.layers)])
+
+
+def model_macs(config, lengths):
+    """The model's own multiply-adds for sequences of the given real lengths
+    (padding excluded): the projections, scores, P.V and the feed-forward."""
+    H, F, layers = config.hidden, config.ffn, config.layers
+    per_token = 3 * H * H + H * H + 2 * H * F
+    return layers * sum(n * per_token + 2 * n * n * H for n in lengths)
+
+
+class Linear:
+    """``x @ W + b`` on the chip; W (in, out) bf16 and b fp32 stay resident."""
+
+    def __init__(self, chip, weight, bias):
+        self.chip = chip
+        self.weight = chip.upload(np.asarray(weight, np.float32), dtype=bfloat16)
+        self.bias = chip.upload(np.asarray(bias, np.float32))
+
+    def __call__(self, x, out_dtype=np.float32, out=None):
+        """`x`: a bf16 device tensor (B*L, in); returns a device tensor."""
+        return self.chip.matmul(x, self.weight, bias=self.bias, out_dtype=out_dtype, out=out,
+                                keep=True)
+
+
+class _Steps:
+    """Collects the `RunStats` of each program of a forward and reports progress."""
+
+    def __init__(self, chip, progress):
+        self.chip, self.progress, self.stats = chip, progress, None
+
+    def add(self, stats=None):
+        stats = stats or self.chip.last_stats
+        if self.stats is None:
+            self.stats = RunStats(rows=stats.rows, cols=stats.cols)
+        self.stats += stats
+        if self.progress is not None:
+            self.progress()
+
+
+class MultiHeadAttention:
+    """Self-attention with a padding mask. Q, K and V come from one fused
+    projection (bf16 out); the scores of every (sequence, head) are one program;
+    P.V of every (sequence, head) and the output projection are another. K^T is
+    made on the host (docs/transformer.md)."""
+
+    def __init__(self, chip, config, w):
+        self.chip, self.config = chip, config
+        self.qkv = Linear(chip, np.concatenate([w.wq, w.wk, w.wv], axis=1),
+                          np.concatenate([w.bq, w.bk, w.bv]))
+        self.out = Linear(chip, w.wo, w.bo)
+
+    def __call__(self, x, mask, steps):
+        chip, cfg = self.chip, self.config
+        B, L = mask.shape
+        H, heads, d = cfg.hidden, cfg.heads, cfg.head_dim
+        qkv = self.qkv(chip.upload(x, dtype=bfloat16), out_dtype=bfloat16)
+        steps.add()
+        # K^T of the whole batch, from the host: head h of sequence b is the
+        # block [h*d:(h+1)*d, b*L:(b+1)*L].
+        kt = chip.upload(np.ascontiguousarray(qkv[:, H:2 * H].numpy().T))
+        scores = chip.empty((B * heads * L, L), np.float32)
+        with chip.record() as rec:
+            for b in range(B):
+                for h in range(heads):
+                    chip.matmul(qkv[b * L:(b + 1) * L, h * d:(h + 1) * d],
+                                kt[h * d:(h + 1) * d, b * L:(b + 1) * L],
+                                out=scores[(b * heads + h) * L:(b * heads + h + 1) * L])
+        steps.add(rec.stats)
+        s = hostops.scale(scores.numpy().reshape(B, heads, L, L), 1 / math.sqrt(d))
+        p = hostops.softmax(s, mask[:, None, None, :])
+        probs = chip.upload(p.reshape(B * heads * L, L), dtype=bfloat16)
+        context = chip.empty((B * L, H), bfloat16)
+        with chip.record() as rec:
+            for b in range(B):
+                for h in range(heads):
+                    chip.matmul(probs[(b * heads + h) * L:(b * heads + h + 1) * L],
+                                qkv[b * L:(b + 1) * L, 2 * H + h * d:2 * H + (h + 1) * d],
+                                out_dtype=bfloat16,
+                                out=context[b * L:(b + 1) * L, h * d:(h + 1) * d])
+            attended = self.out(context)
+        steps.add(rec.stats)
+        return attended.numpy()
+
+
+class FeedForward:
+    """``gelu(x @ W1 + b1) @ W2 + b2``: both matmuls on the chip, GELU on the host."""
+
+    def __init__(self, chip, w):
+        self.chip = chip
+        self.up = Linear(chip, w.w1, w.b1)
+        self.down = Linear(chip, w.w2, w.b2)
+
+    def __call__(self, x, steps):
+        hidden = self.up(self.chip.upload(x, dtype=bfloat16))
+        steps.add()
+        activated = hostops.gelu(hidden.numpy())
+        out = self.down(self.chip.upload(activated, dtype=bfloat16))
+        steps.add()
+        return out.numpy()
+
+
+class EncoderLayer:
+    """Post-LayerNorm BERT layer: ``x1 = LN(x + attention(x))``,
+    ``x2 = LN(x1 + ffn(x1))``."""
+
+    PROGRAMS = 5     # QKV, scores, P.V with the output projection, FFN up, FFN down
+
+    def __init__(self, chip, config, w):
+        self.config, self.w = config, w
+        self.attention = MultiHeadAttention(chip, config, w)
+        self.ffn = FeedForward(chip, w)
+
+    def __call__(self, x, mask, steps):
+        eps, w = self.config.eps, self.w
+        x1 = hostops.layer_norm(hostops.add(x, self.attention(x, mask, steps)),
+                                w.ln1_gamma, w.ln1_beta, eps)
+        return hostops.layer_norm(hostops.add(x1, self.ffn(x1, steps)),
+                                  w.ln2_gamma, w.ln2_beta, eps)
+
+
+class Encoder:
+    """A BERT-style encoder on `chip`: weights uploaded once, at construction."""
+
+    def __init__(self, chip, weights):
+        self.chip, self.weights, self.config = chip, weights, weights.config
+        self.layers = [EncoderLayer(chip, self.config, w) for w in weights.layers]
+
+    def __call__(self, ids, mask, progress=None):
+        """Token vectors (B, L, hidden) float32 of padded token ids (B, L) and
+        their mask, and the `RunStats` of every program run."""
+        w, cfg = self.weights, self.config
+        B, L = ids.shape
+        x = hostops.layer_norm(hostops.embed(ids, w.word, w.position, w.token_type),
+                               w.emb_gamma, w.emb_beta, cfg.eps).reshape(B * L, cfg.hidden)
+        steps = _Steps(self.chip, progress)
+        for layer in self.layers:
+            x = layer(x, mask, steps)
+        return x.reshape(B, L, cfg.hidden), steps.stats

@@ -1,0 +1,127 @@
+"""Transformer layers on the chip and a real pretrained model (docs/transformer.md):
+the whole forward bit-exact against the golden transformer, and close to the
+float32 reference."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from chip_configs import SHAPES
+from mxu.sim import Chip
+from mxu.sim.models import SentenceEncoder
+from mxu.sim.models.sentence import bucket_length
+from mxu.sim.runtime import hostops
+from mxu.sim.runtime.layers import Encoder, EncoderConfig, EncoderWeights
+from mxu.verif import golden
+from mxu.verif.transformer import golden_forward, reference_forward
+
+SEED = 20261126
+TINY_ENCODER = EncoderConfig(hidden=64, heads=4, ffn=128, layers=2, vocab=100, max_positions=64)
+
+
+def _batch(rng, lengths, L, vocab):
+    ids = np.zeros((len(lengths), L), np.int64)
+    mask = np.zeros((len(lengths), L), bool)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = rng.integers(1, vocab, n)
+        mask[i, :n] = True
+    return ids, mask
+
+
+def _cosine(a, b):
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.parametrize("shape", ["4x4", "3x5"])
+def test_random_encoder_is_bit_exact_against_the_golden_transformer(shape):
+    chip = Chip(SHAPES[shape])
+    weights = EncoderWeights.random(TINY_ENCODER, seed=SEED)
+    rng = np.random.default_rng(SEED)
+    lengths = [5, 16, 11]
+    ids, mask = _batch(rng, lengths, 16, TINY_ENCODER.vocab)
+    encoder = Encoder(chip, weights)
+    tokens, stats = encoder(ids, mask)
+    want = golden_forward(weights, ids, mask, rows=chip.config.rows)
+    golden.assert_bits_equal(tokens, want, f"encoder on {shape}", seed=SEED)
+    assert stats.programs == 5 * TINY_ENCODER.layers
+    for i, n in enumerate(lengths):
+        ref = reference_forward(weights, ids[i, :n])
+        for got, exp in zip(tokens[i, :n], ref):
+            assert _cosine(got, exp) > 0.999
+    again, again_stats = encoder(ids, mask)
+    golden.assert_bits_equal(again, tokens, "replay")
+    assert again_stats.cache_hits == again_stats.programs      # static shapes: all cached
+
+
+def test_host_operations_follow_their_documented_order():
+    x = np.array([[1.0, 2.0, 3.0, 4.0, 5.0]], np.float32)
+    assert hostops.tree_sum(x)[0, 0] == np.float32((1 + 5) + 3) + np.float32(2 + 4)
+    p = hostops.softmax(np.array([[0.0, 1.0, 50.0]], np.float32), np.array([True, True, False]))
+    assert p[0, 2] == 0 and abs(p.sum() - 1) < 1e-6
+    erf = hostops.erf(np.linspace(-4, 4, 1001).astype(np.float32))
+    import math
+    want = np.array([math.erf(v) for v in np.linspace(-4, 4, 1001).astype(np.float32)])
+    assert np.abs(erf - want).max() < 2e-7
+
+
+def test_bucket_lengths():
+    assert [bucket_length(n, 256) for n in (1, 16, 17, 100, 129, 300)] == [16, 16, 32, 128, 256, 256]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return SentenceEncoder("all-MiniLM-L6-v2", chip=Chip(fast_mac=True))
+
+
+def test_bad_input_is_a_clear_error(minilm):
+    with pytest.raises(ValueError, match="unknown model 'bert-huge'"):
+        SentenceEncoder("bert-huge")
+    with pytest.raises(ValueError, match="texts is empty"):
+        minilm.encode([])
+    with pytest.raises(TypeError, match=r"texts\[1\] must be a string, not int"):
+        minilm.encode(["fine", 3])
+    with pytest.raises(TypeError, match="texts must be a string or a list"):
+        minilm.encode(42)
+
+
+def _check_minilm(minilm, texts):
+    emb = minilm.encode(texts, show_progress_bar=False)
+    token_ids = minilm.tokenize(texts)
+    for where, ids, mask in minilm.batches(token_ids):
+        want_tokens = golden_forward(minilm.weights, ids, mask, rows=minilm.chip.config.rows)
+        want = hostops.l2_normalize(hostops.mean_pool(want_tokens, mask))
+        golden.assert_bits_equal(emb[where.start:where.stop], want, "MiniLM vs golden", seed=SEED)
+    cosines = []
+    for e, ids in zip(emb, token_ids):
+        ref = reference_forward(minilm.weights, ids)
+        ref = hostops.l2_normalize(hostops.mean_pool(ref[None], np.ones((1, len(ids)), bool)))[0]
+        cosines.append(_cosine(e, ref))
+    assert min(cosines) >= 0.9999, cosines
+    assert np.allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
+    return emb, cosines
+
+
+def test_minilm_one_sentence(minilm):
+    emb, _ = _check_minilm(minilm, ["A TPU-style matrix unit runs a sentence encoder."])
+    s = minilm.last_stats
+    assert emb.shape == (1, 384) and s.programs == 30 and 0 < s.mfu <= s.utilization <= 1
+
+
+@pytest.mark.slow
+def test_minilm_batched_sentences_of_different_lengths(minilm):
+    texts = ["Hello!", "The quick brown fox jumps over the lazy dog.",
+             "Systolic arrays multiply matrices with a grid of processing elements, "
+             "each doing one multiply-add per cycle.", "bf16 in, fp32 out."]
+    emb, cosines = _check_minilm(minilm, texts)
+    assert emb.shape == (4, 384)
+    sims = emb @ emb.T
+    assert sims[1, 2] < 0.9
+
+
+def test_long_texts_are_truncated_with_a_warning(minilm):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ids = minilm.tokenize(["word " * 400])
+    assert len(ids[0]) == 256 and ids[0][-1] == minilm.tokenizer.token_to_id("[SEP]")
+    assert any("truncated to the model's maximum of 256" in str(w.message) for w in caught)

@@ -1,0 +1,98 @@
+"""The golden transformer and the float32 reference (docs/transformer.md).
+
+`golden_forward` is the same encoder forward as `mxu.sim.runtime.layers`, written
+again in plain NumPy: every matmul is `golden.matmul` (the chip's numerics), every
+bf16 rounding is where the chip rounds, and the host operations are the very
+same functions (`mxu.sim.runtime.hostops`). A forward on the chip must equal it
+bit for bit.
+
+`reference_forward` is the accuracy reference: the same model with float32
+matmuls and no bf16 rounding, one sequence at a time, no padding.
+"""
+
+import math
+
+import numpy as np
+
+from mxu.hdl.dtypes import bfloat16
+from mxu.sim.runtime import hostops
+
+from . import golden
+
+__all__ = ["golden_forward", "reference_forward", "embeddings"]
+
+
+def _bf16(x):
+    """float32 -> bf16 as the chip stores a result (RNE, canonical NaN)."""
+    bits = golden.fp32_to_bf16(golden.f32_bits(np.asarray(x, np.float32)))
+    return bits.view(bfloat16)
+
+
+def _linear(x, w, b, rows):
+    """``x @ w + b`` as the chip computes it: bf16 operands, bias seed, fp32 out."""
+    M = x.shape[0]
+    seed = np.broadcast_to(np.asarray(b, np.float32), (M, w.shape[1]))
+    return golden.matmul(golden.as_bf16(x), golden.as_bf16(w), seed=seed, rows=rows)
+
+
+def embeddings(weights, ids):
+    w, cfg = weights, weights.config
+    return hostops.layer_norm(hostops.embed(ids, w.word, w.position, w.token_type),
+                              w.emb_gamma, w.emb_beta, cfg.eps)
+
+
+def _attention(w, cfg, x, mask, rows):
+    B, L = mask.shape
+    H, heads, d = cfg.hidden, cfg.heads, cfg.head_dim
+    qkv = _bf16(_linear(x, np.concatenate([w.wq, w.wk, w.wv], axis=1),
+                        np.concatenate([w.bq, w.bk, w.bv]), rows))
+    scores = np.zeros((B, heads, L, L), np.float32)
+    for b in range(B):
+        for h in range(heads):
+            q = qkv[b * L:(b + 1) * L, h * d:(h + 1) * d]
+            k = qkv[b * L:(b + 1) * L, H + h * d:H + (h + 1) * d]
+            scores[b, h] = golden.matmul(q, np.ascontiguousarray(k.T), rows=rows)
+    p = golden.as_bf16(hostops.softmax(hostops.scale(scores, 1 / math.sqrt(d)),
+                                       mask[:, None, None, :]))
+    context = np.zeros((B * L, H), bfloat16)
+    for b in range(B):
+        for h in range(heads):
+            v = qkv[b * L:(b + 1) * L, 2 * H + h * d:2 * H + (h + 1) * d]
+            context[b * L:(b + 1) * L, h * d:(h + 1) * d] = _bf16(
+                golden.matmul(p[b, h], v, rows=rows))
+    return _linear(context, w.wo, w.bo, rows)
+
+
+def golden_forward(weights, ids, mask, rows):
+    """Token vectors (B, L, hidden) of padded ids (B, L) with `mask`, computed as
+    the chip does with a ``rows``-deep array."""
+    cfg = weights.config
+    B, L = ids.shape
+    x = embeddings(weights, ids).reshape(B * L, cfg.hidden)
+    for w in weights.layers:
+        x1 = hostops.layer_norm(hostops.add(x, _attention(w, cfg, x, mask, rows)),
+                                w.ln1_gamma, w.ln1_beta, cfg.eps)
+        hidden = hostops.gelu(_linear(x1, w.w1, w.b1, rows))
+        x = hostops.layer_norm(hostops.add(x1, _linear(hidden, w.w2, w.b2, rows)),
+                               w.ln2_gamma, w.ln2_beta, cfg.eps)
+    return x.reshape(B, L, cfg.hidden)
+
+
+def reference_forward(weights, ids):
+    """Token vectors (n, hidden) of one unpadded sequence, float32 throughout."""
+    cfg = weights.config
+    H, heads, d = cfg.hidden, cfg.heads, cfg.head_dim
+    x = embeddings(weights, np.asarray(ids)[None])[0]
+    mask = np.ones(len(ids), bool)
+    for w in weights.layers:
+        q, k, v = (x @ w.wq + w.bq, x @ w.wk + w.bk, x @ w.wv + w.bv)
+        heads_out = []
+        for h in range(heads):
+            sl = slice(h * d, (h + 1) * d)
+            s = hostops.scale(q[:, sl] @ k[:, sl].T, 1 / math.sqrt(d))
+            heads_out.append(hostops.softmax(s, mask) @ v[:, sl])
+        attended = np.concatenate(heads_out, axis=1) @ w.wo + w.bo
+        x1 = hostops.layer_norm(hostops.add(x, attended), w.ln1_gamma, w.ln1_beta, cfg.eps)
+        f = hostops.gelu(x1 @ w.w1 + w.b1) @ w.w2 + w.b2
+        x = hostops.layer_norm(hostops.add(x1, f), w.ln2_gamma, w.ln2_beta, cfg.eps)
+    return x.astype(np.float32)

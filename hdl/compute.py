@@ -118,6 +118,8 @@ class ComputeEngine(wiring.Component):
     result_write : Out(WritePortSignature) to the accumulator, always ready.
     array_accept : Out(1)
         An activation beat entered the array this cycle (the utilisation counter).
+    loadw_done : Out(1)
+        The weight loader has issued a LOADW's last row (for the trace).
     """
 
     SKID_DEPTH = 4
@@ -138,6 +140,7 @@ class ComputeEngine(wiring.Component):
             "seed_read": Out(ReadPortSignature(aaddr, acc_row_layout(c), always_ready=True)),
             "result_write": Out(WritePortSignature(aaddr, acc_row_layout(c), always_ready=True)),
             "array_accept": Out(1),
+            "loadw_done": Out(1),
         })
 
     def elaborate(self, platform):
@@ -215,7 +218,7 @@ class ComputeEngine(wiring.Component):
         with m.If(issue):
             with m.If(k == c.rows - 1):
                 m.d.sync += k.eq(0)
-                m.d.comb += loadw_q.r_en.eq(1)
+                m.d.comb += [loadw_q.r_en.eq(1), self.loadw_done.eq(1)]
             with m.Else():
                 m.d.sync += k.eq(k + 1)
         row = port.resp.payload.as_value()[:16 * c.cols]

@@ -18,6 +18,7 @@ from .isa import (INSTR_BITS, Deps, DmaInstr, Engine, ErrorCode, Header, HaltIns
 from .compute import ComputeCommand
 from .dma import dma_descriptor_layout
 from .regs import COUNTERS
+from .trace import EngineTrace
 
 __all__ = ["Decoder", "Controller"]
 
@@ -148,10 +149,14 @@ class Controller(wiring.Component):
     error : Out(ErrorCode)
     error_pc : Out(32)
     counters : Out(ArrayLayout(64, len(COUNTERS)))
+    trace : Out(ArrayLayout(EngineTrace, 3)), with ``trace=True`` only
+        Per engine (load, compute, store): takes, completions, pc, opcode and
+        token waits (`mxu.hdl.trace`).
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, trace=False):
         self.config = config
+        self.trace = trace
         done_stream = stream.Signature(Deps, always_ready=True)
         super().__init__({
             "start": In(1),
@@ -170,7 +175,18 @@ class Controller(wiring.Component):
             "busy": Out(1), "done": Out(1),
             "error": Out(ErrorCode), "error_pc": Out(32),
             "counters": Out(data.ArrayLayout(64, len(COUNTERS))),
+            **({"engine_trace": Out(data.ArrayLayout(EngineTrace, len(Engine)))} if trace else {}),
         })
+
+    @staticmethod
+    def _trace_engine(m, out, taken, head, hdr, blocked, complete):
+        waited = Signal(32)
+        with m.If(taken):
+            m.d.sync += waited.eq(0)
+        with m.Elif(blocked):
+            m.d.sync += waited.eq(waited + 1)
+        m.d.comb += [out.take.eq(taken), out.complete.eq(complete), out.pc.eq(head.pc),
+                     out.opcode.eq(hdr.opcode), out.waited.eq(waited)]
 
     def elaborate(self, platform):
         m = Module()
@@ -253,6 +269,9 @@ class Controller(wiring.Component):
                     inc[push_name].append(completes[e].valid
                                           & getattr(completes[e].payload, f"push_{side}"))
             blocked[e] = q.r_rdy & ~pop_ok
+            if self.trace:
+                self._trace_engine(m, self.engine_trace[e.value], taken, head, hdr, blocked[e],
+                                   completes[e].valid)
             # A stall is a head waiting for a token (not for its engine to finish).
             stalls[e] = blocked[e]
             record.append((errors[e] != ErrorCode.NONE, errors[e], pc))

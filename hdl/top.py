@@ -24,6 +24,7 @@ from .fetch import FETCH_AXI_ID, InstructionFetch
 from .isa import ErrorCode
 from .loop import LoopExpander
 from .regs import COUNTERS, HOST_ADDR_BITS, RegisterFile
+from .trace import ChipTrace
 from .transfer import TransferEngine
 from .vmem import Vmem
 
@@ -37,15 +38,17 @@ _WRITE_FORWARD = ("awid", "awaddr", "awlen", "awsize", "awburst", "awlock", "awc
 class _ChipCore(wiring.Component):
     """Everything that a soft reset clears: all but the register file."""
 
-    def __init__(self, config, pe_module=None):
+    def __init__(self, config, pe_module=None, trace=False):
         self.config = config
         self.pe_module = pe_module
+        self.trace_port = trace
         super().__init__({
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
                                      data_width=config.axi_data_bits)),
             "start": In(1), "clear": In(1), "prog_base": In(32), "prog_len": In(32),
             "status": Out(data.ArrayLayout(64, len(COUNTERS))),
             "busy": Out(1), "done": Out(1), "error": Out(ErrorCode), "error_pc": Out(32),
+            **({"trace_events": Out(ChipTrace)} if trace else {}),
         })
 
     def elaborate(self, platform):
@@ -58,7 +61,7 @@ class _ChipCore(wiring.Component):
         outer, inner = LoopExpander(c), LoopExpander(c)
         m.submodules.outer_loops = ResetInserter(self.start)(outer)
         m.submodules.inner_loops = ResetInserter(self.start)(inner)
-        m.submodules.ctrl = ctrl = Controller(c)
+        m.submodules.ctrl = ctrl = Controller(c, trace=self.trace_port)
         m.submodules.vmem = vmem = Vmem(c, weight_port=True)
         m.submodules.acc = acc = AccMem(c)
         # The compute engine runs in its own clock domain (same clock) whose reset
@@ -124,6 +127,15 @@ class _ChipCore(wiring.Component):
             self.busy.eq(ctrl.busy), self.done.eq(ctrl.done),
             self.error.eq(ctrl.error), self.error_pc.eq(ctrl.error_pc),
         ]
+        if self.trace_port:
+            m.d.comb += [
+                self.trace_events.load.eq(ctrl.engine_trace[0]),
+                self.trace_events.compute.eq(ctrl.engine_trace[1]),
+                self.trace_events.store.eq(ctrl.engine_trace[2]),
+                self.trace_events.loadw_done.eq(compute.loadw_done),
+                self.trace_events.array_accept.eq(compute.array_accept),
+                self.trace_events.running.eq(ctrl.busy),
+            ]
         return m
 
     def _axi(self, m, fetch, load_dma, store_dma):
@@ -182,25 +194,30 @@ class MxuChip(wiring.Component):
         The register file (`mxu.hdl.regs`).
     irq : Out(1)
         High once a run has finished (``STATUS.done``), until the next start.
+    trace_events : Out(ChipTrace), with ``trace=True`` only
+        What each engine starts and completes, token waits, array activity
+        (`mxu.hdl.trace`): for the profiler of simulation builds.
     """
 
-    def __init__(self, config, *, pe_module=None):
+    def __init__(self, config, *, pe_module=None, trace=False):
         from .config import ChipConfig
         if not isinstance(config, ChipConfig):
             raise TypeError(f"MxuChip needs a ChipConfig, not {type(config).__name__}")
         self.config = config
         self.pe_module = pe_module
+        self.trace_port = trace
         super().__init__({
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
                                      data_width=config.axi_data_bits)),
             "host": In(AXI4LiteSignature(addr_width=HOST_ADDR_BITS, data_width=32)),
             "irq": Out(1),
+            **({"trace_events": Out(ChipTrace)} if trace else {}),
         })
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.regs = regs = RegisterFile(self.config)
-        core = _ChipCore(self.config, self.pe_module)
+        core = _ChipCore(self.config, self.pe_module, self.trace_port)
         m.submodules.core = ResetInserter(regs.soft_reset)(core)
         wiring.connect(m, wiring.flipped(self.host), regs.bus)
         wiring.connect(m, core.axi, wiring.flipped(self.axi))
@@ -212,4 +229,6 @@ class MxuChip(wiring.Component):
             regs.error_pc.eq(core.error_pc), regs.counters.eq(core.status),
             self.irq.eq(core.done),
         ]
+        if self.trace_port:
+            m.d.comb += self.trace_events.eq(core.trace_events)
         return m

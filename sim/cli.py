@@ -68,18 +68,72 @@ def cmd_cache(args):
     return 0
 
 
-def embed_texts(texts, config, rtl=False, out=None):
-    """Embed `texts` with all-MiniLM-L6-v2 on a simulated chip; print the cosine
-    similarity matrix and the statistics. Returns the embeddings."""
+def print_profile(trace, out=None, json_path=None, png_path=None):
+    """Per-engine busy/stall/idle cycles and the top five stalls of `trace`;
+    write its JSON and PNG where asked."""
+    from .report import format_table
+    out = out or sys.stdout
+    totals = trace.totals()
+    rows = [[engine, f"{t['instructions']:,}", f"{t['busy']:,}", f"{t['stall']:,}",
+             f"{t['idle']:,}", f"{trace.counters.get(engine + '_stall', 0):,}"]
+            for engine, t in totals.items()]
+    print(f"profile: {trace.cycles:,} chip cycles in {trace.programs} program(s)", file=out)
+    print(format_table(["engine", "instructions", "busy", "stall (token waits)", "idle",
+                        "stall counter"], rows), file=out)
+    print("top stalls: where the array waited longest (a loop's instruction counts once)",
+          file=out)
+    print(format_table(["waited cycles", "times", "pc", "instruction", "waiting for"],
+                       trace.stall_table(5)), file=out)
+    if json_path:
+        trace.save(json_path)
+        print(f"trace written to {json_path} (open it in ui.perfetto.dev)", file=out)
+    if png_path:
+        trace.plot(png_path)
+        print(f"timeline written to {png_path}", file=out)
+
+
+def _writable(path, flag):
+    from pathlib import Path
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        raise ValueError(f"{flag}: directory {str(Path(path).resolve().parent)!r} does not exist")
+
+
+def cmd_profile(args):
     import numpy as np
+    from mxu.hdl import ChipConfig
+    from .runtime.chip import Chip
+    _writable(args.output, "-o")
+    _writable(args.png, "--png")
+    chip = Chip(ChipConfig(rows=args.rows, cols=args.cols), fast_mac=not args.rtl, trace=True)
+    rng = np.random.default_rng(args.seed)
+    A = rng.standard_normal((args.m, args.k)).astype(np.float32)
+    B = rng.standard_normal((args.k, args.n)).astype(np.float32)
+    with chip.profile() as prof:
+        chip.matmul(A, B)
+    s = chip.last_stats
+    print(f"{args.m}x{args.k}x{args.n} on a {args.rows}x{args.cols} chip: {s.cycles:,} cycles, "
+          f"utilization {100 * s.utilization:.1f} %")
+    print_profile(prof.trace, json_path=args.output, png_path=args.png)
+    return 0
+
+
+def embed_texts(texts, config, rtl=False, out=None, profile=None, png=None):
+    """Embed `texts` with all-MiniLM-L6-v2 on a simulated chip; print the cosine
+    similarity matrix and the statistics (and a profile when `profile` names a
+    JSON file). Returns the embeddings."""
+    import contextlib
     from .models import SentenceEncoder
     from .report import format_table
     from .runtime.chip import Chip
     out = out or sys.stdout
+    _writable(profile, "--profile")
+    _writable(png, "--png")
     start = time.perf_counter()
-    encoder = SentenceEncoder("all-MiniLM-L6-v2", chip=Chip(config, fast_mac=not rtl))
+    chip = Chip(config, fast_mac=not rtl, trace=profile is not None)
+    encoder = SentenceEncoder("all-MiniLM-L6-v2", chip=chip)
     loaded = time.perf_counter() - start
-    emb = encoder.encode(list(texts))
+    with chip.profile() if profile else contextlib.nullcontext() as prof:
+        emb = encoder.encode(list(texts))
     s = encoder.last_stats
     sims = emb @ emb.T
     names = [f"[{i}]" for i in range(len(texts))]
@@ -100,12 +154,15 @@ def embed_texts(texts, config, rtl=False, out=None):
                          f"{s.host_seconds:.2f} host)"],
     ]
     print(format_table(["", "mxu embed"], rows), file=out)
+    if profile:
+        print_profile(prof.trace, out, json_path=profile, png_path=png)
     return emb
 
 
 def cmd_embed(args):
     from mxu.hdl import ChipConfig
-    embed_texts(args.texts, ChipConfig(rows=args.rows, cols=args.cols), rtl=args.rtl)
+    embed_texts(args.texts, ChipConfig(rows=args.rows, cols=args.cols), rtl=args.rtl,
+                profile=args.profile, png=args.png)
     return 0
 
 
@@ -120,7 +177,26 @@ def register(sub):
                        help="systolic array columns")
     embed.add_argument("--rtl", action="store_true",
                        help="all-RTL PEs instead of the fast MAC model (same results, slower)")
+    embed.add_argument("--profile", metavar="TRACE.json",
+                       help="profile the forward: write Chrome trace-event JSON, print the stalls")
+    embed.add_argument("--png", metavar="TIMELINE.png", help="with --profile: a timeline plot")
     embed.set_defaults(func=cmd_embed)
+
+    prof = sub.add_parser("profile", help="profile one matmul: engine timeline and stalls")
+    for flag, what in (("--m", "rows of A and C"), ("--k", "columns of A, rows of B"),
+                       ("--n", "columns of B and C")):
+        prof.add_argument(flag, type=positive_int, required=True, help=what)
+    prof.add_argument("--rows", type=positive_int, default=ChipConfig().rows,
+                      help="systolic array rows")
+    prof.add_argument("--cols", type=positive_int, default=ChipConfig().cols,
+                      help="systolic array columns")
+    prof.add_argument("-o", "--output", metavar="TRACE.json", default="trace.json",
+                      help="Chrome trace-event JSON for ui.perfetto.dev (default trace.json)")
+    prof.add_argument("--png", metavar="TIMELINE.png", help="also a timeline plot")
+    prof.add_argument("--seed", type=nonnegative_int, default=1, help="seed of the operands")
+    prof.add_argument("--rtl", action="store_true",
+                      help="all-RTL PEs instead of the fast MAC model (same cycles, slower)")
+    prof.set_defaults(func=cmd_profile)
     cache = sub.add_parser("cache", help="show or clear the simulator build cache")
     group = cache.add_mutually_exclusive_group()
     group.add_argument("--info", action="store_true",

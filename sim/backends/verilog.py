@@ -80,11 +80,11 @@ def dma_system_verilog(config):
 
 
 @functools.lru_cache(maxsize=4)
-def chip_verilog(config, fast_mac=False):
+def chip_verilog(config, fast_mac=False, trace=False):
     """Verilog (module ``top``) of ``MxuChip(config)`` for simulation: the PE is a
     separate module instantiated rows*cols times -- the RTL `ProcessingElement`
     (`pe_verilog`), or with `fast_mac` its stand-in whose multiply-add is a C call
-    (`mxu.sim.backends.fast_pe`)."""
+    (`mxu.sim.backends.fast_pe`). `trace` adds the profiler's trace port."""
     from mxu.hdl.top import MxuChip
     pe_name, pe = (fast_pe_verilog if fast_mac else pe_verilog)(config.mac_stages)
-    return pe + lean_verilog(MxuChip(config, pe_module=pe_name))
+    return pe + lean_verilog(MxuChip(config, pe_module=pe_name, trace=trace))

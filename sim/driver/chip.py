@@ -36,6 +36,7 @@ from mxu.hdl.regs import CHIP_ID, COUNTERS, REG
 from ..backends.native import build_native, load_native
 from ..backends.toolchain import require_simulator
 from ..backends.verilog import chip_verilog
+from .trace import decode_trace, trace_mask
 
 __all__ = ["SimulatedChip", "RunResult", "ChipError", "AXI_CHANNELS", "WAVE_WARN_BYTES"]
 
@@ -63,6 +64,9 @@ _SIGNATURES = {
     "mxu_chip_trace": (ctypes.c_int, [_PTR, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]),
     "mxu_chip_trace_window": (None, [_PTR, _U64, _U64]),
     "mxu_chip_trace_flush": (None, [_PTR]),
+    "mxu_chip_trace_begin": (ctypes.c_int, [_PTR, ctypes.POINTER(_U32), _U32, _U32, _U32]),
+    "mxu_chip_trace_events": (_U64, [_PTR, ctypes.POINTER(ctypes.POINTER(_U32))]),
+    "mxu_chip_trace_buckets": (_U64, [_PTR, ctypes.POINTER(ctypes.POINTER(_U32))]),
 }
 
 RESET_NOTE = "the chip has been reset and is ready for the next run"
@@ -91,6 +95,7 @@ class RunResult:
     counters: dict
     memory: np.ndarray = field(repr=False)
     wall_s: float = 0.0
+    trace: object = field(default=None, repr=False)    # a `ChipTraceData` when traced
 
     @property
     def ok(self):
@@ -128,14 +133,15 @@ def _wave_format(waves):
 
 
 @functools.lru_cache(maxsize=4)
-def _library(config, waves=None, fast_mac=False):
-    # Waveforms need a separate build: tracing slows every cycle down.
+def _library(config, waves=None, fast_mac=False, trace=False):
+    # Waveforms and the profiler's trace need builds of their own, so that the
+    # plain model pays nothing for them.
     name = f"chip{config.rows}x{config.cols}" + ("_fastmac" if fast_mac else "") + \
-        (f"_{waves}" if waves else "")
+        (f"_{waves}" if waves else "") + ("_trace" if trace else "")
+    flags = _TRACE_FLAGS[waves] + (("-CFLAGS", "-DMXU_TRACE") if trace else ())
     lib = load_native(build_native(name, "chip_harness.cpp", key=[repr(config)],
-                                   extra_flags=_TRACE_FLAGS[waves],
-                                   make_vars=_TRACE_MAKE.get(waves, ()),
-                                   verilog=lambda: chip_verilog(config, fast_mac)))
+                                   extra_flags=flags, make_vars=_TRACE_MAKE.get(waves, ()),
+                                   verilog=lambda: chip_verilog(config, fast_mac, trace)))
     for fn_name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, fn_name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -163,6 +169,12 @@ class _NativeChip:
         handle, self.handle = getattr(self, "handle", None), None
         if handle:
             self.lib.mxu_chip_free(handle)
+
+
+def check_bool(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return bool(value)
 
 
 def _integer(value, name, low=None, high=None):
@@ -219,11 +231,15 @@ class SimulatedChip:
         arithmetic instead of its gate-level fp32 datapath (`mxu.sim.backends.fast_pe`):
         several times faster, identical results and cycle counts; everything else
         is still the RTL. Default False: the whole chip is RTL.
+    trace : bool
+        Build the chip with its trace port and record, in every run, what each
+        engine started and completed and when (`RunResult.trace`, a
+        `ChipTraceData`; docs/profiler.md).
     """
 
     def __init__(self, config=None, simulator="verilator", *, mem_latency=(0, 0), mem_pause=None,
                  seed=1, waves=None, waves_from=0, waves_cycles=None, waves_depth=None,
-                 waves_scope="TOP", fast_mac=False):
+                 waves_scope="TOP", fast_mac=False, trace=False, trace_bucket=256):
         if config is not None and not isinstance(config, ChipConfig):
             raise TypeError(f"config must be a ChipConfig, not {type(config).__name__}")
         self.config = config or ChipConfig()
@@ -231,8 +247,7 @@ class SimulatedChip:
         if simulator != "verilator":
             raise ValueError(f"Chip runs on Verilator only (the cocotb testbenches cover "
                              f"{simulator!r}); got simulator={simulator!r}")
-        if not isinstance(fast_mac, (bool, np.bool_)):
-            raise TypeError(f"fast_mac must be True or False, not {fast_mac!r}")
+        check_bool(fast_mac, "fast_mac")
         timing = self._check_timing(mem_latency, mem_pause, seed)
         wave_format = _wave_format(waves)
         self._window = (_integer(waves_from, "waves_from", 0),
@@ -245,7 +260,9 @@ class SimulatedChip:
         self.simulator = simulator
         self.fast_mac = bool(fast_mac)
         self.waves = None if waves is None else str(waves)
-        self._lib = _library(self.config, wave_format, self.fast_mac)
+        self.trace = bool(check_bool(trace, "trace"))
+        self.trace_bucket = _integer(trace_bucket, "trace_bucket", 1)
+        self._lib = _library(self.config, wave_format, self.fast_mac, self.trace)
         self._native = _NativeChip(self._lib, self.config)
         self._handle = self._native.handle
         if waves is not None:
@@ -413,6 +430,8 @@ class SimulatedChip:
             self.write_reg("PROG_LEN", len(code) // INSTR_BYTES)
             start = time.perf_counter()
             self._open_window()
+            if self.trace:
+                self._trace_begin()
             self.write_reg("CTRL", 1)
             cycles = self._clock(limit, expected_cycles)
             wall = time.perf_counter() - start
@@ -462,6 +481,23 @@ class SimulatedChip:
                   f"cycle); narrow it with waves_from/waves_cycles/waves_depth "
                   f"(--waves-from, --waves-cycles, --waves-depth)", file=sys.stderr)
 
+    def _trace_begin(self):
+        mask, accept, running = trace_mask()
+        if self._lib.mxu_chip_trace_begin(self._handle, (_U32 * len(mask))(*mask), accept, running,
+                                          self.trace_bucket) < 0:
+            raise ChipError("this chip model was built without the trace port")
+
+    def _trace_read(self):
+        words = ctypes.POINTER(_U32)()
+        n = self._lib.mxu_chip_trace_events(self._handle, ctypes.byref(words))
+        width = len(trace_mask()[0])
+        raw = np.ctypeslib.as_array(words, shape=(n * (2 + width),)).copy() if n else \
+            np.zeros(0, np.uint32)
+        counts = ctypes.POINTER(_U32)()
+        b = self._lib.mxu_chip_trace_buckets(self._handle, ctypes.byref(counts))
+        buckets = np.ctypeslib.as_array(counts, shape=(b,)).copy() if b else np.zeros(0, np.uint32)
+        return decode_trace(raw.reshape(n, 2 + width), buckets, self.trace_bucket)
+
     def _finish(self, cycles, limit, wall):
         if self.waves is not None:
             self._lib.mxu_chip_trace_flush(self._handle)
@@ -478,7 +514,8 @@ class SimulatedChip:
             raise ChipError(f"AXI protocol violation by the chip: {message}; {RESET_NOTE}")
         status = self.read_reg("STATUS")
         result = RunResult(error=ErrorCode((status >> 4) & 0xF), error_pc=self.read_reg("ERROR_PC"),
-                           counters=self.counters(), memory=self.memory, wall_s=wall)
+                           counters=self.counters(), memory=self.memory, wall_s=wall,
+                           trace=self._trace_read() if self.trace else None)
         if result.ok:
             self._needs_reset = False
         else:

@@ -25,12 +25,33 @@ from ..compiler.matmul import compile_matmuls
 from ..driver.chip import RESET_NOTE, ChipError, SimulatedChip
 from .matmul import check_flag, prepare_matmul
 from .memory import Allocator
+from .profile import Trace
 from .stats import RunStats
 from .tensor import DTYPES, DeviceTensor
 
-__all__ = ["Chip", "Recording", "PROGRAM_CACHE_SIZE"]
+__all__ = ["Chip", "Recording", "Profile", "PROGRAM_CACHE_SIZE"]
 
 PROGRAM_CACHE_SIZE = 64
+
+
+class Profile:
+    """What ``chip.profile()`` returns: ``trace`` collects the programs run inside."""
+
+    def __init__(self, chip):
+        self.chip, self.trace = chip, None
+
+    def __enter__(self):
+        self.chip._profiles.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.chip._profiles.remove(self)
+        return False
+
+    def _add(self, trace):
+        if self.trace is None:
+            self.trace = Trace(bucket_cycles=trace.bucket_cycles)
+        self.trace.extend(trace)
 
 
 class Recording:
@@ -76,6 +97,8 @@ class Chip:
         self.device = SimulatedChip(config, simulator, **options)
         self.config = self.device.config
         self.last_stats = None
+        self.last_trace = None
+        self._profiles = []
         self._allocator = Allocator(self.config.ext_mem_bytes)
         self._programs = collections.OrderedDict()
         self._recording = None
@@ -233,6 +256,17 @@ class Chip:
                          macs=sum(call.macs for call in calls), program_bytes=len(code),
                          cache_hits=int(hit))
         stats.add_counters(result.counters, result.wall_s)
+        if result.trace is not None:
+            self.last_trace = Trace.from_run(result.trace, compiled.program, result.counters)
+            for profile in self._profiles:
+                profile._add(self.last_trace)
         stats.host_seconds = time.perf_counter() - start - result.wall_s
         self.last_stats = stats
         return stats
+
+    def profile(self):
+        """``with chip.profile() as prof:`` -- ``prof.trace`` is the `Trace` of every
+        program run inside (the chip must be made with ``trace=True``)."""
+        if not self.device.trace:
+            raise ValueError("profiling needs the chip's trace port: make it with Chip(..., trace=True)")
+        return Profile(self)

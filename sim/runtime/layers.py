@@ -223,14 +223,23 @@ class Encoder:
         self.chip, self.weights, self.config = chip, weights, weights.config
         self.layers = [EncoderLayer(chip, self.config, w) for w in weights.layers]
 
+    def embeddings(self, ids):
+        """The (B*L, hidden) input activations of padded token ids (B, L) (host)."""
+        w, cfg = self.weights, self.config
+        return hostops.layer_norm(hostops.embed(ids, w.word, w.position, w.token_type),
+                                  w.emb_gamma, w.emb_beta, cfg.eps).reshape(-1, cfg.hidden)
+
+    def run_layer(self, i, x, mask, progress=None):
+        """Layer i on (B*L, hidden) activations: (its output, its `RunStats`)."""
+        steps = _Steps(self.chip, progress)
+        return self.layers[i](x, mask, steps), steps.stats
+
     def __call__(self, ids, mask, progress=None):
         """Token vectors (B, L, hidden) float32 of padded token ids (B, L) and
         their mask, and the `RunStats` of every program run."""
-        w, cfg = self.weights, self.config
         B, L = ids.shape
-        x = hostops.layer_norm(hostops.embed(ids, w.word, w.position, w.token_type),
-                               w.emb_gamma, w.emb_beta, cfg.eps).reshape(B * L, cfg.hidden)
+        x = self.embeddings(ids)
         steps = _Steps(self.chip, progress)
         for layer in self.layers:
             x = layer(x, mask, steps)
-        return x.reshape(B, L, cfg.hidden), steps.stats
+        return x.reshape(B, L, self.config.hidden), steps.stats

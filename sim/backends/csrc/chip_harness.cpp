@@ -5,6 +5,7 @@
 // about 0.1 s, so that Ctrl-C and the watchdog act between slices.
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "Vtop.h"
 #include "verilated.h"
@@ -19,6 +20,39 @@ typedef VerilatedVcdC TraceFile;
 #endif
 
 namespace {
+
+#ifdef MXU_TRACE
+// The chip's trace port (mxu.hdl.trace), as 32-bit words. A cycle in which any
+// bit of `mask` is set is an event: its cycle (from the run's first running
+// cycle) and the whole port are kept; activation rows entering the array are
+// counted per `bucket` cycles.
+struct TraceBuffer {
+    static constexpr int WORDS = sizeof(((Vtop *)nullptr)->trace_events) / sizeof(uint32_t);
+    bool on = false, in_run = false;
+    uint32_t mask[WORDS] = {};
+    uint32_t accept_bit = 0, running_bit = 0, bucket = 256;
+    uint64_t run_start = 0;
+    std::vector<uint32_t> events;        // per event: cycle (2 words), then WORDS words
+    std::vector<uint32_t> buckets;
+    void sample(const uint32_t *w, uint64_t cycle) {
+        bool running = (w[running_bit / 32] >> (running_bit % 32)) & 1;
+        if (!running) return;
+        if (!in_run) { in_run = true; run_start = cycle; }
+        uint64_t t = cycle - run_start;
+        if ((w[accept_bit / 32] >> (accept_bit % 32)) & 1) {
+            uint64_t b = t / bucket;
+            if (buckets.size() <= b) buckets.resize(b + 1, 0);
+            buckets[b]++;
+        }
+        bool any = false;
+        for (int i = 0; i < WORDS; i++) any |= (w[i] & mask[i]) != 0;
+        if (!any) return;
+        events.push_back((uint32_t)t);
+        events.push_back((uint32_t)(t >> 32));
+        events.insert(events.end(), w, w + WORDS);
+    }
+};
+#endif
 
 // AXI4-Lite outputs of the chip as they were during the last cycle (sampled
 // before its rising edge, so a handshake is valid && ready here).
@@ -36,6 +70,9 @@ struct Chip {
     uint64_t cycles = 0;
     // Waveform window: cycles [trace_from, trace_until) are dumped.
     uint64_t trace_from = 0, trace_until = UINT64_MAX;
+#ifdef MXU_TRACE
+    TraceBuffer tbuf;
+#endif
 #if VM_TRACE
     std::unique_ptr<TraceFile> trace;
 #endif
@@ -78,6 +115,13 @@ void step(Chip &c, const Host &h) {
     t.eval();
     c.dump(10 * c.cycles + 5);
     MXU_AXI_SAMPLE(t, axi___05F, c.pins);
+#ifdef MXU_TRACE
+    if (c.tbuf.on) {
+        uint32_t w[TraceBuffer::WORDS];
+        mxu::to_words(t.trace_events, w);
+        c.tbuf.sample(w, c.cycles);
+    }
+#endif
     c.host.awready = t.host___05Fawready; c.host.wready = t.host___05Fwready;
     c.host.bvalid = t.host___05Fbvalid; c.host.bresp = t.host___05Fbresp;
     c.host.arready = t.host___05Farready; c.host.rvalid = t.host___05Frvalid;
@@ -151,6 +195,48 @@ void mxu_chip_trace_flush(void *h) {
 }
 
 uint64_t mxu_chip_cycles(void *h) { return static_cast<Chip *>(h)->cycles; }
+
+// The profiler's trace (builds with -DMXU_TRACE): start recording afresh, with
+// the event mask, the bit positions of array_accept and running, and the bucket
+// size; returns the trace port's width in words, or -1 without a trace port.
+int mxu_chip_trace_begin(void *h, const uint32_t *mask, uint32_t accept_bit, uint32_t running_bit,
+                         uint32_t bucket) {
+#ifdef MXU_TRACE
+    TraceBuffer &b = static_cast<Chip *>(h)->tbuf;
+    b.on = true; b.in_run = false;
+    for (int i = 0; i < TraceBuffer::WORDS; i++) b.mask[i] = mask[i];
+    b.accept_bit = accept_bit; b.running_bit = running_bit; b.bucket = bucket ? bucket : 1;
+    b.events.clear(); b.buckets.clear();
+    return TraceBuffer::WORDS;
+#else
+    (void)h; (void)mask; (void)accept_bit; (void)running_bit; (void)bucket;
+    return -1;
+#endif
+}
+
+// The recorded events (count; *words points at 2 + width words per event) and
+// buckets (count; *counts).
+uint64_t mxu_chip_trace_events(void *h, const uint32_t **words) {
+#ifdef MXU_TRACE
+    TraceBuffer &b = static_cast<Chip *>(h)->tbuf;
+    *words = b.events.data();
+    return b.events.size() / (2 + TraceBuffer::WORDS);
+#else
+    (void)h; *words = nullptr;
+    return 0;
+#endif
+}
+
+uint64_t mxu_chip_trace_buckets(void *h, const uint32_t **counts) {
+#ifdef MXU_TRACE
+    TraceBuffer &b = static_cast<Chip *>(h)->tbuf;
+    *counts = b.buckets.data();
+    return b.buckets.size();
+#else
+    (void)h; *counts = nullptr;
+    return 0;
+#endif
+}
 int mxu_chip_irq(void *h) { return static_cast<Chip *>(h)->top->irq; }
 
 uint8_t *mxu_chip_mem(void *h) { return static_cast<Chip *>(h)->mem.mem.data(); }

@@ -23,6 +23,8 @@ is its executable statement. In short:
   the bus is left clean, then the descriptor completes with the error code.
 """
 
+from types import SimpleNamespace
+
 from amaranth.hdl import C, Cat, Module, Mux, ResetInserter, Signal
 from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -142,15 +144,24 @@ class Dma(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c = self.config
-        A = c.axi_addr_bits
-        BB = c.axi_data_bytes
-        LG = _log2(BB)
-        RBV, RBA = c.vmem_row_bytes, c.acc_row_bytes
-        RBX = _max_row_bytes(c)
-        MAXO = c.dma_max_outstanding
-        axi = self.axi
+        # `s` carries the signals the sections share; each section takes what it
+        # reads from it and puts back what later sections use.
+        s = SimpleNamespace(c=c, A=c.axi_addr_bits, BB=c.axi_data_bytes, LG=_log2(c.axi_data_bytes),
+                            RBV=c.vmem_row_bytes, RBA=c.acc_row_bytes, RBX=_max_row_bytes(c),
+                            MAXO=c.dma_max_outstanding, axi=self.axi)
+        self._descriptor(m, s)
+        self._burst_generator(m, s)
+        self._address_channels(m, s)
+        self._responses(m, s)
+        self._load_path(m, s)
+        self._row_reader(m, s)
+        self._gearbox(m, s)
+        self._control(m, s)
+        return m
 
-        # ---------------------------------------------------------------- descriptor
+    def _descriptor(self, m, s):
+        """The descriptor being run and its derived values."""
+        A, c = s.A, s.c
         d = Signal(dma_descriptor_layout(c))
         err = Signal(DmaError)
         abort = Signal()            # stop issuing bursts (an error response arrived)
@@ -160,8 +171,20 @@ class Dma(wiring.Component):
         last_off = Signal(A + len(d.rows))      # (rows - 1) * stride
         total = Signal(len(d.rows) + len(d.row_bytes))  # rows * row_bytes
         clear = Signal()            # reset the data-path state between descriptors
+        s.abort = abort
+        s.clear = clear
+        s.coalesced = coalesced
+        s.d = d
+        s.err = err
+        s.is_load = is_load
+        s.is_vmem = is_vmem
+        s.last_off = last_off
+        s.total = total
 
-        # ---------------------------------------------------------------- burst generator
+    def _burst_generator(self, m, s):
+        """Cuts the external range into AXI bursts (at most the burst length, never
+        across 4 KiB)."""
+        A, BB, LG, MAXO, abort, c, d, total = s.A, s.BB, s.LG, s.MAXO, s.abort, s.c, s.d, s.total
         bg_active = Signal()
         bg_x = Signal(A + 1)        # beat-aligned address of the next burst
         bg_end = Signal(A + 1)      # end (exclusive) of the current segment
@@ -193,8 +216,21 @@ class Dma(wiring.Component):
                                  bg_x.eq(Cat(C(0, LG), nxt[LG:])), bg_end.eq(nxt + seg_len)]
             with m.Else():
                 m.d.sync += bg_x.eq(next_x)
+        s.bg_active = bg_active
+        s.bg_end = bg_end
+        s.bg_fire = bg_fire
+        s.bg_left = bg_left
+        s.bg_ok = bg_ok
+        s.bg_seg = bg_seg
+        s.bg_x = bg_x
+        s.inflight = inflight
+        s.nbeats = nbeats
+        s.seg_len = seg_len
 
-        # ---------------------------------------------------------------- AR channel
+    def _address_channels(self, m, s):
+        """AR for loads; AW and the W-length queue for stores."""
+        A, LG, MAXO, axi, bg_fire, bg_ok = s.A, s.LG, s.MAXO, s.axi, s.bg_fire, s.bg_ok
+        bg_x, clear, d, is_load, nbeats = s.bg_x, s.clear, s.d, s.is_load, s.nbeats
         ar_valid = Signal()
         ar_addr = Signal(A)
         ar_len = Signal(8)
@@ -221,8 +257,13 @@ class Dma(wiring.Component):
         with m.Else():
             m.d.comb += [bg_fire.eq(run & bg_ok & aw_q.w_rdy & wl_q.w_rdy),
                          aw_q.w_en.eq(bg_fire), wl_q.w_en.eq(bg_fire)]
+        s.run = run
+        s.wl_q = wl_q
 
-        # ---------------------------------------------------------------- responses
+    def _responses(self, m, s):
+        """R and B responses: bursts in flight, and the first error."""
+        abort, axi, bg_fire, d, err, inflight = s.abort, s.axi, s.bg_fire, s.d, s.err, s.inflight
+        is_load = s.is_load
         r_fire = axi.rvalid & axi.rready
         b_fire = axi.bvalid & axi.bready
         m.d.comb += axi.bready.eq(1)
@@ -235,7 +276,10 @@ class Dma(wiring.Component):
             with m.If(err == DmaError.OK):
                 m.d.sync += err.eq(Mux(resp[0], DmaError.DECERR, DmaError.SLVERR))
 
-        # ---------------------------------------------------------------- load data path
+    def _load_path(self, m, s):
+        """Load: R beats gathered and shifted into on-chip rows."""
+        A, BB, LG, RBA, RBV, RBX, axi = s.A, s.BB, s.LG, s.RBA, s.RBV, s.RBX, s.axi
+        coalesced, d, is_load, is_vmem, run = s.coalesced, s.d, s.is_load, s.is_vmem, s.run
         nslot = -(-(BB - 2 + RBX) // BB)
         slots = [Signal(8 * BB, name=f"ld_slot{i}") for i in range(nslot)]
         ld_k = Signal(range(nslot))
@@ -294,8 +338,18 @@ class Dma(wiring.Component):
                                  ld_ba.eq(Mux(coalesced, beat_end, Cat(C(0, LG), next_a[LG:])))]
             with m.Else():
                 m.d.sync += [ld_k.eq(ld_k + 1), ld_ba.eq(beat_end)]
+        s.ld_a = ld_a
+        s.ld_ba = ld_ba
+        s.ld_end = ld_end
+        s.ld_k = ld_k
+        s.ld_r = ld_r
+        s.out_valid = out_valid
+        s.row_mask = row_mask
 
-        # ---------------------------------------------------------------- store: row reader
+    def _row_reader(self, m, s):
+        """Store: on-chip rows read, through ReLU and fp32 -> bf16."""
+        A, BB, LG, RBA, RBV, RBX, c, clear = s.A, s.BB, s.LG, s.RBA, s.RBV, s.RBX, s.c, s.clear
+        coalesced, d, is_load, is_vmem, run = s.coalesced, s.d, s.is_load, s.is_vmem, s.run
         DEPTH = 4
         meta = data.StructLayout({"first": 1, "last": 1, "off": range(BB)})
         rd_width = max(8 * RBV, 8 * RBA)
@@ -353,8 +407,17 @@ class Dma(wiring.Component):
             m.d.comb += row_bytes_out.eq(Cat(*acc_b16))
         with m.Else():
             m.d.comb += row_bytes_out.eq(Cat(*acc_f32))
+        s.q_meta = q_meta
+        s.rd_a = rd_a
+        s.rd_q = rd_q
+        s.rd_r = rd_r
+        s.row_bytes_out = row_bytes_out
 
-        # ---------------------------------------------------------------- store: gearbox
+    def _gearbox(self, m, s):
+        """Store: rows packed into W beats with strobes."""
+        BB, RBX, axi, d, is_load, q_meta = s.BB, s.RBX, s.axi, s.d, s.is_load, s.q_meta
+        rd_q, row_bytes_out, row_mask, run = s.rd_q, s.row_bytes_out, s.row_mask, s.run
+        wl_q = s.wl_q
         CAP = BB + RBX
         gb_data = Signal(8 * CAP)
         gb_strb = Signal(CAP)
@@ -390,8 +453,22 @@ class Dma(wiring.Component):
                          gb_n.eq(pos + d.row_bytes), gb_flush.eq(q_meta.last)]
         with m.Else():
             m.d.sync += [gb_data.eq(data1), gb_strb.eq(strb1), gb_n.eq(n1), gb_flush.eq(flush1)]
+        s.gb_data = gb_data
+        s.gb_flush = gb_flush
+        s.gb_n = gb_n
+        s.gb_strb = gb_strb
+        s.w_beat = w_beat
 
-        # ---------------------------------------------------------------- control
+    def _control(self, m, s):
+        """The descriptor's checks and the run state machine."""
+        A, LG, RBA, RBV, RBX, abort = s.A, s.LG, s.RBA, s.RBV, s.RBX, s.abort
+        bg_active, bg_end, bg_fire, bg_left = s.bg_active, s.bg_end, s.bg_fire, s.bg_left
+        bg_seg, bg_x, c, clear, coalesced, d = s.bg_seg, s.bg_x, s.c, s.clear, s.coalesced, s.d
+        err, gb_data, gb_flush, gb_n, gb_strb = s.err, s.gb_data, s.gb_flush, s.gb_n, s.gb_strb
+        inflight, is_load, is_vmem, last_off = s.inflight, s.is_load, s.is_vmem, s.last_off
+        ld_a, ld_ba, ld_end, ld_k, ld_r = s.ld_a, s.ld_ba, s.ld_end, s.ld_k, s.ld_r
+        out_valid, rd_a, rd_r, run, seg_len = s.out_valid, s.rd_a, s.rd_r, s.run, s.seg_len
+        total, w_beat = s.total, s.w_beat
         chip_rows = Mux(is_vmem, c.vmem_rows, c.acc_rows)
         limit = Signal(range(RBX + 1))
         with m.If(is_vmem):
@@ -463,7 +540,6 @@ class Dma(wiring.Component):
                              gb_strb.eq(0), w_beat.eq(0), out_valid.eq(0)]
                 with m.If(self.done.ready):
                     m.next = "IDLE"
-        return m
 
 
 class DmaSystem(wiring.Component):

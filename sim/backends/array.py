@@ -3,9 +3,8 @@
 * ``"verilator"``: the fast path. The Verilated array is compiled with
   ``sim/backends/csrc/array_harness.cpp`` into a shared library and driven through ctypes;
   the per-cycle loop runs in C++ (docs/simulation.md).
-* ``"icarus"``: a generated Verilog testbench reads the streams from hex files
-  (``$readmemh``), drives the array and writes the results back.
-* ``"amaranth"``: Amaranth's own Python simulator with ``sim.add_testbench``.
+* ``"icarus"`` and ``"amaranth"``: the generic stream runner (`runner.py`): a
+  generated Verilog testbench with hex files, or Amaranth's own simulator.
 
 All three run every tile back to back in **one** simulation and measure the
 cycle contract of docs/array.md: ``cycles`` counts the clock cycles from the one
@@ -17,141 +16,24 @@ tile's weights stream while the previous tile computes.
 
 import ctypes
 import functools
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from mxu.hdl.array import SystolicArray, array_latency
 from mxu.hdl.config import ChipConfig
 
-from .cache import cached_build
-from .native import build_native, generator_digest, load_native
+from .array_streams import ArrayStreams, pack_streams
+from .native import build_native, load_native
+from .runner import InStream, OutStream
+from .runner import run_amaranth as amaranth
+from .runner import run_icarus as icarus
 from .toolchain import require_simulator
 from .verilog import array_verilog
 
 __all__ = ["ArrayStreams", "ArrayRun", "pack_streams", "native_array",
            "run_streams", "simulate_array", "array_latency"]
-
-
-# ---------------------------------------------------------------------------
-# Streams: the beats a controller would send, as bit patterns
-# ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ArrayStreams:
-    """The four streams of one run, as bit patterns.
-
-    act : uint16 (N, rows)     activation beats (bf16)
-    first : bool (N,)          ``first`` flag of each activation beat
-    seed : uint32 (N, cols)    seed beats (fp32), in lockstep with `act`
-    weight : uint16 (T*rows, cols)  weight rows, tile after tile, k = 0 first
-    tile_rows : tuple of int   M_t, the activation rows of each tile
-    """
-    rows: int
-    cols: int
-    act: np.ndarray
-    first: np.ndarray
-    seed: np.ndarray
-    weight: np.ndarray
-    tile_rows: tuple
-
-    @property
-    def n(self):
-        return self.act.shape[0]
-
-    def split(self, result):
-        """Cut an (N, cols) result into one array per tile."""
-        bounds = np.cumsum((0,) + self.tile_rows)
-        return [result[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-
-    # Packed words, laid out as the Verilog ports (bit 0 = bit 0 of word 0).
-    def act_words(self):
-        words = -(-(16 * self.rows + 1) // 32)
-        packed = np.zeros((self.n, 2 * words), np.uint16)
-        packed[:, :self.rows] = self.act
-        packed[:, self.rows] = self.first
-        return np.ascontiguousarray(packed).view(np.uint32)
-
-    def weight_words(self):
-        words = -(-self.cols // 2)
-        packed = np.zeros((self.weight.shape[0], 2 * words), np.uint16)
-        packed[:, :self.cols] = self.weight
-        return np.ascontiguousarray(packed).view(np.uint32)
-
-    def seed_words(self):
-        return np.ascontiguousarray(self.seed, dtype=np.uint32)
-
-
-def _bf16_bits(x, what):
-    """bf16 bit patterns (uint16) of an ml_dtypes.bfloat16 array, or of a float32
-    array whose every value is a bf16 value."""
-    x = np.asarray(x)
-    if x.dtype == ml_dtypes.bfloat16:
-        return x.view(np.uint16)
-    if x.dtype == np.float32:
-        bits = x.view(np.uint32)
-        bad = np.flatnonzero(bits & 0xFFFF)
-        if bad.size:
-            i = np.unravel_index(bad[0], x.shape)
-            raise ValueError(f"{what} holds float32 values that are not bf16 values "
-                             f"(first at index {tuple(map(int, i))}: {x[i]!r}); "
-                             f"round them with ml_dtypes.bfloat16 first")
-        return (bits >> 16).astype(np.uint16)
-    raise TypeError(f"{what} must be an ml_dtypes.bfloat16 or float32 array, not {x.dtype}")
-
-
-def _tiles(x, name):
-    if not isinstance(x, (list, tuple)):
-        raise TypeError(f"{name} must be a list of arrays, one per weight tile, "
-                        f"not {type(x).__name__}")
-    return list(x)
-
-
-def pack_streams(A, W, seeds=None, *, rows, cols):
-    """Check the operands of `simulate_array` and turn them into `ArrayStreams`."""
-    for name, value in (("rows", rows), ("cols", cols)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, not {value!r}")
-    A, W = _tiles(A, "A"), _tiles(W, "W")
-    if not A:
-        raise ValueError("A and W must hold at least one weight tile")
-    if len(W) != len(A):
-        raise ValueError(f"A has {len(A)} tiles but W has {len(W)}")
-    if seeds is not None:
-        seeds = _tiles(seeds, "seeds")
-        if len(seeds) != len(A):
-            raise ValueError(f"A has {len(A)} tiles but seeds has {len(seeds)}")
-    acts, firsts, seed_bits, weights, tile_rows = [], [], [], [], []
-    for t, (a, w) in enumerate(zip(A, W)):
-        a, w = np.asarray(a), np.asarray(w)
-        if a.ndim != 2 or a.shape[1] != rows or a.shape[0] < 1:
-            raise ValueError(f"A[{t}] must have shape (M, {rows}) with M >= 1, not {a.shape}")
-        if w.shape != (rows, cols):
-            raise ValueError(f"W[{t}] must have shape {(rows, cols)}, not {w.shape}")
-        m = a.shape[0]
-        acts.append(_bf16_bits(a, f"A[{t}]"))
-        weights.append(_bf16_bits(w, f"W[{t}]"))
-        first = np.zeros(m, bool)
-        first[0] = True
-        firsts.append(first)
-        if seeds is None:
-            seed_bits.append(np.zeros((m, cols), np.uint32))
-        else:
-            s = np.asarray(seeds[t])
-            if s.dtype != np.float32:
-                raise TypeError(f"seeds[{t}] must be a float32 array, not {s.dtype}")
-            if s.shape != (m, cols):
-                raise ValueError(f"seeds[{t}] must have shape {(m, cols)}, not {s.shape}")
-            seed_bits.append(s.view(np.uint32))
-        tile_rows.append(m)
-    return ArrayStreams(rows=rows, cols=cols, act=np.concatenate(acts), first=np.concatenate(firsts),
-                        seed=np.concatenate(seed_bits), weight=np.concatenate(weights),
-                        tile_rows=tuple(tile_rows))
 
 
 # ---------------------------------------------------------------------------
@@ -245,172 +127,45 @@ def native_array(rows, cols, stages, weight_queue_depth=None, threads=1):
 
 
 # ---------------------------------------------------------------------------
-# Icarus: a generated Verilog testbench with hex files
+# Icarus and Amaranth: the generic stream runner
 # ---------------------------------------------------------------------------
 
-_ICARUS_TB = """\
-`timescale 1ns/1ps
-module tb;
-  localparam N = {n}, NW = {nw}, AW = {aw}, SW = {sw}, WW = {ww}, OW = {ow};
-  localparam MAX_CYCLES = {max_cycles};
-  reg clk = 0, rst = 1;
-  reg act_valid = 0, seed_valid = 0, weight_valid = 0, result_ready = 1;
-  reg [AW-1:0] act_payload = 0;
-  reg [SW-1:0] seed_payload = 0;
-  reg [WW-1:0] weight_payload = 0;
-  wire act_ready, seed_ready, weight_ready, result_valid, weights_ready, busy;
-  wire [OW-1:0] result_payload;
-  reg [AW-1:0] act_mem [0:N-1];
-  reg [SW-1:0] seed_mem [0:N-1];
-  reg [WW-1:0] weight_mem [0:NW-1];
-  top dut (
-    .clk(clk), .rst(rst),
-    .act__valid(act_valid), .act__ready(act_ready), .act__payload(act_payload),
-    .seed__valid(seed_valid), .seed__ready(seed_ready), .seed__payload(seed_payload),
-    .weight__valid(weight_valid), .weight__ready(weight_ready), .weight__payload(weight_payload),
-    .result__valid(result_valid), .result__ready(result_ready), .result__payload(result_payload),
-    .weights_ready(weights_ready), .busy(busy));
-  always #5 clk = ~clk;
-  integer ai = 0, wi = 0, ro = 0, cycle = 0, first_in = -1, last_out = -1, fd;
-  reg a_fire, w_fire, o_fire;
-  initial begin
-    $readmemh("act.hex", act_mem);
-    $readmemh("seed.hex", seed_mem);
-    $readmemh("weight.hex", weight_mem);
-    fd = $fopen("result.hex", "w");
-    @(posedge clk); @(posedge clk); #1 rst = 0;
-    while (ro < N) begin
-      act_valid = ai < N; seed_valid = ai < N; weight_valid = wi < NW;
-      if (ai < N) begin act_payload = act_mem[ai]; seed_payload = seed_mem[ai]; end
-      if (wi < NW) weight_payload = weight_mem[wi];
-      #1;
-      a_fire = act_valid & act_ready;
-      w_fire = weight_valid & weight_ready;
-      o_fire = result_valid & result_ready;
-      if (a_fire && first_in < 0) first_in = cycle;
-      if (o_fire) begin $fdisplay(fd, "%h", result_payload); ro = ro + 1; last_out = cycle; end
-      @(posedge clk); #1;
-      if (a_fire) ai = ai + 1;
-      if (w_fire) wi = wi + 1;
-      cycle = cycle + 1;
-      if (cycle > MAX_CYCLES) begin $display("WATCHDOG"); $fclose(fd); $finish; end
-    end
-    $fclose(fd);
-    $display("CYCLES %0d %0d", last_out - first_in + 1, cycle);
-    $finish;
-  end
-endmodule
-"""
+def _stream_ports(streams):
+    """The array's ports as the generic runner sees them."""
+    pack = lambda words: tuple(int.from_bytes(np.ascontiguousarray(r).tobytes(), "little")
+                               for r in words)
+    rows, cols = streams.rows, streams.cols
+    inputs = (InStream("act", 16 * rows + 1, pack(streams.act_words())),
+              InStream("seed", 32 * cols, pack(streams.seed_words())),
+              InStream("weight", 16 * cols, pack(streams.weight_words())))
+    return inputs, (OutStream("result", 32 * cols, streams.n),)
 
 
-def _hex_lines(words, bits):
-    """One hex line per row of a (n, w) uint32 array, `bits` wide."""
-    digits = -(-bits // 4)
-    lines = []
-    for row in words:
-        value = int.from_bytes(np.ascontiguousarray(row).tobytes(), "little")
-        lines.append(f"{value:0{digits}x}")
-    return "\n".join(lines) + "\n"
+def _array_run(streams, run):
+    cols = streams.cols
+    out = np.array([[(v >> (32 * c)) & 0xFFFFFFFF for c in range(cols)]
+                    for v in run.outputs["result"]], np.uint32).reshape(streams.n, cols)
+    return ArrayRun(result=out, cycles=run.last["result"] - run.first["act"] + 1,
+                    total_cycles=run.cycles, wall_s=run.wall_s)
 
 
 def run_icarus(streams, stages):
     """Run `streams` on Icarus; returns an `ArrayRun` (no wait statistics)."""
     rows, cols = streams.rows, streams.cols
-    latency = array_latency(rows, cols, stages)
-    aw, sw, ww, ow = 16 * rows + 1, 32 * cols, 16 * cols, 32 * cols
-    tb = _ICARUS_TB.format(n=streams.n, nw=streams.weight.shape[0], aw=aw, sw=sw, ww=ww, ow=ow,
-                           max_cycles=_watchdog(streams, latency, 100))
+    inputs, outputs = _stream_ports(streams)
     name = f"array{rows}x{cols}s{stages}"
+    run = icarus(name, [name], lambda: array_verilog(rows, cols, stages), inputs, outputs,
+                 max_cycles=_watchdog(streams, array_latency(rows, cols, stages), 100))
+    return _array_run(streams, run)
 
-    def build(directory, status):
-        status("generating Verilog")
-        (directory / "top.v").write_text(array_verilog(rows, cols, stages))
-        (directory / "tb.v").write_text(tb)
-        status("iverilog")
-        result = subprocess.run(["iverilog", "-g2012", "-o", str(directory / "tb.vvp"), "-s", "tb",
-                                 str(directory / "tb.v"), str(directory / "top.v")],
-                                capture_output=True, text=True)
-        (directory / "build.log").write_text(result.stdout + result.stderr)
-        if result.returncode != 0:
-            raise RuntimeError(f"iverilog failed:\n{result.stdout}{result.stderr}"[-3000:])
-
-    binary = cached_build("icarus", name, [generator_digest(), name, tb], build,
-                          artifacts=["tb.vvp"], what=f"{name} (Icarus)") / "tb.vvp"
-    with tempfile.TemporaryDirectory(prefix="mxu-icarus-") as work:
-        work = Path(work)
-        (work / "act.hex").write_text(_hex_lines(streams.act_words(), aw))
-        (work / "seed.hex").write_text(_hex_lines(streams.seed_words(), sw))
-        (work / "weight.hex").write_text(_hex_lines(streams.weight_words(), ww))
-        start = time.perf_counter()
-        result = subprocess.run(["vvp", "-n", str(binary)], cwd=work, capture_output=True, text=True)
-        wall = time.perf_counter() - start
-        log = result.stdout + result.stderr
-        if "WATCHDOG" in log:
-            raise RuntimeError(f"watchdog: the {rows}x{cols} array did not finish on Icarus")
-        lines = [l for l in log.splitlines() if l.startswith("CYCLES ")]
-        if result.returncode != 0 or not lines:
-            raise RuntimeError(f"vvp failed:\n{log[-3000:]}")
-        cycles, total = (int(x) for x in lines[-1].split()[1:3])
-        values = [int(l, 16) for l in (work / "result.hex").read_text().split()]
-    out = np.array([[(v >> (32 * c)) & 0xFFFFFFFF for c in range(cols)] for v in values], np.uint32)
-    return ArrayRun(result=out.reshape(streams.n, cols), cycles=cycles, total_cycles=total,
-                    wall_s=wall)
-
-
-# ---------------------------------------------------------------------------
-# Amaranth's simulator
-# ---------------------------------------------------------------------------
 
 def run_amaranth(streams, stages, *, weight_queue_depth=None):
     """Run `streams` on Amaranth's Python simulator; returns an `ArrayRun`."""
-    from amaranth.sim import Simulator
-
-    rows, cols = streams.rows, streams.cols
-    dut = SystolicArray(rows, cols, stages, weight_queue_depth=weight_queue_depth)
-    latency = dut.latency
-    pack = lambda words: [int.from_bytes(np.ascontiguousarray(r).tobytes(), "little") for r in words]
-    acts, seeds, weights = pack(streams.act_words()), pack(streams.seed_words()), pack(streams.weight_words())
-    n, nw = streams.n, len(weights)
-    out, marks = [], {}
-    limit = _watchdog(streams, latency, 100)
-
-    async def testbench(ctx):
-        ai = wi = cycle = 0
-        ctx.set(dut.result.ready, 1)
-        while len(out) < n:
-            ctx.set(dut.act.valid, ai < n)
-            ctx.set(dut.seed.valid, ai < n)
-            ctx.set(dut.weight.valid, wi < nw)
-            if ai < n:
-                ctx.set(dut.act.payload.as_value(), acts[ai])
-                ctx.set(dut.seed.payload.as_value(), seeds[ai])
-            if wi < nw:
-                ctx.set(dut.weight.payload.as_value(), weights[wi])
-            a_fire = ctx.get(dut.act.valid) and ctx.get(dut.act.ready)
-            w_fire = ctx.get(dut.weight.valid) and ctx.get(dut.weight.ready)
-            if a_fire and "first" not in marks:
-                marks["first"] = cycle
-            if ctx.get(dut.result.valid):
-                out.append(ctx.get(dut.result.payload.as_value()))
-                marks["last"] = cycle
-            await ctx.tick()
-            ai += a_fire
-            wi += w_fire
-            cycle += 1
-            marks["total"] = cycle
-            if cycle > limit:
-                raise RuntimeError(f"watchdog: the {rows}x{cols} array did not finish "
-                                   f"in Amaranth's simulator")
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(testbench)
-    start = time.perf_counter()
-    sim.run()
-    wall = time.perf_counter() - start
-    result = np.array([[(v >> (32 * c)) & 0xFFFFFFFF for c in range(cols)] for v in out], np.uint32)
-    return ArrayRun(result=result.reshape(n, cols), cycles=marks["last"] - marks["first"] + 1,
-                    total_cycles=marks["total"], wall_s=wall)
+    dut = SystolicArray(streams.rows, streams.cols, stages, weight_queue_depth=weight_queue_depth)
+    inputs, outputs = _stream_ports(streams)
+    run = amaranth(dut, inputs, outputs, name=f"the {streams.rows}x{streams.cols} array",
+                   max_cycles=_watchdog(streams, dut.latency, 100))
+    return _array_run(streams, run)
 
 
 # ---------------------------------------------------------------------------

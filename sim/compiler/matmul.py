@@ -129,10 +129,10 @@ class _Segment:
             g = 0
             for mb in range(plan.blocks):
                 m0 = mb * plan.Mb
-                for j0 in range(0, plan.NT, plan.G):
+                for j0, size in plan.groups_of_block():
                     start = self.groups[-1].end if self.groups else 0
                     grp = _Group(len(self.groups), k, g, mb, m0, min(plan.Mb, plan.M - m0), j0,
-                                 min(plan.G, plan.NT - j0), start, j0 == 0, g == 0, plan.KT)
+                                 size, start, j0 == 0, g == 0, plan.KT)
                     self.groups.append(grp)
                     g += 1
         self.starts = [grp.start for grp in self.groups]

@@ -43,8 +43,25 @@ class OpPlan:
         return ceil_div(self.M, self.Mb)
 
     @property
+    def rest(self):
+        """N tiles per group after a block's first: its activations are in VMEM
+        by then, so one tile per group is enough, and the tiles finish one by
+        one, which spreads their stores (the last group's stores are the run's
+        tail). Tiny K keeps G (a matrix bias buffer must last the ring's steps)."""
+        return 1 if self.KT >= RING_SLOTS else self.G
+
+    def groups_of_block(self):
+        """(first N tile, tiles) of each group of an M block."""
+        out = [(0, min(self.G, self.NT))]
+        j = out[0][1]
+        while j < self.NT:
+            out.append((j, min(self.rest, self.NT - j)))
+            j += out[-1][1]
+        return out
+
+    @property
     def groups_per_block(self):
-        return ceil_div(self.NT, self.G)
+        return len(self.groups_of_block())
 
     @property
     def steps(self):
@@ -85,7 +102,7 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         # A buffer is reused two blocks (or groups) later: the loads that refill
         # it run `ring` steps ahead, so a block (or group) must last that long.
         spaced = blocks <= 2 or KT * NT >= ring
-        spaced &= bias != "matrix" or KT * G >= ring or p.groups_per_block * blocks <= 2
+        spaced &= bias != "matrix" or KT * p.rest >= ring or p.groups_per_block * blocks <= 2
         fits = p.vmem_rows <= vmem_rows and p.acc_rows <= acc_rows
         return p if fits and spaced else None
 

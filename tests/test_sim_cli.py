@@ -25,6 +25,7 @@ def test_bad_shapes(argv, capsys):
     assert "argument --m: must be a positive integer, not 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_embed_prints_similarities_and_stats(capsys):
     assert main(["embed", "A cat sat on the mat.", "A kitten lay on the rug."]) == 0
     out = capsys.readouterr().out

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from chip_configs import TINY
+from chip_configs import SHAPES, TINY
 from mxu.hdl import ChipConfig
 from mxu.hdl.isa import ErrorCode
 from mxu.sim import Chip, ChipError, Program
@@ -58,7 +58,7 @@ def test_watchdog_then_matmul_is_right(chip):
 _AFTER_FREE = """
 import gc, sys
 sys.path.insert(0, {tests!r})
-from chip_configs import TINY
+from chip_configs import SHAPES, TINY
 from mxu.sim import Chip, Program
 r = Chip(TINY).run(Program().halt())
 gc.collect()
@@ -115,7 +115,7 @@ import signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
 import numpy as np
-from chip_configs import TINY
+from chip_configs import SHAPES, TINY
 from mxu.sim import Chip
 from mxu.verif import golden
 from test_sim_driver import _long_program
@@ -168,18 +168,19 @@ def test_waveform_window_depth_and_size_warning(tmp_path, capfd, monkeypatch):
     A = rng.standard_normal((16, 16)).astype(np.float32)
     B = rng.standard_normal((16, 16)).astype(np.float32)
     sizes = {}
+    small = SHAPES["1x1"]      # the smallest traced build
     for name, options in {"all": {}, "window": dict(waves_from=50, waves_cycles=100),
                           "shallow": dict(waves_depth=1)}.items():
         path = tmp_path / f"{name}.vcd"
-        c = Chip(TINY, waves=str(path), **options)
-        golden.assert_bits_equal(c.matmul(A, B), golden.matmul(A, B, rows=4), name)
+        c = Chip(small, waves=str(path), **options)
+        golden.assert_bits_equal(c.matmul(A, B), golden.matmul(A, B, rows=1), name)
         del c
         sizes[name] = path.stat().st_size
     assert sizes["window"] < sizes["all"] / 2 and sizes["shallow"] < sizes["all"] / 2
     monkeypatch.setattr(driver, "WAVE_WARN_BYTES", 1000)
     capfd.readouterr()
-    A = rng.standard_normal((64, 64)).astype(np.float32)
-    Chip(TINY, waves=str(tmp_path / "big.vcd")).matmul(A, A)
+    A = rng.standard_normal((16, 16)).astype(np.float32)
+    Chip(small, waves=str(tmp_path / "big.vcd")).matmul(A, A)
     assert "warning: the waveform" in capfd.readouterr().err
 
 

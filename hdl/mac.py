@@ -4,7 +4,7 @@ from amaranth.hdl import Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .numerics import BF16, FP32, Bf16Multiplier, Fp32AddAlign, Fp32AddRound
+from .numerics import BF16, FP32, Bf16ExactMultiplier, FpAddAlign, Fp32AddRound, unpack_fp32
 
 __all__ = ["MacOperands", "MacPipeline", "MacUnit", "MAC_STAGES"]
 
@@ -56,8 +56,10 @@ class MacPipeline(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.mul = mul = Bf16Multiplier()
-        m.submodules.align = align = Fp32AddAlign()
+        # The product goes to the adder unpacked (exactly the fp32 product, but
+        # never packed into the fp32 encoding and unpacked again).
+        m.submodules.mul = mul = Bf16ExactMultiplier()
+        m.submodules.align = align = FpAddAlign()
         m.submodules.round = rnd = Fp32AddRound()
 
         def stage(value, registered, name):
@@ -73,7 +75,7 @@ class MacPipeline(wiring.Component):
         product = stage(mul.p, self.stages >= 2, "product")
         acc = stage(ops.acc, self.stages >= 2, "acc_d")
         valid = stage(self.valid, self.stages >= 2, "valid_mul")
-        m.d.comb += [align.a.eq(acc), align.b.eq(product)]
+        m.d.comb += [align.x.eq(unpack_fp32(m, FP32(acc), "acc_unpacked")), align.y.eq(product)]
         partial = stage(align.partial, self.stages >= 3, "partial")
         valid = stage(valid, self.stages >= 3, "valid_align")
         m.d.comb += rnd.partial.eq(partial)

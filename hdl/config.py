@@ -23,7 +23,8 @@ class ChipConfig:
         Systolic array height (the reduction dimension K of one weight tile) and
         width (output columns N of one tile). Any value >= 1.
     mac_stages : int
-        Pipeline depth of one `MacUnit` (bf16 multiply then fp32 add): 1, 2 or 3.
+        Pipeline depth of one `MacUnit` (bf16 multiply then fp32 add): 1, 2, 3 or 4
+        (docs/array.md: what each depth costs and the tiles it streams without a bubble).
     vmem_bytes : int
         Capacity of the bf16 scratchpad (VMEM).
     vmem_banks : int
@@ -68,8 +69,9 @@ class ChipConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"ChipConfig.{name} must be a positive integer, not {value!r}")
-        if self.mac_stages not in (1, 2, 3):
-            raise ValueError(f"ChipConfig.mac_stages must be 1, 2 or 3, not {self.mac_stages!r}")
+        if self.mac_stages not in (1, 2, 3, 4):
+            raise ValueError(
+                f"ChipConfig.mac_stages must be 1, 2, 3 or 4, not {self.mac_stages!r}")
         if self.axi_data_bits not in (64, 128, 256, 512):
             raise ValueError(
                 f"ChipConfig.axi_data_bits must be 64, 128, 256 or 512, not {self.axi_data_bits!r}")

@@ -11,10 +11,11 @@ Datapath (docs/synth.md explains the costs): operands travel between the blocks
 bit), so the multiplier never packs its product into the fp32 encoding only for
 the adder to unpack it again.
 
-* `Bf16ExactMultiplier`: the 8x8-bit significand product (a DSP block), one left
-  shift that both normalises it and -- below the fp32 normal range -- places it on
-  the 2**-149 grid, and the one rounding a bf16 product ever needs (to a
-  subnormal). Its output is exactly the fp32 product, unpacked.
+* `Bf16ExactMultiplier` = `Bf16ProductCore` (the 8x8-bit significand product, a
+  DSP block) then `Bf16ProductRound` (one left shift that both normalises the
+  product and -- below the fp32 normal range -- places it on the 2**-149 grid,
+  and the one rounding a bf16 product ever needs, to a subnormal). Its output is
+  exactly the fp32 product, unpacked.
 * `FpAddAlign`: magnitude order, alignment shift with a sticky bit, one add or
   subtract.
 * `Fp32AddRound`: one normalising left shift (clamped at the subnormal
@@ -31,7 +32,8 @@ from amaranth.lib.wiring import In, Out
 
 __all__ = [
     "BF16", "FP32", "FP32_QNAN", "BF16_QNAN", "FpUnpacked",
-    "Bf16Multiplier", "Bf16ExactMultiplier", "Fp32Adder", "FpAddAlign", "Fp32AddAlign",
+    "Bf16Multiplier", "Bf16ExactMultiplier", "Bf16ProductCore", "Bf16ProductRound",
+    "Bf16RawProduct", "Fp32Adder", "FpAddAlign", "Fp32AddAlign",
     "Fp32AddRound", "Fp32AddPartial", "Fp32ToBf16", "leading_zeros", "unpack_fp32",
 ]
 
@@ -128,22 +130,62 @@ def _pack(m, value, out):
             Cat(value.sig[:23], Mux(value.sig[23], value.exp, 0), value.sign))
 
 
-class Bf16ExactMultiplier(wiring.Component):
-    """bf16 x bf16 -> the fp32 product, combinational, unpacked.
+class Bf16RawProduct(data.Struct):
+    """The product of two bf16 before normalisation: ``(-1)**sign * product *
+    2**(exp_sum - 268)``, or a special (``nan``; ``inf``: an infinite operand)."""
+    product: 16           # the 8x8-bit significand product
+    exp_sum: 9            # sum of the two effective exponents
+    sign: 1
+    zero: 1               # an operand is zero
+    nan: 1
+    inf: 1
 
-    The 8x8-bit significand product ``P`` has at most 16 significant bits, so the
-    fp32 product is exact except below the normal range (rounded to the 2**-149
-    grid, to nearest-even) and beyond it (+-inf). One left shift of ``P`` serves
-    both cases: by its leading-zero count (normal result: the hidden bit lands on
-    bit 23), or by ``ea + eb - 119`` (subnormal result: bit 0 lands on 2**-149,
-    with 17 fraction bits below for the rounding); the smaller of the two is the
-    right one.
 
-    Interface: ``a``, ``b``: In(BF16); ``p``: Out(FpUnpacked).
+class Bf16ProductCore(wiring.Component):
+    """First half of `Bf16ExactMultiplier`: operand classes, the significand
+    product (a DSP block on an FPGA) and the exponent sum.
+
+    Interface: ``a``, ``b``: In(BF16); ``raw``: Out(Bf16RawProduct).
     """
 
     a: In(BF16)
     b: In(BF16)
+    raw: Out(Bf16RawProduct)
+
+    def elaborate(self, platform):
+        m = Module()
+        a, b, raw = self.a, self.b, self.raw
+        a_nan, a_inf, a_zero = _classify(a, 7)
+        b_nan, b_inf, b_zero = _classify(b, 7)
+        sig_a, exp_a = _significand(a)
+        sig_b, exp_b = _significand(b)
+        m.d.comb += [
+            raw.product.eq(sig_a * sig_b),
+            raw.exp_sum.eq(exp_a + exp_b),
+            raw.sign.eq(a.sign ^ b.sign),
+            raw.zero.eq(a_zero | b_zero),
+            raw.nan.eq(a_nan | b_nan | (a_inf & b_zero) | (a_zero & b_inf)),
+            raw.inf.eq(a_inf | b_inf),
+        ]
+        return m
+
+
+class Bf16ProductRound(wiring.Component):
+    """Second half of `Bf16ExactMultiplier`: the raw product as an exact fp32
+    value, unpacked.
+
+    The 16-bit product ``P`` has at most 16 significant bits, so the fp32 product
+    is exact except below the normal range (rounded to the 2**-149 grid, to
+    nearest-even) and beyond it (+-inf). One left shift of ``P`` serves both
+    cases: by its leading-zero count (normal result: the hidden bit lands on bit
+    23), or by ``ea + eb - 119`` (subnormal result: bit 0 lands on 2**-149, with
+    17 fraction bits below for the rounding); the smaller of the two is the
+    right one.
+
+    Interface: ``raw``: In(Bf16RawProduct); ``p``: Out(FpUnpacked).
+    """
+
+    raw: In(Bf16RawProduct)
     p: Out(FpUnpacked)
 
     # Fraction bits kept below the 2**-149 grid: enough for every product whose
@@ -152,18 +194,10 @@ class Bf16ExactMultiplier(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        a, b, p = self.a, self.b, self.p
-        a_nan, a_inf, a_zero = _classify(a, 7)
-        b_nan, b_inf, b_zero = _classify(b, 7)
-
-        sig_a, exp_a = _significand(a)
-        sig_b, exp_b = _significand(b)
-        product = Signal(16)
-        m.d.comb += product.eq(sig_a * sig_b)
+        raw, p = self.raw, self.p
+        product, exp_sum = raw.product, raw.exp_sum
         lz = Signal(range(17))
         m.d.comb += lz.eq(leading_zeros(product))
-        exp_sum = Signal(9)
-        m.d.comb += exp_sum.eq(exp_a + exp_b)
 
         # value = P * 2**(ea + eb - 268). Normal result: exponent field
         # ea + eb - 126 - lz, and P << (lz + 8) puts the hidden bit on bit 23.
@@ -184,7 +218,7 @@ class Bf16ExactMultiplier(wiring.Component):
             m.d.comb += amount.eq(normal_amount)
         # A zero product must look like an fp32 zero (exp 1) to the adder's
         # magnitude comparison.
-        normal = (grid_amount >= normal_amount) & ~a_zero & ~b_zero
+        normal = (grid_amount >= normal_amount) & ~raw.zero
         shifted = Signal(24 + self._FRACTION)
         m.d.comb += shifted.eq(product << amount)
         integer = shifted[self._FRACTION:]
@@ -195,14 +229,33 @@ class Bf16ExactMultiplier(wiring.Component):
 
         field = Signal(signed(11))
         m.d.comb += field.eq(exp_sum - 126 - lz)
-        nan = a_nan | b_nan | (a_inf & b_zero) | (a_zero & b_inf)
         m.d.comb += [
             p.sig.eq(integer + round_up),
             p.exp.eq(Mux(normal, field[:8], 1)),
-            p.sign.eq(a.sign ^ b.sign),
-            p.nan.eq(nan),
-            p.inf.eq(~nan & (a_inf | b_inf | (normal & (field >= 255)))),
+            p.sign.eq(raw.sign),
+            p.nan.eq(raw.nan),
+            p.inf.eq(~raw.nan & (raw.inf | (normal & (field >= 255)))),
         ]
+        return m
+
+
+class Bf16ExactMultiplier(wiring.Component):
+    """bf16 x bf16 -> the fp32 product, combinational, unpacked:
+    `Bf16ProductCore` then `Bf16ProductRound`.
+
+    Interface: ``a``, ``b``: In(BF16); ``p``: Out(FpUnpacked).
+    """
+
+    a: In(BF16)
+    b: In(BF16)
+    p: Out(FpUnpacked)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.core = core = Bf16ProductCore()
+        m.submodules.round = rnd = Bf16ProductRound()
+        m.d.comb += [core.a.eq(self.a), core.b.eq(self.b), rnd.raw.eq(core.raw),
+                     self.p.eq(rnd.p)]
         return m
 
 
@@ -264,23 +317,28 @@ class FpAddAlign(wiring.Component):
         big_sig = Mux(swap, y.sig, x.sig)
         small_sig = Mux(swap, x.sig, y.sig)
         big_exp = Mux(swap, y.exp, x.exp)
-        distance = Signal(8)
-        m.d.comb += distance.eq(Mux(swap, y.exp - x.exp, x.exp - y.exp))
-        shift = Signal(range(_ALIGNED + 1))
-        m.d.comb += shift.eq(Mux(distance > _ALIGNED, _ALIGNED, distance))
+        # The distance needs only the exponents (equal exponents: 0 either way),
+        # so it is ready as soon as the significand comparison is.
+        x_minus_y = Signal(9)
+        y_minus_x = Signal(9)
+        m.d.comb += [x_minus_y.eq(x.exp - y.exp), y_minus_x.eq(y.exp - x.exp)]
+        distance = Mux(x_minus_y[8], y_minus_x[:8], x_minus_y[:8])
+        # Distances of 27..31 shift everything out of the 5-bit shifter's reach
+        # anyway; 32 and more are caught by the high bits (no comparator).
+        far = distance[5:] != 0
+        shift = distance[:5]
 
         # Window: the small significand on top of GRS zeros, shifted right.
         window = Signal(_ALIGNED)
-        m.d.comb += window.eq(Cat(C(0, _GRS), small_sig) >> shift)
+        m.d.comb += window.eq(Mux(far, 0, Cat(C(0, _GRS), small_sig) >> shift))
         # Sticky: some significand bit below the window, i.e. one of the lowest
         # (shift - GRS) bits; prefix ORs of the significand, picked by the shift.
         below = [C(0, 1)]
         for i in range(24):
             below.append(Signal(name=f"below{i + 1}"))
             m.d.comb += below[-1].eq(below[-2] | small_sig[i])
-        lost = Signal(range(25))
-        m.d.comb += lost.eq(Mux(shift > _GRS, shift - _GRS, 0))
-        sticky = Array(below)[lost]
+        picks = [below[min(max(k - _GRS, 0), 24)] for k in range(32)]
+        sticky = Mux(far, below[24], Array(picks)[shift])
         aligned_small = Cat(window[0] | sticky, window[1:])
         aligned_big = Cat(C(0, _GRS), big_sig)
 

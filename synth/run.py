@@ -31,7 +31,7 @@ from mxu.hdl.pe import ProcessingElement
 from mxu.hdl.top import MxuChip
 
 from .flow import Phases, ToolError, run_tool
-from .report import format_table, lut4_equivalent, parse_nextpnr_log, yosys_cells
+from .report import format_table, lut4_equivalent, parse_nextpnr_log, readable_cell, yosys_cells
 from .verilog import component_verilog, pe_module_name, pe_module_verilog
 from .wrap import RegisteredPorts, SerialPorts
 
@@ -335,7 +335,8 @@ class Ecp5Report:
     config: dict
     options: dict
     device: str
-    luts: int                # TRELLIS_COMB used (LUT4 slots, carry cells included)
+    luts: int                # LUT4s (logic, carry, RAM) before packing, as nextpnr counts
+    comb_slots: int | None   # TRELLIS_COMB slots after packing (adds feed-through LUTs)
     ffs: int
     dsps: int
     brams: int
@@ -356,21 +357,29 @@ class Ecp5Report:
 
     @property
     def luts_per_pe(self):
-        return (self.luts - self.wrapper_luts) / self.pes if self.pes else None
+        """LUT4 of the one PE of a ``pe`` unit (a flattened array or chip does
+        not say which LUT belongs to a PE: `mxu synth --target generic` does)."""
+        return self.luts if self.unit == "pe" else None
 
     def table(self):
         rows = [
             ["LUT4", self.luts, self.capacity["LUT4"], _pct(self.luts, self.capacity["LUT4"])],
+            ["COMB slots", self.comb_slots if self.comb_slots is not None else "-",
+             self.capacity["LUT4"], _pct(self.comb_slots or 0, self.capacity["LUT4"])],
             ["FF", self.ffs, self.capacity["FF"], _pct(self.ffs, self.capacity["FF"])],
             ["MULT18X18D", self.dsps, self.capacity["DSP"], _pct(self.dsps, self.capacity["DSP"])],
             ["DP16KD", self.brams, self.capacity["BRAM"], _pct(self.brams, self.capacity["BRAM"])],
         ]
-        lines = [format_table(["resource", "used", self.device, "%"], rows)]
-        if self.pes:
-            lines.append(f"LUT4 per PE: {self.luts_per_pe:.0f}"
-                         + (f" (the {self.wrapper} wrapper's ~{self.wrapper_luts} LUT4 excluded)"
-                            if self.wrapper_luts else ""))
-        if self.wrapper_ffs:
+        lines = [format_table(["resource", "used", self.device, "%"], rows),
+                 "LUT4: nextpnr's count before packing (logic + carry + RAM LUTs); COMB slots: "
+                 "after packing, with feed-through LUTs."]
+        if self.unit == "pe":
+            lines.append(f"LUT4 per PE: {self.luts} (multiplier, adder, both weight registers "
+                         f"and the systolic registers; the wrapper adds flip-flops only)")
+        elif self.pes:
+            lines.append(f"{self.pes} PEs; the {self.wrapper} wrapper adds ~{self.wrapper_luts} "
+                         f"LUT4 and {self.wrapper_ffs} FF to these counts")
+        if self.wrapper_ffs and not self.pes > 1:
             lines.append(f"FF includes the {self.wrapper} wrapper's {self.wrapper_ffs}.")
         if not self.placed:
             lines.append("NOT PLACED: the design does not fit the device (Yosys counts above).")
@@ -429,7 +438,7 @@ def synth_ecp5(design, options=None, *, workdir=None, phases=None):
     yosys_luts = lut4_equivalent(cells)
     if yosys_luts > luts_cap or cells.get("DP16KD", 0) > bram_cap or \
             cells.get("MULT18X18D", 0) > dsp_cap:
-        return Ecp5Report(luts=yosys_luts, ffs=cells.get("TRELLIS_FF", 0),
+        return Ecp5Report(luts=yosys_luts, comb_slots=None, ffs=cells.get("TRELLIS_FF", 0),
                           dsps=cells.get("MULT18X18D", 0), brams=cells.get("DP16KD", 0),
                           fmax_mhz=None, critical_start=None, critical_end=None, critical_ns=None,
                           times=dict(phases.times), placed=False, **base)
@@ -437,8 +446,11 @@ def synth_ecp5(design, options=None, *, workdir=None, phases=None):
                       cwd=workdir, log="nextpnr.log", what="nextpnr-ecp5")
     result = parse_nextpnr_log(text)
     path = result.critical_path
-    return Ecp5Report(luts=result.used("TRELLIS_COMB"), ffs=result.used("TRELLIS_FF"),
+    return Ecp5Report(luts=result.lut4, comb_slots=result.used("TRELLIS_COMB"),
+                      ffs=result.used("TRELLIS_FF"),
                       dsps=result.used("MULT18X18D"), brams=result.used("DP16KD"),
-                      fmax_mhz=result.fmax_mhz, critical_start=path and path.start,
-                      critical_end=path and path.end, critical_ns=path and path.delay_ns,
+                      fmax_mhz=result.fmax_mhz,
+                      critical_start=path and readable_cell(path.start),
+                      critical_end=path and readable_cell(path.end),
+                      critical_ns=path and path.delay_ns,
                       times=dict(phases.times), **base)

@@ -150,7 +150,9 @@ class ChipConfig:
 
 _PRESETS = {
     "default": ChipConfig(),
-    # LFE5U-85F: 208 DP16KD blocks of 18 Kib (~468 KiB). Keep well under half.
-    "fpga": ChipConfig(rows=8, cols=8, mac_stages=2, vmem_bytes=64 << 10, vmem_banks=2,
+    # LFE5U-85F: 208 DP16KD blocks of 18 Kib (~468 KiB); these memories take 48.
+    # mac_stages 4: the PE closes at ~52 MHz on its own, 3 only at ~33 MHz
+    # (docs/synth.md has the measurements).
+    "fpga": ChipConfig(rows=8, cols=8, mac_stages=4, vmem_bytes=64 << 10, vmem_banks=2,
                        acc_bytes=32 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20),
 }

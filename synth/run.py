@@ -61,9 +61,9 @@ PACKAGE = "CABGA381"
 # (first match wins; the PE is its own module, see `mxu.synth.verilog`). The
 # MAC's three datapath blocks are rows of their own, in every unit.
 BLOCKS = [
-    ("MAC multiplier", (".mac.mul", ".mul")),
-    ("MAC adder: align", (".mac.align", ".align")),
-    ("MAC adder: round", (".mac.round", ".round")),
+    ("MAC multiplier", (".mul", ".mul_round")),
+    ("MAC adder: align", (".align",)),
+    ("MAC adder: round", (".round",)),
     ("PE", ("mxu_pe_",)),
     ("array", ("top.core.compute.array", "top.compute.array")),
     ("compute engine", ("top.core.compute",)),
@@ -208,7 +208,7 @@ class GenericReport:
 
 
 def _block_of(name, unit):
-    if unit in ("mac", "pe") and not name.endswith((".mul", ".align", ".round")):
+    if unit in ("mac", "pe") and not name.endswith((".mul", ".mul_round", ".align", ".round")):
         return "PE" if unit == "pe" else "MAC"
     for block, patterns in BLOCKS:
         for pattern in patterns:

@@ -140,7 +140,8 @@ class ChipConfig:
     @classmethod
     def preset(cls, name):
         """A named configuration: ``"default"`` (16x16 simulation chip) or ``"fpga"``
-        (8x8, memories sized for the block RAM of an LFE5U-85F)."""
+        (8x6, the largest array whose whole chip places and routes on an
+        LFE5U-85F, see docs/synth.md)."""
         try:
             return _PRESETS[name]
         except KeyError:
@@ -150,9 +151,10 @@ class ChipConfig:
 
 _PRESETS = {
     "default": ChipConfig(),
-    # LFE5U-85F: 208 DP16KD blocks of 18 Kib (~468 KiB); these memories take 48.
-    # mac_stages 4: the PE closes at ~52 MHz on its own, 3 only at ~33 MHz
-    # (docs/synth.md has the measurements).
-    "fpga": ChipConfig(rows=8, cols=8, mac_stages=4, vmem_bytes=64 << 10, vmem_banks=2,
+    # LFE5U-85F, measured (docs/synth.md): the whole 8x8 chip needs 77.5k of the
+    # 83.6k LUT4 (98 % of the slices once packed) and does not place; 8x6 does.
+    # mac_stages 4: the PE closes at ~52 MHz on its own, 3 only at ~35 MHz. The
+    # memories take 46 of the 208 DP16KD block RAMs.
+    "fpga": ChipConfig(rows=8, cols=6, mac_stages=4, vmem_bytes=64 << 10, vmem_banks=2,
                        acc_bytes=32 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20),
 }

@@ -153,8 +153,8 @@ _PRESETS = {
     "default": ChipConfig(),
     # LFE5U-85F, measured (docs/synth.md): the whole 8x8 chip needs 77.5k of the
     # 83.6k LUT4 (98 % of the slices once packed) and does not place; 8x6 does.
-    # mac_stages 4: the PE closes at ~52 MHz on its own, 3 only at ~35 MHz. The
-    # memories take 46 of the 208 DP16KD block RAMs.
+    # mac_stages 4: the PE closes at ~52 MHz on its own, 3 only at ~35 MHz.
+    # VMEM: 4096 rows of 8 bf16; accumulator: 2048 rows of 6 fp32 (block RAM).
     "fpga": ChipConfig(rows=8, cols=6, mac_stages=4, vmem_bytes=64 << 10, vmem_banks=2,
-                       acc_bytes=32 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20),
+                       acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20),
 }

@@ -34,9 +34,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/dma.py
 	$(BIN)/python bench/chip.py
 
+# Synthesis tables of docs/synth.md; the whole-chip place-and-route takes about
+# an hour (WebAssembly nextpnr). `mxu synth --help` runs one unit at a time.
 synth: $(STAMP)
-	$(BIN)/python -m mxu.synth.mac
-	$(BIN)/python -m mxu.synth.array
+	$(BIN)/python bench/synth.py
 
 clean:
 	rm -rf build .cache sim_build

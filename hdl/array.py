@@ -83,7 +83,7 @@ class SystolicArray(wiring.Component):
     cols : int
         PE columns: output columns N of one weight tile (>= 1).
     mac_stages : int
-        Pipeline depth of each PE's multiply-add, 1, 2 or 3.
+        Pipeline depth of each PE's multiply-add, 1, 2, 3 or 4.
     weight_queue_depth : int or None
         Weight rows the queue in front of the shadow registers holds (>= 1);
         None picks `default_weight_queue_depth`, which keeps back-to-back tiles

@@ -24,7 +24,8 @@ class ChipConfig:
         Systolic array height (the reduction dimension K of one weight tile) and
         width (output columns N of one tile). Any value >= 1.
     mac_stages : int
-        Pipeline depth of one `MacUnit` (bf16 multiply then fp32 add): 1, 2 or 3.
+        Pipeline depth of one `MacUnit` (bf16 multiply then fp32 add): 1, 2, 3 or 4
+        (docs/array.md: what each depth costs and the tiles it streams without a bubble).
     vmem_bytes : int
         Capacity of the bf16 scratchpad (VMEM).
     vmem_banks : int
@@ -81,8 +82,9 @@ class ChipConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"ChipConfig.{name} must be a positive integer, not {value!r}")
-        if self.mac_stages not in (1, 2, 3):
-            raise ValueError(f"ChipConfig.mac_stages must be 1, 2 or 3, not {self.mac_stages!r}")
+        if self.mac_stages not in (1, 2, 3, 4):
+            raise ValueError(
+                f"ChipConfig.mac_stages must be 1, 2, 3 or 4, not {self.mac_stages!r}")
         if self.axi_data_bits not in (64, 128, 256, 512):
             raise ValueError(
                 f"ChipConfig.axi_data_bits must be 64, 128, 256 or 512, not {self.axi_data_bits!r}")
@@ -154,7 +156,8 @@ class ChipConfig:
     @classmethod
     def preset(cls, name):
         """A named configuration: ``"default"`` (16x16 simulation chip) or ``"fpga"``
-        (8x8, memories sized for the block RAM of an LFE5U-85F)."""
+        (8x6, the largest array whose whole chip places and routes on an
+        LFE5U-85F, see docs/synth.md)."""
         try:
             return _PRESETS[name]
         except KeyError:
@@ -164,7 +167,10 @@ class ChipConfig:
 
 _PRESETS = {
     "default": ChipConfig(),
-    # LFE5U-85F: 208 DP16KD blocks of 18 Kib (~468 KiB). Keep well under half.
-    "fpga": ChipConfig(rows=8, cols=8, mac_stages=2, vmem_bytes=64 << 10, vmem_banks=2,
-                       acc_bytes=32 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20),
+    # LFE5U-85F, measured (docs/synth.md): the whole 8x8 chip needs 77.5k of the
+    # 83.6k LUT4 (98 % of the slices once packed) and does not place; 8x6 does.
+    # mac_stages 4: the PE closes at ~52 MHz on its own, 3 only at ~35 MHz.
+    # VMEM: 4096 rows of 8 bf16; accumulator: 2048 rows of 6 fp32 (block RAM).
+    "fpga": ChipConfig(rows=8, cols=6, mac_stages=4, vmem_bytes=64 << 10, vmem_banks=2,
+                       acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20),
 }

@@ -4,11 +4,11 @@ from amaranth.hdl import Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .numerics import BF16, FP32, Bf16Multiplier, Fp32AddAlign, Fp32AddRound
+from .numerics import BF16, FP32, Bf16ProductCore, Bf16ProductRound, FpAddAlign, Fp32AddRound, unpack_fp32
 
 __all__ = ["MacOperands", "MacPipeline", "MacUnit", "MAC_STAGES"]
 
-MAC_STAGES = (1, 2, 3)
+MAC_STAGES = (1, 2, 3, 4)
 
 
 class MacOperands(data.Struct):
@@ -24,12 +24,13 @@ class MacPipeline(wiring.Component):
 
     The register boundaries are: stages=1, after the adder; stages=2, also between
     multiplier and adder; stages=3, also between the adder's alignment and its
-    normalise/round halves.
+    normalise/round halves; stages=4, also inside the multiplier, after the
+    significand product (the DSP block) and before its normalising shift.
 
     Parameters
     ----------
     stages : int
-        Pipeline depth, 1, 2 or 3.
+        Pipeline depth, 1, 2, 3 or 4.
 
     Interface
     ---------
@@ -56,8 +57,11 @@ class MacPipeline(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.mul = mul = Bf16Multiplier()
-        m.submodules.align = align = Fp32AddAlign()
+        # The product goes to the adder unpacked (exactly the fp32 product, but
+        # never packed into the fp32 encoding and unpacked again).
+        m.submodules.mul = mul = Bf16ProductCore()
+        m.submodules.mul_round = mul_round = Bf16ProductRound()
+        m.submodules.align = align = FpAddAlign()
         m.submodules.round = rnd = Fp32AddRound()
 
         def stage(value, registered, name):
@@ -70,10 +74,13 @@ class MacPipeline(wiring.Component):
 
         ops = self.operands
         m.d.comb += [mul.a.eq(ops.a), mul.b.eq(ops.w)]
-        product = stage(mul.p, self.stages >= 2, "product")
-        acc = stage(ops.acc, self.stages >= 2, "acc_d")
-        valid = stage(self.valid, self.stages >= 2, "valid_mul")
-        m.d.comb += [align.a.eq(acc), align.b.eq(product)]
+        m.d.comb += mul_round.raw.eq(stage(mul.raw, self.stages >= 4, "raw_product"))
+        acc = stage(ops.acc, self.stages >= 4, "acc_d0")
+        valid = stage(self.valid, self.stages >= 4, "valid_raw")
+        product = stage(mul_round.p, self.stages >= 2, "product")
+        acc = stage(acc, self.stages >= 2, "acc_d")
+        valid = stage(valid, self.stages >= 2, "valid_mul")
+        m.d.comb += [align.x.eq(unpack_fp32(m, FP32(acc), "acc_unpacked")), align.y.eq(product)]
         partial = stage(align.partial, self.stages >= 3, "partial")
         valid = stage(valid, self.stages >= 3, "valid_align")
         m.d.comb += rnd.partial.eq(partial)
@@ -94,7 +101,7 @@ class MacUnit(wiring.Component):
     Parameters
     ----------
     stages : int
-        Pipeline depth, 1, 2 or 3.
+        Pipeline depth, 1, 2, 3 or 4.
 
     Interface
     ---------

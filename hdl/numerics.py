@@ -5,16 +5,36 @@ Every operation here rounds to nearest-even, takes and produces subnormals
 ``0x7FC00000`` (``0x7FC0`` for bf16, sign kept) for every NaN result, and follows
 the IEEE signed-zero rules. DESIGN.md section 3 is the contract; the golden model
 in `mxu.verif.golden` is its NumPy statement.
+
+Datapath (docs/synth.md explains the costs): operands travel between the blocks
+*unpacked* (`FpUnpacked`: sign, effective exponent, significand with its hidden
+bit), so the multiplier never packs its product into the fp32 encoding only for
+the adder to unpack it again.
+
+* `Bf16ExactMultiplier` = `Bf16ProductCore` (the 8x8-bit significand product, a
+  DSP block) then `Bf16ProductRound` (one left shift that both normalises the
+  product and -- below the fp32 normal range -- places it on the 2**-149 grid,
+  and the one rounding a bf16 product ever needs, to a subnormal). Its output is
+  exactly the fp32 product, unpacked.
+* `FpAddAlign`: magnitude order, alignment shift with a sticky bit, one add or
+  subtract.
+* `Fp32AddRound`: one normalising left shift (clamped at the subnormal
+  boundary, so a carry-out needs no second path), round to nearest-even,
+  overflow, specials.
+
+`Bf16Multiplier`, `Fp32AddAlign` and `Fp32Adder` are the packed fp32 views of the
+same blocks; `MacPipeline` (hdl/mac.py) chains the unpacked ones.
 """
 
-from amaranth.hdl import C, Cat, Module, Mux, Shape, Signal
+from amaranth.hdl import Array, C, Cat, Module, Mux, Shape, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = [
-    "BF16", "FP32", "FP32_QNAN", "BF16_QNAN",
-    "Bf16Multiplier", "Fp32Adder", "Fp32AddAlign", "Fp32AddRound", "Fp32AddPartial",
-    "Fp32ToBf16", "leading_zeros",
+    "BF16", "FP32", "FP32_QNAN", "BF16_QNAN", "FpUnpacked",
+    "Bf16Multiplier", "Bf16ExactMultiplier", "Bf16ProductCore", "Bf16ProductRound",
+    "Bf16RawProduct", "Fp32Adder", "FpAddAlign", "Fp32AddAlign",
+    "Fp32AddRound", "Fp32AddPartial", "Fp32ToBf16", "leading_zeros", "unpack_fp32",
 ]
 
 
@@ -32,8 +52,24 @@ class FP32(data.Struct):
     sign: 1
 
 
+class FpUnpacked(data.Struct):
+    """A binary32 value between datapath blocks.
+
+    Finite values are ``(-1)**sign * sig * 2**(exp - 150)`` with ``1 <= exp <=
+    254``; ``sig`` holds the hidden bit (bit 23), which is 0 only for subnormals
+    (then ``exp == 1``) and zero (``sig == 0``). ``nan`` and ``inf`` flag the
+    specials; ``exp`` and ``sig`` are then meaningless.
+    """
+    sig: 24
+    exp: 8
+    sign: 1
+    nan: 1
+    inf: 1
+
+
 FP32_QNAN = 0x7FC00000
 BF16_QNAN = 0x7FC0
+
 
 def signed(width):
     return Shape(width, signed=True)
@@ -70,8 +106,161 @@ def _significand(number):
     return Cat(number.frac, normal), Mux(normal, number.exp, 1)
 
 
+def unpack_fp32(m, number, name):
+    """An `FpUnpacked` signal driven (combinationally, in `m`) from the FP32 view
+    `number`."""
+    out = Signal(FpUnpacked, name=name)
+    nan, inf, _ = _classify(number, 23)
+    sig, exp = _significand(number)
+    m.d.comb += [out.sig.eq(sig), out.exp.eq(exp), out.sign.eq(number.sign),
+                 out.nan.eq(nan), out.inf.eq(inf)]
+    return out
+
+
+def _pack(m, value, out):
+    """Drive the FP32 view `out` from the `FpUnpacked` `value` (which must be an
+    exact binary32 value: no rounding happens here)."""
+    with m.If(value.nan):
+        m.d.comb += out.as_value().eq(FP32_QNAN)
+    with m.Elif(value.inf):
+        m.d.comb += out.as_value().eq(Cat(C(0x7F800000, 31), value.sign))
+    with m.Else():
+        # The hidden bit tells a normal number from a subnormal (field 0) one.
+        m.d.comb += out.as_value().eq(
+            Cat(value.sig[:23], Mux(value.sig[23], value.exp, 0), value.sign))
+
+
+class Bf16RawProduct(data.Struct):
+    """The product of two bf16 before normalisation: ``(-1)**sign * product *
+    2**(exp_sum - 268)``, or a special (``nan``; ``inf``: an infinite operand)."""
+    product: 16           # the 8x8-bit significand product
+    exp_sum: 9            # sum of the two effective exponents
+    sign: 1
+    zero: 1               # an operand is zero
+    nan: 1
+    inf: 1
+
+
+class Bf16ProductCore(wiring.Component):
+    """First half of `Bf16ExactMultiplier`: operand classes, the significand
+    product (a DSP block on an FPGA) and the exponent sum.
+
+    Interface: ``a``, ``b``: In(BF16); ``raw``: Out(Bf16RawProduct).
+    """
+
+    a: In(BF16)
+    b: In(BF16)
+    raw: Out(Bf16RawProduct)
+
+    def elaborate(self, platform):
+        m = Module()
+        a, b, raw = self.a, self.b, self.raw
+        a_nan, a_inf, a_zero = _classify(a, 7)
+        b_nan, b_inf, b_zero = _classify(b, 7)
+        sig_a, exp_a = _significand(a)
+        sig_b, exp_b = _significand(b)
+        m.d.comb += [
+            raw.product.eq(sig_a * sig_b),
+            raw.exp_sum.eq(exp_a + exp_b),
+            raw.sign.eq(a.sign ^ b.sign),
+            raw.zero.eq(a_zero | b_zero),
+            raw.nan.eq(a_nan | b_nan | (a_inf & b_zero) | (a_zero & b_inf)),
+            raw.inf.eq(a_inf | b_inf),
+        ]
+        return m
+
+
+class Bf16ProductRound(wiring.Component):
+    """Second half of `Bf16ExactMultiplier`: the raw product as an exact fp32
+    value, unpacked.
+
+    The 16-bit product ``P`` has at most 16 significant bits, so the fp32 product
+    is exact except below the normal range (rounded to the 2**-149 grid, to
+    nearest-even) and beyond it (+-inf). One left shift of ``P`` serves both
+    cases: by its leading-zero count (normal result: the hidden bit lands on bit
+    23), or by ``ea + eb - 119`` (subnormal result: bit 0 lands on 2**-149, with
+    17 fraction bits below for the rounding); the smaller of the two is the
+    right one.
+
+    Interface: ``raw``: In(Bf16RawProduct); ``p``: Out(FpUnpacked).
+    """
+
+    raw: In(Bf16RawProduct)
+    p: Out(FpUnpacked)
+
+    # Fraction bits kept below the 2**-149 grid: enough for every product whose
+    # rounding can give a non-zero result (P < 2**16).
+    _FRACTION = 17
+
+    def elaborate(self, platform):
+        m = Module()
+        raw, p = self.raw, self.p
+        product, exp_sum = raw.product, raw.exp_sum
+        lz = Signal(range(17))
+        m.d.comb += lz.eq(leading_zeros(product))
+
+        # value = P * 2**(ea + eb - 268). Normal result: exponent field
+        # ea + eb - 126 - lz, and P << (lz + 8) puts the hidden bit on bit 23.
+        # Subnormal result: sig = P * 2**(ea + eb - 119) on the 2**-149 grid.
+        # Both as one left shift of P into [sig(24) | fraction(17)]:
+        normal_amount = Signal(6)
+        grid_amount = Signal(signed(10))
+        amount = Signal(6)
+        m.d.comb += [
+            normal_amount.eq(lz + 8 + self._FRACTION),
+            grid_amount.eq(exp_sum - 119 + self._FRACTION),
+        ]
+        with m.If(grid_amount < 0):
+            m.d.comb += amount.eq(0)
+        with m.Elif(grid_amount < normal_amount):
+            m.d.comb += amount.eq(grid_amount)
+        with m.Else():
+            m.d.comb += amount.eq(normal_amount)
+        # A zero product must look like an fp32 zero (exp 1) to the adder's
+        # magnitude comparison.
+        normal = (grid_amount >= normal_amount) & ~raw.zero
+        shifted = Signal(24 + self._FRACTION)
+        m.d.comb += shifted.eq(product << amount)
+        integer = shifted[self._FRACTION:]
+        guard = shifted[self._FRACTION - 1]
+        sticky = shifted[:self._FRACTION - 1] != 0
+        # A normal product has no fraction bits (guard = sticky = 0).
+        round_up = guard & (sticky | integer[0])
+
+        field = Signal(signed(11))
+        m.d.comb += field.eq(exp_sum - 126 - lz)
+        m.d.comb += [
+            p.sig.eq(integer + round_up),
+            p.exp.eq(Mux(normal, field[:8], 1)),
+            p.sign.eq(raw.sign),
+            p.nan.eq(raw.nan),
+            p.inf.eq(~raw.nan & (raw.inf | (normal & (field >= 255)))),
+        ]
+        return m
+
+
+class Bf16ExactMultiplier(wiring.Component):
+    """bf16 x bf16 -> the fp32 product, combinational, unpacked:
+    `Bf16ProductCore` then `Bf16ProductRound`.
+
+    Interface: ``a``, ``b``: In(BF16); ``p``: Out(FpUnpacked).
+    """
+
+    a: In(BF16)
+    b: In(BF16)
+    p: Out(FpUnpacked)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.core = core = Bf16ProductCore()
+        m.submodules.round = rnd = Bf16ProductRound()
+        m.d.comb += [core.a.eq(self.a), core.b.eq(self.b), rnd.raw.eq(core.raw),
+                     self.p.eq(rnd.p)]
+        return m
+
+
 class Bf16Multiplier(wiring.Component):
-    """bf16 x bf16 -> fp32, combinational.
+    """bf16 x bf16 -> fp32, combinational: `Bf16ExactMultiplier`, packed.
 
     The 8x8-bit significand product is exact in fp32 unless the result is
     subnormal (then rounded to nearest-even) or beyond the fp32 range (+-inf).
@@ -85,69 +274,97 @@ class Bf16Multiplier(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        a, b = self.a, self.b
-        a_nan, a_inf, a_zero = _classify(a, 7)
-        b_nan, b_inf, b_zero = _classify(b, 7)
-        sign = a.sign ^ b.sign
-
-        sig_a, exp_a = _significand(a)
-        sig_b, exp_b = _significand(b)
-        product = Signal(16)
-        m.d.comb += product.eq(sig_a * sig_b)
-        lz = Signal(range(17))
-        m.d.comb += lz.eq(leading_zeros(product))
-        exp_sum = Signal(range(512))
-        m.d.comb += exp_sum.eq(exp_a + exp_b)
-
-        # Biased fp32 exponent of the normalised product: value = P * 2**(ea+eb-268),
-        # leading one at bit 15-lz, so the field is ea + eb - 126 - lz.
-        field = Signal(signed(11))
-        m.d.comb += field.eq(exp_sum - 126 - lz)
-        normalised = Signal(16)
-        m.d.comb += normalised.eq(product << lz)
-        normal_bits = Cat(C(0, 8), normalised[:15], field[:8])
-
-        # Subnormal result: fraction = P * 2**(ea+eb-119), rounded to nearest-even.
-        left = Signal(signed(11))
-        m.d.comb += left.eq(exp_sum - 119)
-        right = Signal(range(19))
-        m.d.comb += right.eq(Mux(-left > 18, 18, -left))
-        wide = Signal(34)
-        m.d.comb += wide.eq(Cat(C(0, 18), product) >> right)
-        kept = wide[18:]
-        round_up = wide[17] & ((wide[:17] != 0) | kept[0])
-        sub_bits = Signal(31)
-        with m.If(left >= 0):
-            m.d.comb += sub_bits.eq(product << left[:5])
-        with m.Else():
-            m.d.comb += sub_bits.eq(kept + round_up)
-
-        with m.If(a_nan | b_nan | (a_inf & b_zero) | (a_zero & b_inf)):
-            m.d.comb += self.p.as_value().eq(FP32_QNAN)
-        with m.Elif(a_inf | b_inf | (field >= 255)):
-            m.d.comb += self.p.as_value().eq(Cat(C(0x7F800000, 31), sign))
-        with m.Elif(a_zero | b_zero):
-            m.d.comb += self.p.as_value().eq(Cat(C(0, 31), sign))
-        with m.Elif(field >= 1):
-            m.d.comb += self.p.as_value().eq(Cat(normal_bits, sign))
-        with m.Else():
-            m.d.comb += self.p.as_value().eq(Cat(sub_bits, sign))
+        m.submodules.exact = exact = Bf16ExactMultiplier()
+        m.d.comb += [exact.a.eq(self.a), exact.b.eq(self.b)]
+        _pack(m, exact.p, self.p)
         return m
 
 
 class Fp32AddPartial(data.Struct):
-    """What the alignment half of `Fp32Adder` hands to the rounding half."""
+    """What the alignment half of the adder hands to the rounding half."""
     sum: _ALIGNED + 1     # aligned significand sum; value = sum * 2**(exp-127-26)
     exp: 8                # effective exponent of the larger operand
-    sign: 1               # sign of the larger operand
+    sign: 1               # sign of a non-zero result (of the larger operand, or the infinity)
     zero_sign: 1          # sign of an exact-zero sum (IEEE: -0 only for -0 + -0)
-    special: 1            # the result is `special_bits` (NaN or infinity)
-    special_bits: 32
+    nan: 1                # the result is the canonical NaN
+    inf: 1                # the result is an infinity (of sign `sign`)
+
+
+class FpAddAlign(wiring.Component):
+    """First half of binary32 addition on unpacked operands: special cases,
+    magnitude order, alignment with a sticky bit, and the significand add or
+    subtract.
+
+    The smaller operand's significand is shifted right into a 27-bit window (its
+    24 bits and guard/round/sticky); the bits that fall off are OR-ed into the
+    window's last bit. The sum of the window and the larger significand is exact
+    whenever a normalising left shift of more than one bit follows (that needs a
+    distance of at most one).
+
+    Interface: ``x``, ``y``: In(FpUnpacked); ``partial``: Out(Fp32AddPartial).
+    """
+
+    x: In(FpUnpacked)
+    y: In(FpUnpacked)
+    partial: Out(Fp32AddPartial)
+
+    def elaborate(self, platform):
+        m = Module()
+        x, y, out = self.x, self.y, self.partial
+
+        # Unpacked magnitudes order like the (exp, sig) pair.
+        swap = Cat(y.sig, y.exp) > Cat(x.sig, x.exp)
+        big_sig = Mux(swap, y.sig, x.sig)
+        small_sig = Mux(swap, x.sig, y.sig)
+        big_exp = Mux(swap, y.exp, x.exp)
+        # The distance needs only the exponents (equal exponents: 0 either way),
+        # so it is ready as soon as the significand comparison is.
+        x_minus_y = Signal(9)
+        y_minus_x = Signal(9)
+        m.d.comb += [x_minus_y.eq(x.exp - y.exp), y_minus_x.eq(y.exp - x.exp)]
+        distance = Mux(x_minus_y[8], y_minus_x[:8], x_minus_y[:8])
+        # Distances of 27..31 shift everything out of the 5-bit shifter's reach
+        # anyway; 32 and more are caught by the high bits (no comparator).
+        far = distance[5:] != 0
+        shift = distance[:5]
+
+        # Window: the small significand on top of GRS zeros, shifted right.
+        window = Signal(_ALIGNED)
+        m.d.comb += window.eq(Mux(far, 0, Cat(C(0, _GRS), small_sig) >> shift))
+        # Sticky: some significand bit below the window, i.e. one of the lowest
+        # (shift - GRS) bits; prefix ORs of the significand, picked by the shift.
+        below = [C(0, 1)]
+        for i in range(24):
+            below.append(Signal(name=f"below{i + 1}"))
+            m.d.comb += below[-1].eq(below[-2] | small_sig[i])
+        picks = [below[min(max(k - _GRS, 0), 24)] for k in range(32)]
+        sticky = Mux(far, below[24], Array(picks)[shift])
+        aligned_small = Cat(window[0] | sticky, window[1:])
+        aligned_big = Cat(C(0, _GRS), big_sig)
+
+        # One carry chain for both: big + (small ^ -sub) + sub over 28 bits (the
+        # carry bit included, so big - small >= 0 leaves it clear), the carry-in
+        # entering through an extra low bit.
+        sub = x.sign ^ y.sign
+        small_ext = Cat(aligned_small, C(0, 1))
+        addend = Mux(sub, ~small_ext, small_ext)
+        total = Signal(_ALIGNED + 3)
+        m.d.comb += total.eq(Cat(sub, aligned_big, C(0, 1)) + Cat(sub, addend))
+
+        inf = x.inf | y.inf
+        m.d.comb += [
+            out.sum.eq(total[1:_ALIGNED + 2]),
+            out.exp.eq(big_exp),
+            out.sign.eq(Mux(inf, Mux(x.inf, x.sign, y.sign), Mux(swap, y.sign, x.sign))),
+            out.zero_sign.eq(x.sign & y.sign),
+            out.nan.eq(x.nan | y.nan | (x.inf & y.inf & sub)),
+            out.inf.eq(inf),
+        ]
+        return m
 
 
 class Fp32AddAlign(wiring.Component):
-    """First half of fp32 addition: special cases, operand swap, alignment with a
-    sticky bit, and the significand add/subtract.
+    """`FpAddAlign` on two FP32 operands.
 
     Interface: ``a``, ``b``: In(FP32); ``partial``: Out(Fp32AddPartial).
     """
@@ -158,47 +375,22 @@ class Fp32AddAlign(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        a, b, out = self.a, self.b, self.partial
-        a_nan, a_inf, _ = _classify(a, 23)
-        b_nan, b_inf, _ = _classify(b, 23)
-
-        swap = b.as_value()[:31] > a.as_value()[:31]
-        big, small = FP32(Signal(32)), FP32(Signal(32))
+        m.submodules.align = align = FpAddAlign()
         m.d.comb += [
-            big.eq(Mux(swap, b.as_value(), a.as_value())),
-            small.eq(Mux(swap, a.as_value(), b.as_value())),
+            align.x.eq(unpack_fp32(m, self.a, "a_unpacked")),
+            align.y.eq(unpack_fp32(m, self.b, "b_unpacked")),
+            self.partial.eq(align.partial),
         ]
-        sig_big, exp_big = _significand(big)
-        sig_small, exp_small = _significand(small)
-        distance = Signal(8)
-        m.d.comb += distance.eq(exp_big - exp_small)
-        shift = Mux(distance > _ALIGNED, _ALIGNED, distance)
-
-        # Shift the smaller significand right; bits falling off become one sticky bit.
-        wide = Signal(2 * _ALIGNED)
-        m.d.comb += wide.eq(Cat(C(0, _ALIGNED + _GRS), sig_small) >> shift)
-        aligned_small = Cat(wide[_ALIGNED] | (wide[:_ALIGNED] != 0), wide[_ALIGNED + 1:])
-        aligned_big = Cat(C(0, _GRS), sig_big)
-        with m.If(big.sign ^ small.sign):
-            m.d.comb += out.sum.eq(aligned_big - aligned_small)
-        with m.Else():
-            m.d.comb += out.sum.eq(aligned_big + aligned_small)
-
-        m.d.comb += [
-            out.exp.eq(exp_big),
-            out.sign.eq(big.sign),
-            out.zero_sign.eq(a.sign & b.sign),
-        ]
-        with m.If(a_nan | b_nan | (a_inf & b_inf & (a.sign != b.sign))):
-            m.d.comb += [out.special.eq(1), out.special_bits.eq(FP32_QNAN)]
-        with m.Elif(a_inf | b_inf):
-            m.d.comb += [out.special.eq(1), out.special_bits.eq(big.as_value())]
         return m
 
 
 class Fp32AddRound(wiring.Component):
     """Second half of fp32 addition: normalisation (including gradual underflow),
     round to nearest-even, overflow to infinity, and the signed-zero rule.
+
+    One left shift normalises every case: the 28-bit sum (carry bit included) is
+    shifted by its leading-zero count, but never further than the exponent field
+    allows (then the result is subnormal); a carry-out is simply a shift of 0.
 
     Interface: ``partial``: In(Fp32AddPartial); ``s``: Out(FP32).
     """
@@ -210,41 +402,32 @@ class Fp32AddRound(wiring.Component):
         m = Module()
         p = self.partial
         total = p.sum
+        width = _ALIGNED + 1
 
-        lz = Signal(range(_ALIGNED + 1))
-        m.d.comb += lz.eq(leading_zeros(total[:_ALIGNED]))
-        normed = Signal(_ALIGNED)
-        exp = Signal(9)
-        with m.If(total[_ALIGNED]):
-            # Carry out: shift right by one, keeping the dropped bit sticky.
-            m.d.comb += [
-                normed.eq(Cat(total[0] | total[1], total[2:])),
-                exp.eq(p.exp + 1),
-            ]
-        with m.Elif(lz < p.exp):
-            m.d.comb += [normed.eq(total << lz), exp.eq(p.exp - lz)]
-        with m.Else():
-            # Below the normal range: shift only as far as exponent field 0 allows.
-            subnormal_shift = Signal(range(_ALIGNED + 1))
-            m.d.comb += [
-                subnormal_shift.eq(p.exp - 1),
-                normed.eq(total << subnormal_shift),
-                exp.eq(0),
-            ]
+        lz = Signal(range(width + 1))
+        m.d.comb += lz.eq(leading_zeros(total))
+        # Bit `width - 1` of the shifted sum has exponent exp + 1 - shift.
+        shift = Signal(range(width + 1))
+        m.d.comb += shift.eq(Mux(p.exp > lz, lz, p.exp))
+        normed = Signal(width)
+        m.d.comb += normed.eq(total << shift)
+        field = Signal(9)
+        m.d.comb += field.eq(Mux(normed[-1], p.exp + 1 - shift, 0))
 
-        lsb, guard, sticky = normed[_GRS], normed[_GRS - 1], normed[:_GRS - 1] != 0
+        lsb, guard = normed[_GRS + 1], normed[_GRS]
+        sticky = normed[:_GRS] != 0
         round_up = guard & (sticky | lsb)
-        magnitude = Signal(32)
-        m.d.comb += magnitude.eq(Cat(normed[_GRS:_GRS + 23], exp[:8]) + round_up)
+        magnitude = Signal(31)
+        m.d.comb += magnitude.eq(Cat(normed[_GRS + 1:width - 1], field[:8]) + round_up)
 
-        with m.If(p.special):
-            m.d.comb += self.s.as_value().eq(p.special_bits)
+        with m.If(p.nan):
+            m.d.comb += self.s.as_value().eq(FP32_QNAN)
+        with m.Elif(p.inf | (field == 255)):
+            m.d.comb += self.s.as_value().eq(Cat(C(0x7F800000, 31), p.sign))
         with m.Elif(total == 0):
             m.d.comb += self.s.as_value().eq(Cat(C(0, 31), p.zero_sign))
-        with m.Elif(exp >= 255):
-            m.d.comb += self.s.as_value().eq(Cat(C(0x7F800000, 31), p.sign))
         with m.Else():
-            m.d.comb += self.s.as_value().eq(Cat(magnitude[:31], p.sign))
+            m.d.comb += self.s.as_value().eq(Cat(magnitude, p.sign))
         return m
 
 

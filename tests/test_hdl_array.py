@@ -84,7 +84,7 @@ def check(C, A, W, S, rows, cols, what, seed):
     (dict(rows=2, cols=-1), "cols must be a positive integer, not -1"),
     (dict(rows=True, cols=1), "rows must be a positive integer, not True"),
     (dict(rows=2.0, cols=1), "rows must be a positive integer, not 2.0"),
-    (dict(rows=2, cols=2, mac_stages=4), "mac_stages must be one of (1, 2, 3), not 4"),
+    (dict(rows=2, cols=2, mac_stages=5), "mac_stages must be one of (1, 2, 3, 4), not 5"),
     (dict(rows=2, cols=2, weight_queue_depth=0),
      "weight_queue_depth must be a positive integer, not 0"),
     (dict(rows=2, cols=2, pe_module="a b"), "pe_module must be a Verilog module name, not 'a b'"),
@@ -98,7 +98,7 @@ def test_constructor_errors(kwargs, message):
 def test_pe_constructor_error():
     with pytest.raises(ValueError) as info:
         ProcessingElement(0)
-    assert str(info.value) == "mac_stages must be one of (1, 2, 3), not 0"
+    assert str(info.value) == "mac_stages must be one of (1, 2, 3, 4), not 0"
 
 
 def unelaborated(component):
@@ -181,7 +181,7 @@ def test_model_is_the_sequential_dot_product():
 # Amaranth's simulator: every mac_stages, no build cost
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("stages", [1, 2, 3])
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
 def test_amaranth_tiles_and_contract(stages):
     rows, cols, seed = 2, 3, 100 + stages
     rng = np.random.default_rng(seed)
@@ -270,7 +270,7 @@ def test_verilator_shapes(rows, cols):
         assert run.act_wait == run.total_cycles - run.cycles
 
 
-@pytest.mark.parametrize("stages", [1, 3])
+@pytest.mark.parametrize("stages", [1, 3, 4])
 @pytest.mark.parametrize("rows, cols", shape_params([(3, 5), (8, 8)], slow=[(3, 5), (8, 8)]))
 def test_verilator_other_stages(rows, cols, stages):
     seed = 77 + stages

@@ -42,7 +42,7 @@ def _mac_case(n, seed):
     return np.concatenate([a, ra]), np.concatenate([w, rw]), np.concatenate([acc, racc])
 
 
-@pytest.mark.parametrize("stages", [1, 2, 3])
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
 def test_simulate_mac_2m_vectors(stages):
     a, w, acc = _mac_case(2_000_000, SEED + stages)
     golden.assert_bits_equal(simulate_mac(a, w, acc, stages=stages), golden.mac(a, w, acc),
@@ -67,7 +67,7 @@ def test_simulate_units_1m_vectors():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stages", [1, 2, 3])
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
 def test_simulate_mac_10m_vectors(stages):
     for chunk in range(5):
         a, w, acc = _mac_case(2_000_000, SEED * 7 + 100 * stages + chunk)

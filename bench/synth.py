@@ -1,0 +1,113 @@
+"""What the chip costs and how fast it runs on an ECP5: the tables of
+docs/synth.md, regenerated.
+
+    .venv/bin/python bench/synth.py [--only stages|options|fpga|generic] [--json DIR]
+
+* ``stages``: one PE (`mxu synth --unit pe --target ecp5`) for every
+  ``mac_stages``: LUT4 per PE, Fmax, and the smallest tile M that streams
+  without a bubble on the fpga preset's array and on the default 16x16;
+* ``options``: nextpnr's placer, router and timing-driven options on one small
+  chip (wall time against Fmax);
+* ``fpga``: the whole ``fpga`` preset chip placed and routed on the LFE5U-85F
+  (the long one: about an hour of WebAssembly nextpnr);
+* ``generic``: the default 16x16 chip through Yosys generic synthesis, per block.
+
+Every run prints its wall time; `--json DIR` keeps each report. Run one part at a
+time on a shared machine (`make synth` runs them all, in this order).
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from mxu.hdl import ChipConfig
+from mxu.hdl.mac import MAC_STAGES
+from mxu.synth.flow import Phases
+from mxu.synth.report import format_table, write_json
+from mxu.synth.run import Ecp5Options, design, synth_ecp5, synth_generic
+
+
+def bubble_free_rows(rows, stages):
+    """Smallest tile M that streams back to back with no bubble (docs/array.md)."""
+    return max(rows, -(-((rows - 1) * stages + 2) // 2))
+
+
+def _keep(args, name, report):
+    if args.json:
+        Path(args.json).mkdir(parents=True, exist_ok=True)
+        write_json(Path(args.json) / f"{name}.json", report)
+
+
+def stages_table(args, phases):
+    fpga = ChipConfig.preset("fpga")
+    rows = []
+    for stages in MAC_STAGES:
+        config = fpga.replace(mac_stages=stages)
+        start = time.monotonic()
+        report = synth_ecp5(design("pe", config, target="ecp5"), Ecp5Options(), phases=phases)
+        _keep(args, f"pe_s{stages}", report)
+        rows.append([stages, report.luts, report.ffs - report.wrapper_ffs,
+                     f"{report.fmax_mhz:.1f}", bubble_free_rows(fpga.rows, stages),
+                     bubble_free_rows(16, stages), f"{time.monotonic() - start:.0f}"])
+    print(format_table(["mac_stages", "LUT4/PE", "FF/PE", "Fmax MHz (PE)",
+                        f"min M {fpga.rows} rows", "min M 16 rows", "wall s"], rows))
+
+
+def options_table(args, phases):
+    config = ChipConfig.preset("fpga").replace(rows=2, cols=2)
+    chip = design("chip", config, target="ecp5")
+    variants = [
+        ("heap, router1", dict()),
+        ("heap, router2", dict(router="router2")),
+        ("heap, router1, --no-tmdriv", dict(timing_driven=False)),
+        ("sa, router1", dict(placer="sa")),
+    ]
+    rows = []
+    for name, options in variants:
+        start = time.monotonic()
+        report = synth_ecp5(chip, Ecp5Options(**options), phases=phases)
+        _keep(args, "options_" + name.replace(", ", "_").replace("--", ""), report)
+        rows.append([name, f"{report.fmax_mhz:.1f}", report.luts,
+                     f"{report.times.get('nextpnr-ecp5 place and route', 0):.0f}",
+                     f"{time.monotonic() - start:.0f}"])
+    print(f"nextpnr options on the {config.rows}x{config.cols} fpga-preset chip:")
+    print(format_table(["options", "Fmax MHz", "LUT4", "nextpnr s", "wall s"], rows))
+
+
+def fpga_table(args, phases):
+    config = ChipConfig.preset("fpga")
+    start = time.monotonic()
+    report = synth_ecp5(design("chip", config, target="ecp5"), Ecp5Options(), phases=phases)
+    _keep(args, "chip_fpga", report)
+    print(f"fpga preset chip ({config.rows}x{config.cols}, mac_stages {config.mac_stages}) "
+          f"on {report.device}, wall {time.monotonic() - start:.0f} s:")
+    print(report.table())
+
+
+def generic_table(args, phases):
+    start = time.monotonic()
+    report = synth_generic(design("chip", ChipConfig(), target="generic"), phases=phases)
+    _keep(args, "chip_default_generic", report)
+    print(f"default 16x16 chip, Yosys generic synthesis, wall {time.monotonic() - start:.0f} s:")
+    print(report.table())
+
+
+PARTS = {"stages": stages_table, "options": options_table, "fpga": fpga_table,
+         "generic": generic_table}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=list(PARTS), action="append",
+                        help="run only this part (repeatable; default: all)")
+    parser.add_argument("--json", metavar="DIR", help="write each report as JSON into DIR")
+    args = parser.parse_args(argv)
+    phases = Phases()
+    for name in args.only or list(PARTS):
+        PARTS[name](args, phases)
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

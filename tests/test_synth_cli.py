@@ -1,0 +1,97 @@
+"""`mxu synth` and `mxu export`: the command line, the configuration flags, a
+generic Yosys smoke test on one PE, and the exported Verilog's port list. The
+ECP5 place-and-route runs are benches (bench/synth.py), not tests."""
+
+import json
+
+import pytest
+
+from mxu.hdl.config import ChipConfig
+from mxu.synth import cli
+from mxu.synth.run import Ecp5Options, design, nextpnr_args
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_config_flags():
+    parser = cli.argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(["synth", "--preset", "fpga", "--rows", "4", "--mac-stages", "3",
+                              "--vmem-bytes", "32K", "--acc-bytes", "16KiB"])
+    config = cli.config_from_args(args)
+    assert config == ChipConfig.preset("fpga").replace(rows=4, mac_stages=3, vmem_bytes=32 << 10,
+                                                       acc_bytes=16 << 10)
+    assert args.unit == "chip" and args.target == "generic"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["synth", "--preset", "asic"], "mxu synth: error: unknown ChipConfig preset 'asic'"),
+    (["synth", "--rows", "0"], "mxu synth: error: ChipConfig.rows must be a positive integer"),
+    (["export", "--mac-stages", "9", "-o", "x.v"], "mxu export: error: ChipConfig.mac_stages"),
+])
+def test_errors(capsys, argv, message):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and err.startswith(message)
+
+
+def test_bad_size(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["synth", "--vmem-bytes", "lots"])
+    assert "a size in bytes looks like 65536, 64K or 1MiB" in capsys.readouterr().err
+
+
+def test_ecp5_options():
+    with pytest.raises(ValueError, match="unknown ECP5 device 'LFE5U-99F'"):
+        Ecp5Options(device="LFE5U-99F")
+    args = nextpnr_args(Ecp5Options(device="LFE5U-45F", timing_driven=False))
+    assert "--45k" in args and "--no-tmdriv" in args and "--package" in args
+
+
+def test_generic_pe_smoke(capsys, tmp_path):
+    """One PE through Yosys generic synthesis, per-block table and JSON (seconds)."""
+    report_file = tmp_path / "pe.json"
+    code, out, _ = run(capsys, "synth", "--unit", "pe", "--quiet", "--workdir",
+                       str(tmp_path / "work"), "--json", str(report_file))
+    assert code == 0
+    for block in ("MAC multiplier", "MAC adder: align", "MAC adder: round", "PE", "total"):
+        assert block in out
+    report = json.loads(report_file.read_text())["report"]
+    blocks = {b["block"]: b for b in report["blocks"]}
+    assert blocks["PE"]["flip_flops"] > 0 and blocks["MAC multiplier"]["transistors"] > 0
+    assert report["total_cells"] == sum(b["cells"] for b in report["blocks"])
+    assert (tmp_path / "work" / "yosys.log").exists()
+
+
+def test_tool_failure_names_the_log(capsys, tmp_path, monkeypatch):
+    from mxu.synth import run as run_module
+    monkeypatch.setattr(run_module, "_GENERIC_SCRIPT", "this_is_not_a_yosys_command\n")
+    code, _, err = run(capsys, "synth", "--unit", "mac", "--quiet", "--workdir", str(tmp_path))
+    assert code == 2
+    assert "Yosys (generic synth) failed" in err and str(tmp_path / "yosys.log") in err
+
+
+def test_export(capsys, tmp_path):
+    out_file = tmp_path / "chip.v"
+    code, out, _ = run(capsys, "export", "--preset", "fpga", "--rows", "2", "--cols", "2",
+                       "-o", str(out_file))
+    assert code == 0 and "wrote" in out
+    text = out_file.read_text()
+    assert text.startswith("// mxu chip, module `top`: ChipConfig(2x2")
+    for port in ("axi__awaddr", "host__wdata", "irq"):
+        assert f"//     {port}" in text or f"//   {port}" in text
+    assert "module mxu_pe_s" in text and "module top(" in text
+
+
+def test_design_units():
+    config = ChipConfig.preset("fpga").replace(rows=2, cols=2)
+    pe = design("pe", config, target="ecp5")
+    assert pe.wrapper == "registered ports" and pe.wrapper_ffs > 100 and pe.pes == 1
+    chip = design("chip", config, target="ecp5")
+    assert chip.wrapper == "serial ports" and chip.pes == 4
+    assert design("array", config, target="generic").wrapper == "none"
+    with pytest.raises(ValueError, match="unit must be one of mac, pe, array, chip"):
+        design("dma", config, target="generic")

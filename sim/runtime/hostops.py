@@ -2,7 +2,7 @@
 fixed sequence of NumPy float32 operations (docs/transformer.md).
 
 The chip runs every matmul; these run in between. The golden transformer
-(`mxu.verif.transformer`) calls the same functions, so a whole forward on the
+(`verif/transformer.py`) calls the same functions, so a whole forward on the
 chip is bit-exact against it. Reductions use `tree_sum`, a fixed pairwise tree
 over the last axis, so that the result does not depend on how NumPy happens to
 sum; `np.exp` and `np.sqrt` are NumPy's float32 functions.

@@ -4,7 +4,9 @@ program against one program each, and large matmuls with their program size.
     .venv/bin/python bench/runtime.py [--rtl] [--huge] [--no-check]
 
 Every result is checked bit-exact against the golden model (unless
---no-check). Utilization is the chip's own: ideal cycles (MACs / 256) over the
+--no-check). The heads write bf16 scores (as the next step, softmax, reads
+them); with fp32 scores the 128-bit bus needs 4096 cycles per head to store
+64 KiB against 2048 cycles of compute, so that row is store-bound (~50 %). Utilization is the chip's own: ideal cycles (MACs / 256) over the
 cycle counter, data starting and ending in external memory. --huge adds
 2048x4096x2048 (17 GMAC: several minutes with the fast MAC model).
 """
@@ -26,7 +28,7 @@ def _check(C, A, B, rows, enabled):
         golden.assert_bits_equal(C, golden.matmul(A, B, rows=rows), "bench result")
 
 
-def heads(chip, rng, check, recorded):
+def heads(chip, rng, check, recorded, out_dtype):
     """Q_h @ K_h^T of 12 heads (128x32 @ 32x128 each), from resident tensors."""
     Q = [rng.standard_normal((128, 32)).astype(np.float32) for _ in range(12)]
     K = [rng.standard_normal((32, 128)).astype(np.float32) for _ in range(12)]
@@ -35,20 +37,26 @@ def heads(chip, rng, check, recorded):
     start = time.perf_counter()
     if recorded:
         with chip.record() as rec:
-            outs = [chip.matmul(q, k) for q, k in zip(Qd, Kd)]
+            outs = [chip.matmul(q, k, out_dtype=out_dtype) for q, k in zip(Qd, Kd)]
         stats = rec.stats
         results = [o.numpy() for o in outs]
     else:
         results, stats = [], None
         for q, k in zip(Qd, Kd):
-            results.append(chip.matmul(q, k))
+            results.append(chip.matmul(q, k, out_dtype=out_dtype))
             if stats is None:
                 stats = chip.last_stats
             else:
                 stats += chip.last_stats
     wall = time.perf_counter() - start
     for C, q, k in zip(results, Q, K):
-        _check(C, q, k, chip.config.rows, check)
+        if np.dtype(out_dtype) == np.float32:
+            _check(C, q, k, chip.config.rows, check)
+        elif check:
+            want = golden.matmul(q, k, rows=chip.config.rows)
+            want = golden.fp32_to_bf16(golden.f32_bits(want))
+            golden.assert_bits_equal(np.asarray(C).view(np.uint16).astype(np.uint32),
+                                     want.astype(np.uint32), "bench head (bf16)")
     return stats, wall
 
 
@@ -72,9 +80,12 @@ def main():
     check = not args.no_check
     rng = np.random.default_rng(1)
     rows = []
-    for name, recorded in (("12 heads 128x32 @ 32x128, one recorded program", True),
-                           ("12 heads 128x32 @ 32x128, 12 calls", False)):
-        stats, wall = heads(chip, rng, check, recorded)
+    bf16 = ml_dtypes.bfloat16
+    for name, recorded, dtype in (
+            ("12 heads 128x32 @ 32x128 -> bf16, one recorded program", True, bf16),
+            ("12 heads 128x32 @ 32x128 -> bf16, 12 calls", False, bf16),
+            ("12 heads 128x32 @ 32x128 -> fp32, one recorded program", True, np.float32)):
+        stats, wall = heads(chip, rng, check, recorded, dtype)
         rows.append([name, stats.programs, f"{stats.cycles:,}", f"{stats.ideal_cycles:,.0f}",
                      f"{100 * stats.utilization:.1f} %", f"{stats.program_bytes:,}", "-",
                      f"{wall:.2f}"])

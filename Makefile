@@ -34,8 +34,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/dma.py
 	$(BIN)/python bench/chip.py
 
-# Synthesis tables of docs/synth.md; the whole-chip place-and-route takes about
-# an hour (WebAssembly nextpnr). `mxu synth --help` runs one unit at a time.
+# Synthesis tables of docs/synth.md: about 45 minutes of WebAssembly nextpnr, the
+# whole fpga chip alone about 25. `mxu synth --help` runs one unit at a time.
 synth: $(STAMP)
 	$(BIN)/python bench/synth.py
 

@@ -9,7 +9,7 @@ docs/synth.md, regenerated.
 * ``options``: nextpnr's placer, router and timing-driven options on one small
   chip (wall time against Fmax);
 * ``fpga``: the whole ``fpga`` preset chip placed and routed on the LFE5U-85F
-  (the long one: about an hour of WebAssembly nextpnr);
+  (the long one: about 25 minutes of WebAssembly nextpnr);
 * ``generic``: the default 16x16 chip through Yosys generic synthesis, per block.
 
 Every run prints its wall time; `--json DIR` keeps each report. Run one part at a

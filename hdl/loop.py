@@ -9,11 +9,13 @@ an instruction is a packed struct, adding a delta whose fields are the per-field
 steps advances every address field by its own stride, as long as no field
 overflows -- which the compiler checks when it builds the loop.
 
-It sits between `InstructionFetch` and the `Controller`, and gives each issued
-instruction the pc of its word in the program, so that errors point into the
-body. A LOOP whose fields are illegal is passed on unexpanded: the decoder does
-not know the LOOP opcode and stops the chip with ILLEGAL_INSTR at its pc (as it
-does for a LOOP inside a body).
+The chip chains two expanders between `InstructionFetch` and the `Controller`:
+the first expands the outer LOOPs, whose bodies may hold an inner LOOP and its
+pairs as plain words; the second expands those. So LOOPs nest two deep. Each
+issued instruction carries the pc of its word in the program, so that errors
+point into the body. A LOOP whose fields are illegal is passed on unexpanded,
+and so is a third level of nesting: the decoder does not know the LOOP opcode
+and stops the chip with ILLEGAL_INSTR at its pc.
 """
 
 from amaranth.hdl import Module, Signal
@@ -53,8 +55,6 @@ class LoopExpander(wiring.Component):
     length : In(32)
         The program's length in instructions: a LOOP whose body would run past
         it is illegal.
-    busy : Out(1)
-        A loop is being captured or issued.
 
     A synchronous reset (the chip's ``start``) abandons any loop in progress.
     The body store issues one instruction every two cycles.
@@ -66,7 +66,6 @@ class LoopExpander(wiring.Component):
             "i": In(stream.Signature(FetchedInstr)),
             "o": Out(stream.Signature(FetchedInstr)),
             "length": In(32),
-            "busy": Out(1),
         })
 
     def elaborate(self, platform):
@@ -99,13 +98,13 @@ class LoopExpander(wiring.Component):
                     m.d.sync += [count.eq(loop.count), length.eq(loop.body), index.eq(0)]
                     m.next = "WORD"
             with m.State("WORD"):
-                m.d.comb += [self.i.ready.eq(1), self.busy.eq(1)]
+                m.d.comb += self.i.ready.eq(1)
                 with m.If(self.i.valid):
                     m.d.sync += [held_word.eq(fetched.word), held_pc.eq(fetched.pc)]
                     m.next = "DELTA"
             with m.State("DELTA"):
                 m.d.comb += [
-                    self.i.ready.eq(1), self.busy.eq(1),
+                    self.i.ready.eq(1),
                     write.addr.eq(index),
                     write.data.word.eq(held_word), write.data.delta.eq(fetched.word),
                     write.data.pc.eq(held_pc),
@@ -119,11 +118,11 @@ class LoopExpander(wiring.Component):
                         m.d.sync += index.eq(index + 1)
                         m.next = "WORD"
             with m.State("READ"):
-                m.d.comb += [read.addr.eq(index), self.busy.eq(1)]
+                m.d.comb += read.addr.eq(index)
                 m.next = "ISSUE"
             with m.State("ISSUE"):
                 m.d.comb += [
-                    read.addr.eq(index), self.busy.eq(1),
+                    read.addr.eq(index),
                     self.o.valid.eq(1),
                     self.o.payload.word.eq(current.word),
                     self.o.payload.pc.eq(current.pc),

@@ -9,6 +9,7 @@ imports the packages above it (docs/architecture.md).
 """
 
 import argparse
+import os
 import sys
 import time
 from importlib.metadata import entry_points
@@ -224,6 +225,9 @@ def main(argv=None):
     try:
         return args.func(args)
     except (ValueError, TypeError, ChipError) as error:
+        # Bad input is a one-line message; MXU_DEBUG=1 shows the traceback too.
+        if os.environ.get("MXU_DEBUG"):
+            raise
         print(f"mxu {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -12,6 +12,7 @@ from mxu.sim.compiler.matmul import compile_matmuls
 from mxu.sim.compiler.operands import MatmulOp, Operand
 from mxu.sim.compiler.plan import max_k_tiles, plan_op
 from mxu.verif import golden
+from mxu.verif.hazards import races
 from mxu.verif.isa_model import IsaModel, expand_loops
 
 SEED = 20261124
@@ -42,6 +43,7 @@ class Memory:
 
     def run(self, ops, loops=True):
         compiled = compile_matmuls(self.model.config, ops, loops=loops)
+        assert races(self.model.config, compiled.program) == []
         code = compiled.program.to_bytes()
         base = -(-self.top // 0x10000) * 0x10000
         self.model.ext[base:base + len(code)] = np.frombuffer(code, np.uint8)
@@ -209,3 +211,30 @@ def test_bad_operands_are_refused(field, value, message):
     ops[field] = value
     with pytest.raises(ValueError, match=message):
         compile_matmuls(SHAPES["4x4"], [MatmulOp(**ops)])
+
+
+def test_the_hazard_checker_sees_a_missing_token(monkeypatch):
+    """Every program above is checked race-free; this one must not be: without
+    the store->compute pop, a MATMUL may overwrite an output buffer that is still
+    being stored (the model alone often gets the numbers right by luck)."""
+    from mxu.sim.compiler.program import Program
+    matmul = Program.matmul
+
+    def without_pop(self, **kw):
+        kw["pop_next"] = False
+        return matmul(self, **kw)
+
+    config = SHAPES["4x4"]
+    program = compile_matmuls(config, [_op(40, 20, 64)]).program
+    assert races(config, program) == []
+    monkeypatch.setattr(Program, "matmul", without_pop)
+    program = compile_matmuls(config, [_op(40, 20, 64)]).program
+    found = races(config, program)
+    assert found and found[0][0][0] == "acc", found
+
+
+def test_small_k_with_a_matrix_bias_and_one_row_plans():
+    """A one-row Linear (its bias is then a 1 x N matrix) with K of one tile
+    needs wide groups so that bias buffers are not refilled too early."""
+    _check(ChipConfig(), 1, 16, 80, "matrix")
+    _check(SHAPES["4x4"], 2, 4, 40, "matrix")

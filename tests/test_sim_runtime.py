@@ -192,3 +192,48 @@ def test_large_matmuls_on_the_default_chip(M, K, N):
     rng = np.random.default_rng(SEED + 7)
     A, B = _rand(rng, M, K), _rand(rng, K, N)
     _exact(chip.matmul(A, B), A, B, 16, what=f"{M}x{K}x{N}")
+
+
+def test_a_recording_keeps_its_operands_alive(tiny):
+    """Inputs uploaded inside a recording and dropped at once must not be
+    overwritten before the program runs; an output cannot be read before it."""
+    rng = np.random.default_rng(SEED + 8)
+    W = tiny.upload(_rand(rng, 8, 8), dtype=ml_dtypes.bfloat16)
+    x1, x2 = _rand(rng, 5, 8), _rand(rng, 5, 8)
+    with tiny.record():
+        y1 = tiny.matmul(tiny.upload(x1, dtype=ml_dtypes.bfloat16), W)
+        y2 = tiny.matmul(tiny.upload(x2, dtype=ml_dtypes.bfloat16), W)
+        with pytest.raises(ValueError, match="has not run yet"):
+            y1.numpy()
+    _exact(y1.numpy(), x1, W.numpy(), 4, what="first recorded input")
+    _exact(y2.numpy(), x2, W.numpy(), 4, what="second recorded input")
+
+
+def test_a_recording_does_not_replay_on_freed_tensors(tiny):
+    rng = np.random.default_rng(SEED + 9)
+    W = tiny.upload(_rand(rng, 8, 8), dtype=ml_dtypes.bfloat16)
+    with tiny.record() as rec:
+        y = tiny.matmul(_rand(rng, 4, 8), W)
+    y.free()
+    with pytest.raises(ValueError, match="was freed"):
+        rec.run()
+
+
+def test_short_k_with_a_bias_on_one_row(tiny):
+    """A one-row Linear with one K tile: its bias is then a 1 x N matrix, whose
+    buffers need wide groups to be spaced (this once failed to plan)."""
+    rng = np.random.default_rng(SEED + 10)
+    A, B, bias = _rand(rng, 1, 4), _rand(rng, 4, 40), _rand(rng, 40)
+    _exact(tiny.matmul(A, B, bias=bias), A, B, 4, bias=bias, what="1x4x40 + bias")
+
+
+def test_raw_programs_do_not_overwrite_tensors(tiny):
+    """Without a base, a raw program goes where the allocator says."""
+    from mxu.sim import Program
+    big = tiny.free_bytes - 4096
+    t = tiny.upload(np.full(big // 4, 3.0, np.float32))
+    assert tiny.run(Program().halt()).ok
+    assert np.all(t.numpy() == 3.0)
+    t.free()
+    with pytest.raises(ValueError, match="overlaps the program"):
+        tiny.run(Program().halt(), {0x100: b"\x01" * 64}, base=0x100)

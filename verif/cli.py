@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from mxu.hdl import ChipConfig
+from mxu.hdl.mac import MAC_STAGES
 from mxu.sim import Chip, simulate_mac
 from mxu.sim.cli import embed_texts, nonnegative_int, positive_int
 from mxu.sim.report import format_table
@@ -175,7 +176,7 @@ def register(sub):
     mac.add_argument("--vectors", type=positive_int, default=1_000_000,
                      help="number of random vectors (after the special classes)")
     mac.add_argument("--seed", type=nonnegative_int, default=1, help="seed of the random vectors")
-    mac.add_argument("--stages", type=int, choices=[1, 2, 3], default=ChipConfig().mac_stages,
+    mac.add_argument("--stages", type=int, choices=list(MAC_STAGES), default=ChipConfig().mac_stages,
                      help="MacUnit pipeline depth")
     mac.add_argument("--simulator", default="verilator", choices=["verilator", "icarus", "amaranth"],
                      help="simulator to run the RTL on")

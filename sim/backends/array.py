@@ -25,7 +25,7 @@ from mxu.hdl.array import SystolicArray, array_latency
 from mxu.hdl.config import ChipConfig
 
 from .array_streams import ArrayStreams, pack_streams
-from .native import build_native, load_native
+from .native import native_library
 from .runner import InStream, OutStream
 from .runner import run_amaranth as amaranth
 from .runner import run_icarus as icarus
@@ -53,10 +53,9 @@ class NativeArray:
         flags = ("--threads", str(threads)) if threads > 1 else ()
         suffix = f"_t{threads}" if threads > 1 else ""
         name = f"array{rows}x{cols}s{stages}" + (f"q{weight_queue_depth}" if weight_queue_depth else "")
-        self.library = build_native(
+        self._lib = native_library(
             name + suffix, "array_harness.cpp", key=[name], extra_flags=flags,
             verilog=lambda: array_verilog(rows, cols, stages, weight_queue_depth))
-        self._lib = load_native(self.library)
         fn = self._lib.mxu_array_run
         u32p = ctypes.POINTER(ctypes.c_uint32)
         fn.argtypes = [ctypes.c_uint64, u32p, u32p, ctypes.c_uint64, u32p, u32p,
@@ -201,7 +200,7 @@ def simulate_array(A, W, seeds=None, *, rows, cols, stages=None, simulator="veri
     rows, cols : int
         Array size.
     stages : int or None
-        MAC pipeline depth (1, 2 or 3); None takes ``ChipConfig().mac_stages``.
+        MAC pipeline depth (1 to 4); None takes ``ChipConfig().mac_stages``.
     simulator : "verilator", "icarus" or "amaranth"
 
     Returns

@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 
-from .native import build_native, load_native
+from .native import native_library
 from .verilog import dma_system_verilog
 
 __all__ = ["NativeDma", "PAUSE_CHANNELS"]
@@ -46,8 +46,8 @@ class NativeDma:
         from mxu.hdl.dma import dma_completion_layout, dma_descriptor_layout
         self.config = config
         self.ext_bytes = ext_bytes or config.ext_mem_bytes
-        lib = load_native(build_native("dma_system", "dma_harness.cpp", key=[repr(config)],
-                                       verilog=lambda: dma_system_verilog(config)))
+        lib = native_library("dma_system", "dma_harness.cpp", key=[repr(config)],
+                             verilog=lambda: dma_system_verilog(config))
         lib.mxu_dma_new.restype = ctypes.c_void_p
         lib.mxu_dma_new.argtypes = [ctypes.c_uint64, ctypes.c_uint32]
         lib.mxu_dma_free.argtypes = [ctypes.c_void_p]

@@ -5,12 +5,14 @@ through ctypes: the fast path, with no VPI and no Python in the per-cycle loop
 import ctypes
 import functools
 import subprocess
+import sys
 from pathlib import Path
 
-from .cache import cached_build, source_digest
+from .cache import META, cached_build, source_digest
 from .toolchain import setup_environment
 
-__all__ = ["CSRC", "HDL_SOURCES", "generator_digest", "build_native", "load_native"]
+__all__ = ["CSRC", "HDL_SOURCES", "generator_digest", "build_native", "load_native",
+           "native_library"]
 
 CSRC = Path(__file__).parent / "csrc"
 # What generates a simulation model's Verilog: the HDL package and the backend
@@ -75,3 +77,16 @@ def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=()):
 
 def load_native(library):
     return ctypes.CDLL(str(library))
+
+
+def native_library(name, harness, **options):
+    """`build_native` then load it: a ctypes library. A library that passed the
+    cache's checks but still does not load (another process evicted it in
+    between, say) is rebuilt once."""
+    library = build_native(name, harness, **options)
+    try:
+        return load_native(library)
+    except OSError as error:
+        print(f"mxu: rebuilding {library.parent.name}: it did not load ({error})", file=sys.stderr)
+        (library.parent / META).unlink(missing_ok=True)
+        return load_native(build_native(name, harness, **options))

@@ -10,7 +10,7 @@ import ctypes
 
 import numpy as np
 
-from .native import build_native, load_native
+from .native import native_library
 from .runner import InStream, OutStream, StuckError, run_amaranth, run_icarus
 from .toolchain import require_simulator
 from .verilog import to_verilog
@@ -56,8 +56,8 @@ _LOADED = {}
 
 def _run_verilator(make_component, payloads, name, ready_percent, seed):
     if name not in _LOADED:
-        _LOADED[name] = load_native(build_native(
-            name, "stream_harness.cpp", key=[name], verilog=lambda: to_verilog(make_component())))
+        _LOADED[name] = native_library(name, "stream_harness.cpp", key=[name],
+                                       verilog=lambda: to_verilog(make_component()))
     lib = _LOADED[name]
     run = lib.mxu_stream_run
     run.restype = ctypes.c_int64

@@ -26,8 +26,8 @@ segment writes; between segments a barrier (STORE -> compute SYNC -> load SYNC)
 drains the chip, and the token pipeline starts afresh.
 
 Loops. The steps of a group's middle K tiles repeat with addresses that move by
-a constant stride: they become a LOOP (`Program.loop_between`), and runs of
-groups that repeat with a constant stride become a LOOP around those. So a
+a constant stride: they become a LOOP (`Program.loop`), and runs of groups
+that repeat with a constant stride become a LOOP around those. So a
 program's size grows with the number of M blocks, not with M*K*N.
 """
 
@@ -97,9 +97,13 @@ def plan_segments(config, ops):
         op.check(config)
         plan = plan_op(config, op.M, op.K, op.N, op.bias_kind)
         if plan is None:
+            KT, room = ceil_div(op.K, config.rows), config.vmem_rows - RING_SLOTS * config.rows
+            why = (f"one activation row needs {KT} VMEM rows and {room} are free beside the "
+                   f"weight ring; split K" if KT > room else
+                   f"its output and bias buffers need more than the {config.acc_rows} "
+                   f"accumulator rows")
             raise ValueError(f"op {i}: a {op.M}x{op.K} @ {op.K}x{op.N} matmul does not fit the "
-                             f"chip even one activation row at a time (K={op.K} needs "
-                             f"{ceil_div(op.K, config.rows)} VMEM rows); split K")
+                             f"chip: {why}")
         depends = any(op.a.overlaps(p.op.c) or op.b.overlaps(p.op.c)
                       or (op.bias is not None and op.bias.overlaps(p.op.c)) for _, p in current)
         fits = (vmem + plan.vmem_rows <= config.vmem_rows

@@ -99,36 +99,63 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
     def plan(Mb, G):
         blocks = ceil_div(M, Mb)
         p = OpPlan(M, K, N, KT, NT, Mb, G, 1 if blocks == 1 else 2, bias)
-        # A buffer is reused two blocks (or groups) later: the loads that refill
-        # it run `ring` steps ahead, so a block (or group) must last that long.
-        spaced = blocks <= 2 or KT * NT >= ring
-        spaced &= bias != "matrix" or KT * p.rest >= ring or p.groups_per_block * blocks <= 2
         fits = p.vmem_rows <= vmem_rows and p.acc_rows <= acc_rows
-        return p if fits and spaced else None
+        return p if fits and _spaced(p, ring) else None
 
     # Start from the largest block whose activations can fit at all.
     Mb = min(M, _MAX_ROWS, max(1, vmem_rows // KT if M <= vmem_rows // KT else vmem_rows // (2 * KT)))
     while Mb >= 1:
         # Activation beats per tile against compute cycles per MATMUL: enough N
         # tiles per group that the load engine keeps ahead of the array; a power
-        # of two so that group and ring line up in loops.
+        # of two so that group and ring line up in loops. Narrower groups save
+        # accumulator rows; wider ones last longer (a matrix bias with few K
+        # tiles needs that), so both are tried before the block shrinks.
         act_beats = Mb * ceil_div(2 * r, bb)
         want = min(NT, MAX_GROUP, ceil_div(act_beats, max(1, Mb - w_beats)))
-        G = min(NT, MAX_GROUP, 1 << (want - 1).bit_length())
-        while G >= 1:
+        for G in _group_sizes(min(NT, MAX_GROUP, 1 << (want - 1).bit_length()), NT):
             p = plan(Mb, G)
             if p:
                 # Blocks of equal size: a short last block would stream below
                 # `rows` activation rows and leave bubbles.
                 even = ceil_div(M, p.blocks)
                 return plan(even, G) or p
-            G = _pow2_floor(G - 1) if G > 1 else 0
         Mb = Mb // 2 if Mb > 1 else 0
     return None
 
 
+def _group_sizes(first, NT):
+    """`first`, the powers of two below it, then the wider ones up to the limit."""
+    sizes, g = [], first
+    while g >= 1:
+        sizes.append(g)
+        g = _pow2_floor(g - 1) if g > 1 else 0
+    g = first * 2
+    while g // 2 < min(NT, MAX_GROUP):
+        sizes.append(min(g, NT, MAX_GROUP))
+        g *= 2
+    return list(dict.fromkeys(sizes))
+
+
+def _spaced(p, ring):
+    """Whether buffers are reused late enough. The loads of step n wait only for
+    MATMUL n - ring; an activation buffer is reused two blocks later, a bias
+    block two groups later, so what lies in between must last that long: the
+    bias block of group g (read by its first s_g steps) is refilled for group
+    g + 2, which starts KT * (s_g + s_g+1) steps after g."""
+    if p.blocks > 2 and p.KT * p.NT < ring:
+        return False
+    if p.bias != "matrix":
+        return True
+    per_block = [size for _, size in p.groups_of_block()]
+    sizes = per_block * min(p.blocks, 2)          # the pattern repeats block after block
+    reused = min(len(sizes), len(per_block) * p.blocks) - 2
+    return all(p.KT * (sizes[g] + sizes[g + 1]) - sizes[g] + 1 >= ring for g in range(reused))
+
+
 def max_k_tiles(config, M, N, bias="none"):
-    """The most K tiles one matmul of M x (KT*rows) x N can hold (0 if none)."""
+    """The most K tiles one matmul of M x (KT*rows) x N can hold (0 if none):
+    the largest KT for which this and every smaller chunk plan (a split K's
+    last chunk may be short)."""
     lo, hi = 0, max(1, config.vmem_rows)
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -136,4 +163,12 @@ def max_k_tiles(config, M, N, bias="none"):
             lo = mid
         else:
             hi = mid - 1
+    while lo and not all(plan_op(config, M, kt * config.rows, N, bias) for kt in _smaller(lo)):
+        lo -= 1
     return lo
+
+
+def _smaller(kt):
+    """The chunk sizes below `kt` worth checking: the small ones, where a matrix
+    bias is hardest to space."""
+    return range(1, min(kt, 2 * RING_SLOTS) + 1)

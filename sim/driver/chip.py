@@ -33,7 +33,7 @@ from mxu.hdl.config import ChipConfig
 from mxu.hdl.isa import INSTR_BYTES, ErrorCode
 from mxu.hdl.regs import CHIP_ID, COUNTERS, REG
 
-from ..backends.native import build_native, load_native
+from ..backends.native import native_library
 from ..backends.toolchain import require_simulator
 from ..backends.verilog import chip_verilog
 from .trace import decode_trace, trace_mask
@@ -67,6 +67,7 @@ _SIGNATURES = {
     "mxu_chip_trace_begin": (ctypes.c_int, [_PTR, ctypes.POINTER(_U32), _U32, _U32, _U32]),
     "mxu_chip_trace_events": (_U64, [_PTR, ctypes.POINTER(ctypes.POINTER(_U32))]),
     "mxu_chip_trace_buckets": (_U64, [_PTR, ctypes.POINTER(ctypes.POINTER(_U32))]),
+    "mxu_chip_trace_truncated": (ctypes.c_int, [_PTR]),
 }
 
 RESET_NOTE = "the chip has been reset and is ready for the next run"
@@ -139,9 +140,9 @@ def _library(config, waves=None, fast_mac=False, trace=False):
     name = f"chip{config.rows}x{config.cols}" + ("_fastmac" if fast_mac else "") + \
         (f"_{waves}" if waves else "") + ("_trace" if trace else "")
     flags = _TRACE_FLAGS[waves] + (("-CFLAGS", "-DMXU_TRACE") if trace else ())
-    lib = load_native(build_native(name, "chip_harness.cpp", key=[repr(config)],
-                                   extra_flags=flags, make_vars=_TRACE_MAKE.get(waves, ()),
-                                   verilog=lambda: chip_verilog(config, fast_mac, trace)))
+    lib = native_library(name, "chip_harness.cpp", key=[repr(config)], extra_flags=flags,
+                         make_vars=_TRACE_MAKE.get(waves, ()),
+                         verilog=lambda: chip_verilog(config, fast_mac, trace))
     for fn_name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, fn_name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -417,6 +418,10 @@ class SimulatedChip:
         for addr, data in (memory_image or {}).items():
             key = f"memory_image[{addr!r}]"
             image[_integer(addr, f"memory_image key {addr!r}", 0)] = _as_bytes(data, key)
+        for addr, data in image.items():
+            if addr < base + len(code) and base < addr + data.size:
+                raise ValueError(f"memory_image[0x{addr:x}] ({data.size} bytes) overlaps the "
+                                 f"program at 0x{base:x} ({len(code)} bytes); give another base")
         limit = 50_000_000 + 100 * len(code) if max_cycles is None else \
             _integer(max_cycles, "max_cycles", 1)
         for addr, data in image.items():
@@ -496,6 +501,9 @@ class SimulatedChip:
         counts = ctypes.POINTER(_U32)()
         b = self._lib.mxu_chip_trace_buckets(self._handle, ctypes.byref(counts))
         buckets = np.ctypeslib.as_array(counts, shape=(b,)).copy() if b else np.zeros(0, np.uint32)
+        if self._lib.mxu_chip_trace_truncated(self._handle):
+            raise ChipError(f"the trace of this run outgrew its buffer ({n:,} events): profile "
+                            f"a smaller run; the run itself finished and its results are in memory")
         return decode_trace(raw.reshape(n, 2 + width), buckets, self.trace_bucket)
 
     def _finish(self, cycles, limit, wall):

@@ -69,8 +69,12 @@ class Recording:
 
     def __exit__(self, kind, error, tb):
         self.chip._recording = None
-        if kind is None and self.calls:
-            self.run()
+        try:
+            if kind is None and self.calls:
+                self.run()
+        finally:
+            for call in self.calls:
+                call.out._pending = None
         return False
 
     @property
@@ -81,6 +85,8 @@ class Recording:
         """Run the recorded matmuls as one program; returns their `RunStats`."""
         if not self.calls:
             raise ValueError("nothing was recorded")
+        for call in self.calls:
+            call.check_alive()
         self.stats = self.chip._execute(self.calls)
         return self.stats
 
@@ -113,10 +119,19 @@ class Chip:
     def memory(self):
         return self.device.memory
 
-    def run(self, program, memory_image=None, **options):
+    def run(self, program, memory_image=None, *, base=None, **options):
         """Run a `Program` (or program bytes); see `SimulatedChip.run`. Raw
-        programs address external memory directly, device tensors included."""
-        return self.device.run(program, memory_image, **options)
+        programs address external memory directly, device tensors included;
+        without a `base` the program is placed in memory the allocator hands
+        out (so it overwrites no tensor), with one it is the caller's business."""
+        if base is not None:
+            return self.device.run(program, memory_image, base=base, **options)
+        code = self.device._program_bytes(program)
+        block = self._allocator.alloc(len(code), "the program", top=True)
+        try:
+            return self.device.run(code, memory_image, base=block.addr, **options)
+        finally:
+            block.free()
 
     def soft_reset(self):
         self.device.soft_reset()
@@ -211,6 +226,7 @@ class Chip:
         call = prepare_matmul(self, A, B, bias, out_dtype, relu, out)
         if self._recording is not None:
             self._recording.calls.append(call)
+            call.out._pending = self._recording
             return call.out
         stats = self._execute([call], host_start=start)
         self.last_stats = stats
@@ -238,7 +254,7 @@ class Chip:
         ops = [op for call in calls for op in call.ops]
         compiled, hit = self._compile(ops)
         code = compiled.program.to_bytes()
-        block = self._allocator.alloc(len(code), "the program")
+        block = self._allocator.alloc(len(code), "the program", top=True)
         ideal = compiled.macs / (self.config.rows * self.config.cols)
         operand_bytes = sum(op.a.rows * op.a.row_bytes + op.b.rows * op.b.row_bytes
                             + op.c.rows * op.c.row_bytes for op in ops)

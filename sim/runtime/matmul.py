@@ -8,7 +8,7 @@ import numpy as np
 from mxu.hdl.dtypes import bfloat16
 
 from ..compiler.operands import MatmulOp
-from ..compiler.plan import max_k_tiles
+from ..compiler.plan import max_k_tiles, plan_op
 from .tensor import DeviceTensor
 
 __all__ = ["MatmulCall", "prepare_matmul", "check_flag"]
@@ -35,11 +35,17 @@ def _out_dtype(out_dtype):
 @dataclass
 class MatmulCall:
     """One user matmul as the compiler will see it: its ops (several when K is
-    split), the output tensor, and the temporaries that must live until it runs."""
+    split), the output tensor, and every device tensor its ops read or write
+    (the caller's and the runtime's temporaries): they are kept alive until it
+    has run, and checked before a recorded program runs again."""
     ops: list
     out: DeviceTensor
     macs: int
     keep: list = field(default_factory=list)
+
+    def check_alive(self):
+        for tensor in self.keep:
+            tensor._alive()
 
 
 def _device_operand(chip, x, name, dtype):
@@ -86,15 +92,14 @@ def prepare_matmul(chip, A, B, bias=None, out_dtype=np.float32, relu=False, out=
     (M, K), (K2, N) = a.shape, b.shape
     if K != K2:
         raise ValueError(f"inner dimensions differ: A is {a.shape}, B is {b.shape}")
-    temps = [t for t, x in ((a, A), (b, B)) if x is not t]
+    temps = [a, b]
     bias_t = None
     if bias is not None:
         shape = bias.shape
         if shape not in ((N,), (1, N), (M, N)):
             raise ValueError(f"bias must have shape ({N},) or ({M}, {N}), not {shape}")
         bias_t = _device_operand(chip, bias, "bias", np.float32)
-        if bias_t is not bias:
-            temps.append(bias_t)
+        temps.append(bias_t)
     if out is not None:
         if not isinstance(out, DeviceTensor):
             raise TypeError(f"out must be a DeviceTensor, not {type(out).__name__}")
@@ -110,7 +115,7 @@ def prepare_matmul(chip, A, B, bias=None, out_dtype=np.float32, relu=False, out=
     else:
         c = chip.empty((M, N), dtype)
     ops = _split_k(chip, a, b, bias_t, c, relu, temps)
-    return MatmulCall(ops, c, M * K * N, temps)
+    return MatmulCall(ops, c, M * K * N, temps + [c])
 
 
 def _split_k(chip, a, b, bias, c, relu, temps):
@@ -119,24 +124,25 @@ def _split_k(chip, a, b, bias, c, relu, temps):
     sums (the order stays the sequential one of docs/numerics.md)."""
     config = chip.config
     (M, K), N = a.shape, b.shape[1]
-    kind = "none" if bias is None else ("row" if bias.rows == 1 and M > 1 else "matrix")
     op = MatmulOp(a.operand(), b.operand(), c.operand(), bias.operand() if bias else None, relu)
     op.check(config)
     tiles = -(-K // config.rows)
-    fit = min(max_k_tiles(config, M, N, kind), max_k_tiles(config, M, N, "matrix"))
-    if fit >= tiles:
+    if plan_op(config, M, K, N, op.bias_kind):
         return [op]
+    fit = min(max_k_tiles(config, M, N, op.bias_kind), max_k_tiles(config, M, N, "matrix"))
     if fit == 0:
         raise ValueError(f"a {M}x{K} @ {K}x{N} matmul does not fit the chip even with one "
                          f"K tile at a time (VMEM {config.vmem_rows} rows, accumulator "
                          f"{config.acc_rows} rows)")
+    # Chunks of equal size (a short last chunk streams no better).
+    chunks = -(-tiles // fit)
+    step = -(-tiles // chunks) * config.rows
     # The partial sums: the output itself when it is fp32 without ReLU.
     if c.dtype == np.dtype(np.float32) and not relu:
         partial = c
     else:
         partial = chip.empty((M, N), np.float32)
         temps.append(partial)
-    step = fit * config.rows
     ops = []
     for k0 in range(0, K, step):
         k1 = min(K, k0 + step)

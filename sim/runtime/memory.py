@@ -24,7 +24,8 @@ def _round_up(n, a=ALIGN):
 
 
 class Block:
-    """``nbytes`` of external memory at ``addr``; freed when dropped."""
+    """``nbytes`` (a multiple of 64) of external memory at ``addr``; freed when
+    dropped."""
 
     def __init__(self, allocator, addr, nbytes, what):
         self._allocator = weakref.ref(allocator)
@@ -36,7 +37,7 @@ class Block:
             self.freed = True
             allocator = self._allocator()
             if allocator is not None:
-                allocator._release(self.addr, _round_up(self.nbytes))
+                allocator._release(self.addr, self.nbytes)
 
     def __del__(self):
         self.free()
@@ -61,17 +62,23 @@ class Allocator:
     def largest_free(self):
         return max((length for _, length in self._free), default=0)
 
-    def alloc(self, nbytes, what="a tensor"):
-        """A `Block` of at least `nbytes` (64-byte aligned); `MemoryError` that
-        says how much there is when nothing fits."""
+    def alloc(self, nbytes, what="a tensor", top=False):
+        """A `Block` of at least `nbytes` (64-byte aligned): the lowest free
+        place, or with `top` the highest (where programs go, away from the
+        tensors). A `DeviceMemoryError` that says how much there is when
+        nothing fits."""
         need = _round_up(max(1, nbytes))
-        for i, (addr, length) in enumerate(self._free):
+        candidates = reversed(list(enumerate(self._free))) if top else enumerate(self._free)
+        for i, (addr, length) in candidates:
             if length >= need:
+                at = addr + length - need if top else addr
                 if length == need:
                     del self._free[i]
+                elif top:
+                    self._free[i] = (addr, length - need)
                 else:
                     self._free[i] = (addr + need, length - need)
-                return Block(self, addr, nbytes, what)
+                return Block(self, at, need, what)
         raise DeviceMemoryError(
             f"cannot allocate {nbytes:,} bytes for {what}: the chip's external memory has "
             f"{self.size:,} bytes, {self.free_bytes:,} free, the largest free block "

@@ -30,6 +30,7 @@ class DeviceTensor:
     def __init__(self, chip, block, addr, shape, dtype, stride):
         self.chip, self._block = chip, block
         self.addr, self.shape, self.dtype, self.stride = addr, tuple(shape), np.dtype(dtype), stride
+        self._pending = None     # the recording whose output this is, until it has run
 
     # ---- NumPy-like properties ----------------------------------------------------------
     @property
@@ -75,6 +76,9 @@ class DeviceTensor:
     def numpy(self):
         """A copy of the data as an ndarray of this shape and dtype."""
         self._alive()
+        if self._pending is not None:
+            raise ValueError("this tensor is the output of a recording that has not run yet: "
+                             "read it after the `with chip.record():` block")
         memory = self.chip.memory
         row_bytes = self.cols * self.itemsize
         rows = np.lib.stride_tricks.as_strided(memory[self.addr:], shape=(self.rows, row_bytes),

@@ -28,7 +28,10 @@ namespace {
 // counted per `bucket` cycles.
 struct TraceBuffer {
     static constexpr int WORDS = sizeof(((Vtop *)nullptr)->trace_events) / sizeof(uint32_t);
-    bool on = false, in_run = false;
+    // Events kept per run at most (36 bytes each): a longer run keeps its first
+    // ones and says it was truncated.
+    static constexpr uint64_t MAX_EVENTS = 4u << 20;
+    bool on = false, in_run = false, truncated = false;
     uint32_t mask[WORDS] = {};
     uint32_t accept_bit = 0, running_bit = 0, bucket = 256;
     uint64_t run_start = 0;
@@ -47,6 +50,7 @@ struct TraceBuffer {
         bool any = false;
         for (int i = 0; i < WORDS; i++) any |= (w[i] & mask[i]) != 0;
         if (!any) return;
+        if (events.size() >= MAX_EVENTS * (2 + WORDS)) { truncated = true; return; }
         events.push_back((uint32_t)t);
         events.push_back((uint32_t)(t >> 32));
         events.insert(events.end(), w, w + WORDS);
@@ -203,7 +207,7 @@ int mxu_chip_trace_begin(void *h, const uint32_t *mask, uint32_t accept_bit, uin
                          uint32_t bucket) {
 #ifdef MXU_TRACE
     TraceBuffer &b = static_cast<Chip *>(h)->tbuf;
-    b.on = true; b.in_run = false;
+    b.on = true; b.in_run = false; b.truncated = false;
     for (int i = 0; i < TraceBuffer::WORDS; i++) b.mask[i] = mask[i];
     b.accept_bit = accept_bit; b.running_bit = running_bit; b.bucket = bucket ? bucket : 1;
     b.events.clear(); b.buckets.clear();
@@ -223,6 +227,15 @@ uint64_t mxu_chip_trace_events(void *h, const uint32_t **words) {
     return b.events.size() / (2 + TraceBuffer::WORDS);
 #else
     (void)h; *words = nullptr;
+    return 0;
+#endif
+}
+
+int mxu_chip_trace_truncated(void *h) {
+#ifdef MXU_TRACE
+    return static_cast<Chip *>(h)->tbuf.truncated;
+#else
+    (void)h;
     return 0;
 #endif
 }

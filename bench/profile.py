@@ -48,8 +48,12 @@ def main():
     print("128x384x384, median of 3 runs")
     print(format_table(["model", "cycles", "wall s", "cycles/s"], rows))
     print()
+    A = rng.standard_normal((128, 384)).astype(np.float32)
+    B = rng.standard_normal((384, 384)).astype(np.float32)
+    traced.matmul(A, B)                 # compile outside the profile
     with traced.profile() as prof:
-        _matmul(traced, rng)
+        traced.matmul(A, B)
+    print("128x384x384:")
     print_profile(prof.trace, json_path=out / "matmul.json", png_path=out / "matmul.png")
     print()
     encoder = SentenceEncoder("all-MiniLM-L6-v2", chip=traced)

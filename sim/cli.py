@@ -83,7 +83,7 @@ def print_profile(trace, out=None, json_path=None, png_path=None):
                         "stall counter"], rows), file=out)
     print("top stalls: where the array waited longest (a loop's instruction counts once)",
           file=out)
-    print(format_table(["waited cycles", "times", "pc", "instruction", "waiting for"],
+    print(format_table(["waited cycles", "times", "program", "pc", "instruction", "waiting for"],
                        trace.stall_table(5)), file=out)
     if json_path:
         trace.save(json_path)

@@ -262,8 +262,9 @@ class Trace:
         return path
 
     def stall_table(self, n=5):
-        """Rows for `top_stalls`, for printing."""
-        return [[f"{total:,}", f"{issues:,}", f"{e.pc}", e.text[:60], what]
+        """Rows for `top_stalls`, for printing: waited cycles, times, program, pc,
+        instruction, waiting for what."""
+        return [[f"{total:,}", f"{issues:,}", f"{e.program}", f"{e.pc}", e.text[:60], what]
                 for total, issues, e, what in self.top_stalls(n)]
 
 

@@ -238,3 +238,13 @@ def test_small_k_with_a_matrix_bias_and_one_row_plans():
     needs wide groups so that bias buffers are not refilled too early."""
     _check(ChipConfig(), 1, 16, 80, "matrix")
     _check(SHAPES["4x4"], 2, 4, 40, "matrix")
+
+
+def test_blocks_shorter_than_the_ring_get_more_activation_buffers():
+    """M far beyond one accumulator block with one K tile and one N tile: each
+    block is a single step, so its activation buffer is reused only after more
+    blocks than two (M = 20000, K = N = 16 on the default chip is this case)."""
+    config = SHAPES["4x4"]
+    compiled = _check(config, 1500, 4, 4)
+    (_, plan), = compiled.segments[0]
+    assert plan.blocks > 2 and plan.a_buffers > 2

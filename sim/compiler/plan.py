@@ -26,7 +26,8 @@ def ceil_div(a, b):
 @dataclass(frozen=True)
 class OpPlan:
     """How one matmul is cut (sizes in rows). VMEM: `a_buffers` activation blocks
-    of ``Mb * KT`` rows. Accumulator: two groups of output rows, two groups of
+    of ``Mb * KT`` rows (two, or more when a block is shorter than the weight
+    ring's lead). Accumulator: two groups of output rows, two groups of
     bias blocks for a matrix bias, one bias row per N tile for a row bias."""
     M: int
     K: int
@@ -35,7 +36,7 @@ class OpPlan:
     NT: int          # N tiles
     Mb: int          # rows per M block
     G: int           # N tiles per group
-    a_buffers: int   # activation block buffers (1 when M is one block)
+    a_buffers: int   # activation block buffers, used in turn (1 when M is one block)
     bias: str        # "none", "row" or "matrix"
 
     @property
@@ -98,7 +99,11 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
 
     def plan(Mb, G):
         blocks = ceil_div(M, Mb)
-        p = OpPlan(M, K, N, KT, NT, Mb, G, 1 if blocks == 1 else 2, bias)
+        # Activation buffers in a ring: a buffer is refilled `a_buffers` blocks
+        # later, which must be at least `ring` steps on (two buffers unless the
+        # blocks are shorter than that).
+        buffers = 1 if blocks == 1 else min(blocks, max(2, ceil_div(ring, KT * NT) + 1))
+        p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias)
         fits = p.vmem_rows <= vmem_rows and p.acc_rows <= acc_rows
         return p if fits and _spaced(p, ring) else None
 
@@ -142,7 +147,7 @@ def _spaced(p, ring):
     block two groups later, so what lies in between must last that long: the
     bias block of group g (read by its first s_g steps) is refilled for group
     g + 2, which starts KT * (s_g + s_g+1) steps after g."""
-    if p.blocks > 2 and p.KT * p.NT < ring:
+    if p.blocks > p.a_buffers and (p.a_buffers - 1) * p.KT * p.NT < ring:
         return False
     if p.bias != "matrix":
         return True

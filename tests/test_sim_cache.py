@@ -162,7 +162,7 @@ def test_two_clones_in_sequence_share_a_cache(tmp_path):
         pytest.skip("not a git checkout: the test clones the repository")
     env = dict(os.environ, MXU_CACHE=str(tmp_path / "shared-cache"))
     test = ["-m", "pytest", "-q", "-p", "no:cacheprovider",
-            "tests/test_hdl_numerics.py::test_cocotb_numerics[verilator-multiplier]"]
+            "tests/test_hdl_numerics.py::test_cocotb_numerics[multiplier-verilator]"]
     for i in range(2):
         clone = tmp_path / f"clone{i}"
         _git_clone(clone)

@@ -19,7 +19,7 @@ class MacOperands(data.Struct):
 
 
 class MacPipeline(wiring.Component):
-    """``result = acc + a*w`` (each operation rounded, DESIGN section 3) with a fixed
+    """``result = acc + a*w`` (each operation rounded, docs/numerics.md) with a fixed
     latency of `stages` cycles while ``en`` is high; everything holds while it is low.
 
     The register boundaries are: stages=1, after the adder; stages=2, also between

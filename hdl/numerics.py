@@ -3,7 +3,7 @@
 Every operation here rounds to nearest-even, takes and produces subnormals
 (gradual underflow), handles +-inf, produces the canonical quiet NaN
 ``0x7FC00000`` (``0x7FC0`` for bf16, sign kept) for every NaN result, and follows
-the IEEE signed-zero rules. DESIGN.md section 3 is the contract; the golden model
+the IEEE signed-zero rules. docs/numerics.md is the contract; the golden model
 in `mxu.verif.golden` is its NumPy statement.
 
 Datapath (docs/synth.md explains the costs): operands travel between the blocks

@@ -2,7 +2,7 @@
 bf16 operands, back-to-back weight tiles with no bubble.
 
 See docs/array.md for the interface contract, the timing in words, the latency
-formula and the weight-switch protocol; DESIGN sections 3 and 4 for the numerics
+formula and the weight-switch protocol; docs/numerics.md and docs/architecture.md for the numerics
 and the microarchitecture this implements.
 
 Data flow (r = PE row = reduction index k, c = PE column = output column j)::
@@ -12,7 +12,7 @@ Data flow (r = PE row = reduction index k, c = PE column = output column j)::
     weights --> queue --> shadow-weight bus of column c (skew c) --> PE[k][c].shadow
 
 so ``result[i, j] = (...((seed[i, j] + a[i, 0]*w[0, j]) + a[i, 1]*w[1, j]) + ...)``,
-the sequential fp32 dot product of DESIGN section 3.
+the sequential fp32 dot product of docs/numerics.md.
 """
 
 from amaranth.hdl import ClockSignal, Instance, Module, Mux, ResetSignal, Signal, Value
@@ -67,7 +67,7 @@ class SystolicArray(wiring.Component):
     with one seed beat (``cols`` fp32 values) produces one result beat
     ``result[j] = seed[j] + sum_k act[k] * W[k, j]``, accumulated in fp32 in the
     order k = 0, 1, ..., rows-1, each product and each sum rounded to nearest-even
-    (DESIGN section 3). One beat per cycle in, one per cycle out.
+    (docs/numerics.md). One beat per cycle in, one per cycle out.
 
     Weights: a tile W (``rows x cols``) arrives on ``weight`` as `rows` beats, row
     k = 0 first. It waits in a queue and then in the PEs' shadow registers until

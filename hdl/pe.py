@@ -10,7 +10,7 @@ activation, the switch sweeps over the array as a diagonal wave, exactly one til
 boundary behind the last row of the old tile (docs/array.md).
 
 The partial sum enters from the north, gets ``a*w`` added by a `MacPipeline`
-(``mac_stages`` cycles, DESIGN section 3 numerics) and leaves to the south. The
+(``mac_stages`` cycles, numerics in docs/numerics.md) and leaves to the south. The
 activation leaves to the east one cycle after it arrived.
 """
 

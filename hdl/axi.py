@@ -20,7 +20,7 @@ import enum
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["AxiBurst", "AxiResp", "AXI4Signature", "AXI4LiteSignature"]
+__all__ = ["AxiBurst", "AxiResp", "AXI4Signature", "AXI4LiteSignature", "segment_beats"]
 
 
 class AxiBurst(enum.IntEnum):
@@ -123,3 +123,9 @@ class AXI4LiteSignature(wiring.Signature):
 
     def __repr__(self):
         return f"AXI4LiteSignature(addr_width={self.addr_width}, data_width={self.data_width})"
+
+
+def segment_beats(start, length, lg):
+    """Bus beats (of ``2**lg`` bytes) that ``length`` bytes from byte address
+    ``start`` touch, counted from the beat that holds ``start``."""
+    return (start[:lg] + length + (1 << lg) - 1) >> lg

@@ -47,10 +47,27 @@ def _pow2_at_least(n):
 
 class _PendingRows(wiring.Component):
     """In-order record of MATMUL rows issued to the array whose results are not yet
-    in the accumulator: their output row, whether it is the MATMUL's last, and its
-    push flags. ``hit`` tells whether `probe` is among the pending output rows."""
+    in the accumulator (their output row, whether it is the MATMUL's last, and its
+    push flags), and the read-after-write probe of the row about to be issued.
+
+    Everything the rest of the engine sees is a register, so that no path runs
+    from a counter through the comparators into a memory port (docs/synth.md):
+
+    * ``head`` is the oldest pending row, kept in a register (the next one is
+      looked up a cycle ahead).
+    * The probe is looked up a cycle ahead: ``probe`` is the seed row of the
+      row that may move into the issue slot; in a cycle with ``probe_load`` it
+      moves there, and from the next cycle on, for as long as it is held,
+      ``hit`` (a register) tells whether that row is among the pending rows --
+      exactly, in every cycle: the held probe keeps one match bit per entry,
+      so an entry that retires clears ``hit`` in the next cycle. A row added
+      in a ``probe_load`` cycle is compared with the new probe as it is added;
+      the caller adds rows only in such cycles or when nothing is held (the
+      issued row is the held one).
+    """
 
     def __init__(self, depth, addr_shape):
+        assert depth & (depth - 1) == 0
         self.depth = depth
         entry = data.StructLayout({"addr": addr_shape, "last": 1, "push": Deps})
         self._entry = entry
@@ -60,6 +77,7 @@ class _PendingRows(wiring.Component):
             "empty": Out(1),
             "retire": In(1),
             "probe": In(addr_shape),
+            "probe_load": In(1),
             "hit": Out(1),
         })
 
@@ -69,23 +87,47 @@ class _PendingRows(wiring.Component):
         entries = Array(Signal(self._entry, name=f"entry{i}") for i in range(n))
         valid = Signal(n)
         wp, rp = Signal(range(n)), Signal(range(n))
+        rp1 = Signal(range(n), init=1 % n)      # rp + 1
         count = Signal(range(n + 1))
+        full = Signal()                      # count == n, registered
         m.d.comb += [
-            self.add.ready.eq(count < n),
+            self.add.ready.eq(~full),
             self.empty.eq(count == 0),
-            self.head.eq(entries[rp]),
         ]
         add = self.add.valid & self.add.ready
+        retire = self.retire
         with m.If(add):
             m.d.sync += [entries[wp].eq(self.add.payload), wp.eq(wp + 1)]
-        with m.If(self.retire):
-            m.d.sync += rp.eq(rp + 1)
-        m.d.sync += count.eq(count + add - self.retire)
-        set_bits = Mux(add, C(1, n) << wp, 0)
-        clear_bits = Mux(self.retire, C(1, n) << rp, 0)
-        m.d.sync += valid.eq((valid | set_bits) & ~clear_bits)
-        m.d.comb += self.hit.eq(Cat(valid[i] & (entries[i].addr == self.probe)
-                                    for i in range(n)).any())
+        with m.If(retire):
+            m.d.sync += [rp.eq(rp1), rp1.eq(rp1 + 1)]
+        count_next = count + add - retire
+        m.d.sync += [count.eq(count_next), full.eq(count_next == n)]
+        # The head register: after a retire the entry behind it (or the row added
+        # in the same cycle, if it becomes the head); into an empty record the
+        # added row.
+        with m.If(retire):
+            m.d.sync += self.head.eq(Mux(add & (wp == rp1), self.add.payload, entries[rp1]))
+        with m.Elif(add & (count == 0)):
+            m.d.sync += self.head.eq(self.add.payload)
+
+        add_bits = Mux(add, C(1, n) << wp, 0)
+        keep = ~Mux(retire, C(1, n) << rp, C(0, n))      # entries that stay pending
+        m.d.sync += valid.eq((valid | add_bits) & keep)
+
+        # The probe, one cycle ahead. An entry being added has no valid bit yet
+        # (and its slot holds a stale row): it is compared with the added row.
+        match = Signal(n)                    # per entry: it holds the held probe's row
+        eq = Cat(entries[i].addr == self.probe for i in range(n))
+        add_eq = self.add.payload.addr == self.probe
+        with m.If(self.probe_load):
+            m.d.sync += [
+                match.eq((eq & ~add_bits) | Mux(add_eq, add_bits, 0)),
+                self.hit.eq((eq & valid & keep).any() | (add & add_eq)),
+            ]
+        with m.Else():
+            # The held probe's row: rows added now cannot be it (rows are only
+            # added when the probe moves on, see the caller), retired ones drop.
+            m.d.sync += self.hit.eq((match & valid & keep).any())
         return m
 
 
@@ -233,45 +275,90 @@ class ComputeEngine(wiring.Component):
 
     # ---- activations and seeds: VMEM/accumulator rows -> array.act/seed ----------
     def _activation_streamer(self, m, matmul_q, array):
+        """Three register stages, one row per cycle:
+
+        * *next*: the row counter of the MATMUL at the queue's head computes the
+          row's VMEM, seed and output rows into registers;
+        * *issue*: the row waits here until it may be read. Its interlock hit
+          (`_PendingRows`) was looked up while it moved in, so the read requests
+          come from registers: no path runs from the counter through the adders
+          and comparators into a memory port (docs/synth.md);
+        * the skid buffer takes the rows read (one cycle later) and feeds the array.
+        """
         c = self.config
         cmd = ComputeCommand(c)(matmul_q.r_data)
         m.submodules.pending = pending = _PendingRows(self.pending_depth, _addr_shape(c.acc_rows))
         act_bits, seed_bits = 16 * c.rows, 32 * c.cols
         m.submodules.askid = skid = fifo.SyncFIFO(width=act_bits + seed_bits + 1,
                                                    depth=self.SKID_DEPTH)
+        vaddr, aaddr = _addr_shape(c.vmem_rows), _addr_shape(c.acc_rows)
+        row = data.StructLayout({
+            "act": vaddr, "seed": aaddr, "out": aaddr, "last": 1, "first": 1,
+            "reads_seed": 1, "push": Deps,
+        })
+        nxt, nxt_valid = Signal(row), Signal()      # stage "next"
+        cur, cur_valid = Signal(row), Signal()      # stage "issue"
+
+        # Skid credits: free skid entries minus reads in flight, a register.
+        credits = Signal(range(self.SKID_DEPTH + 1), init=self.SKID_DEPTH)
+        issue = Signal()
+        m.d.comb += issue.eq(cur_valid & ~(cur.reads_seed & pending.hit) & (credits != 0)
+                             & pending.add.ready)
+        advance = Signal()          # next -> issue
+        m.d.comb += advance.eq(nxt_valid & (~cur_valid | issue))
+        fill = Signal()             # queue head -> next
+        m.d.comb += fill.eq(matmul_q.r_rdy & (~nxt_valid | advance))
+
+        # Stage "next": counter and address adders.
         i = Signal(16)
         last = i == cmd.count - 1
-        seed_addr = Signal.like(self.seed_read.req.payload)
-        m.d.comb += seed_addr.eq(Mux(cmd.seed_mode == SeedMode.ACC, cmd.seed_row + i, cmd.seed_row))
         reads_seed = cmd.seed_mode != SeedMode.ZERO
-        m.d.comb += pending.probe.eq(seed_addr)
-        inflight = Signal()
-        inflight_zero_seed = Signal()
-        inflight_first = Signal()
-        room = skid.level + inflight < self.SKID_DEPTH
-        issue = Signal()
-        m.d.comb += [
-            issue.eq(matmul_q.r_rdy & room & pending.add.ready & ~(reads_seed & pending.hit)),
-            self.act_read.req.valid.eq(issue),
-            self.act_read.req.payload.eq(cmd.vmem_row + i),
-            self.seed_read.req.valid.eq(issue & reads_seed),
-            self.seed_read.req.payload.eq(seed_addr),
-            pending.add.valid.eq(issue),
-            pending.add.payload.addr.eq(cmd.out_row + i),
-            pending.add.payload.last.eq(last),
-            pending.add.payload.push.eq(cmd.deps),
-        ]
-        m.d.sync += [
-            inflight.eq(issue),
-            inflight_zero_seed.eq(~reads_seed),
-            inflight_first.eq(cmd.new_weights & (i == 0)),
-        ]
-        with m.If(issue):
+        with m.If(fill):
+            m.d.sync += [
+                nxt.act.eq(cmd.vmem_row + i),
+                nxt.seed.eq(Mux(cmd.seed_mode == SeedMode.ACC, cmd.seed_row + i, cmd.seed_row)),
+                nxt.out.eq(cmd.out_row + i),
+                nxt.last.eq(last),
+                nxt.first.eq(cmd.new_weights & (i == 0)),
+                nxt.reads_seed.eq(reads_seed),
+                nxt.push.eq(cmd.deps),
+            ]
             with m.If(last):
                 m.d.sync += i.eq(0)
                 m.d.comb += matmul_q.r_en.eq(1)
             with m.Else():
                 m.d.sync += i.eq(i + 1)
+        with m.If(fill):
+            m.d.sync += nxt_valid.eq(1)
+        with m.Elif(advance):
+            m.d.sync += nxt_valid.eq(0)
+
+        # Stage "issue": the interlock was probed as the row moved in.
+        m.d.comb += [pending.probe.eq(nxt.seed), pending.probe_load.eq(advance)]
+        with m.If(advance):
+            m.d.sync += [cur.eq(nxt), cur_valid.eq(1)]
+        with m.Elif(issue):
+            m.d.sync += cur_valid.eq(0)
+
+        inflight = Signal()
+        inflight_zero_seed = Signal()
+        m.d.comb += [
+            self.act_read.req.valid.eq(issue),
+            self.act_read.req.payload.eq(cur.act),
+            self.seed_read.req.valid.eq(issue & cur.reads_seed),
+            self.seed_read.req.payload.eq(cur.seed),
+            pending.add.valid.eq(issue),
+            pending.add.payload.addr.eq(cur.out),
+            pending.add.payload.last.eq(cur.last),
+            pending.add.payload.push.eq(cur.push),
+        ]
+        inflight_first = Signal()
+        m.d.sync += [
+            inflight.eq(issue),
+            inflight_zero_seed.eq(~cur.reads_seed),
+            inflight_first.eq(cur.first),
+            credits.eq(credits - issue + skid.r_en),
+        ]
         act = self.act_read.resp.payload.as_value()[:act_bits]
         seed = Mux(inflight_zero_seed, 0, self.seed_read.resp.payload.as_value()[:seed_bits])
         m.d.comb += [
@@ -285,7 +372,7 @@ class ComputeEngine(wiring.Component):
             skid.r_en.eq(array.act.valid & array.act.ready),
             self.array_accept.eq(array.act.valid & array.act.ready),
         ]
-        return inflight | skid.r_rdy, pending
+        return nxt_valid | cur_valid | inflight | skid.r_rdy, pending
 
     # ---- results: array.result -> accumulator; completion after the last row -----
     def _result_writer(self, m, array, pending):

@@ -8,7 +8,7 @@ first error (in time) is recorded with the pc of its instruction; from then on
 no engine takes a new instruction, what is in flight drains, and ``done`` rises.
 """
 
-from amaranth.hdl import C, Cat, Module, Mux, Signal
+from amaranth.hdl import C, Cat, Module, Mux, ResetInserter, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -18,6 +18,7 @@ from .isa import (INSTR_BITS, Deps, DmaInstr, Engine, ErrorCode, Header, HaltIns
 from .compute import ComputeCommand
 from .dma import dma_descriptor_layout
 from .regs import COUNTERS
+from .slice import RegisterSlice
 from .trace import EngineTrace
 
 __all__ = ["Decoder", "Controller"]
@@ -204,23 +205,41 @@ class Controller(wiring.Component):
             m.submodules[f"{e.name.lower()}_queue"] = q
             queues[e] = q
 
-        ins = FetchedInstr(self.instr.payload)
-        m.d.comb += decoder.word.eq(ins.word)
-        target_ready = Mux(decoder.engine == Engine.LOAD, queues[Engine.LOAD].w_rdy,
-                           Mux(decoder.engine == Engine.COMPUTE, queues[Engine.COMPUTE].w_rdy,
+        # The decoder, then a register slice: every decision below starts from
+        # registers. Without the slice the loop expanders' body memories and pc
+        # comparisons, then the decoder's range checks, ran into the error, halt
+        # and deadlock logic (docs/synth.md).
+        m.d.comb += decoder.word.eq(FetchedInstr(self.instr.payload).word)
+        decoded = data.StructLayout({"instr": FetchedInstr, "engine": Engine, "halt": 1,
+                                     "error": ErrorCode})
+        m.submodules.instr_slice = instr_slice = ResetInserter(self.start)(
+            RegisterSlice(decoded))
+        m.d.comb += [
+            instr_slice.i.valid.eq(self.instr.valid),
+            instr_slice.i.payload.instr.eq(self.instr.payload),
+            instr_slice.i.payload.engine.eq(decoder.engine),
+            instr_slice.i.payload.halt.eq(decoder.halt),
+            instr_slice.i.payload.error.eq(decoder.error),
+            self.instr.ready.eq(instr_slice.i.ready),
+        ]
+        instr = instr_slice.o
+        ins = instr.payload.instr
+        dec = instr.payload           # the decoder's engine, halt and error, registered
+        target_ready = Mux(dec.engine == Engine.LOAD, queues[Engine.LOAD].w_rdy,
+                           Mux(dec.engine == Engine.COMPUTE, queues[Engine.COMPUTE].w_rdy,
                                queues[Engine.STORE].w_rdy))
-        ok = decoder.error == ErrorCode.NONE
-        accept = running & ~halted & ~failed & self.instr.valid
-        m.d.comb += self.instr.ready.eq(accept & (~ok | decoder.halt | target_ready))
+        ok = dec.error == ErrorCode.NONE
+        accept = running & ~halted & ~failed & instr.valid
+        m.d.comb += instr.ready.eq(accept & (~ok | dec.halt | target_ready))
         for e, q in queues.items():
             m.d.comb += [
-                q.w_data.eq(self.instr.payload),
-                q.w_en.eq(accept & ok & ~decoder.halt & (decoder.engine == e) & q.w_rdy),
+                q.w_data.eq(instr.payload.instr),
+                q.w_en.eq(accept & ok & ~dec.halt & (dec.engine == e) & q.w_rdy),
             ]
-        with m.If(accept & ok & decoder.halt):
+        with m.If(accept & ok & dec.halt):
             m.d.sync += halted.eq(1)
-        decoder_stalled = accept & ok & ~decoder.halt & ~target_ready
-        record.append((accept & ~ok, decoder.error, ins.pc))
+        decoder_stalled = accept & ok & ~dec.halt & ~target_ready
+        record.append((accept & ~ok, dec.error, ins.pc))
 
         # ---- tokens ---------------------------------------------------------------
         tokens = {name: Signal(16, name=f"tokens_{name}") for name in ("l2c", "c2l", "c2s", "s2c")}
@@ -284,9 +303,11 @@ class Controller(wiring.Component):
         any_waiting = Cat(*(queues[e].level != 0 for e in Engine)).any()
         fetch_stuck = halted | decoder_stalled
         deadlock = running & all_idle & heads_stuck & any_waiting & fetch_stuck
-        deadlock_q = Signal()
-        m.d.sync += deadlock_q.eq(deadlock)
-        record.append((deadlock_q & deadlock, C(ErrorCode.DEADLOCK.value, 4), ins.pc))
+        # Two cycles in a row, from registers (the idle and token logic stays out
+        # of the error path): a real deadlock never ends, so a cycle later is fine.
+        deadlock_q, deadlock_qq = Signal(), Signal()
+        m.d.sync += [deadlock_q.eq(deadlock), deadlock_qq.eq(deadlock_q)]
+        record.append((deadlock_q & deadlock_qq, C(ErrorCode.DEADLOCK.value, 4), ins.pc))
         record.append((self.fetch_error, C(ErrorCode.FETCH_ERROR.value, 4), self.fetch_error_pc))
 
         # ---- first error wins ------------------------------------------------------
@@ -318,7 +339,7 @@ class Controller(wiring.Component):
             "store_stall": running & stalls[Engine.STORE],
             "dma_read_bytes": self.dma_read_beat,
             "dma_write_bytes": self.dma_write_beat,
-            "instructions": self.instr.valid & self.instr.ready & ok,
+            "instructions": instr.valid & instr.ready & ok,
         }
         step = {"dma_read_bytes": c.axi_data_bytes, "dma_write_bytes": c.axi_data_bytes}
         for i, name in enumerate(COUNTERS):

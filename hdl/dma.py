@@ -30,7 +30,7 @@ from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .accmem import AccMem, acc_row_layout
-from .axi import AXI4Signature, AxiBurst
+from .axi import AXI4Signature, AxiBurst, segment_beats
 from .fields import unpack_fields
 from .fields import pack_fields as _pack_dict
 from .numerics import Fp32ToBf16
@@ -184,40 +184,36 @@ class Dma(wiring.Component):
     def _burst_generator(self, m, s):
         """Cuts the external range into AXI bursts (at most the burst length, never
         across 4 KiB)."""
-        A, BB, LG, MAXO, abort, c, d, total = s.A, s.BB, s.LG, s.MAXO, s.abort, s.c, s.d, s.total
+        A, LG, MAXO, abort, c, d, total = s.A, s.LG, s.MAXO, s.abort, s.c, s.d, s.total
         bg_active = Signal()
         bg_x = Signal(A + 1)        # beat-aligned address of the next burst
-        bg_end = Signal(A + 1)      # end (exclusive) of the current segment
+        bg_beats = Signal(A + 1)    # beats left in the current segment (a register:
+                                    # no subtract-compare chain into the burst decision)
         bg_seg = Signal(A + 1)      # start address of the current segment
         bg_left = Signal(len(d.rows))  # segments left, including the current one
         seg_len = Signal(len(total))
         inflight = Signal(range(MAXO + 1))
-        beats_left = Signal(A + 1)
         to4k = Signal(13 - LG + 1)
         nbeats = Signal(9)
-        m.d.comb += [
-            beats_left.eq((bg_end - bg_x + BB - 1) >> LG),
-            to4k.eq((4096 - bg_x[:12]) >> LG),
-        ]
+        m.d.comb += to4k.eq((4096 - bg_x[:12]) >> LG)
         cap4k = Mux(to4k < c.dma_max_burst_beats, to4k, c.dma_max_burst_beats)
-        m.d.comb += nbeats.eq(Mux(beats_left < cap4k, beats_left, cap4k))
-        next_x = Signal(A + 1)
-        m.d.comb += next_x.eq(bg_x + (nbeats << LG))
+        m.d.comb += nbeats.eq(Mux(bg_beats < cap4k, bg_beats, cap4k))
         bg_ok = Signal()            # a burst may be issued this cycle (if taken)
         bg_fire = Signal()
         m.d.comb += bg_ok.eq(bg_active & ~abort & (inflight < MAXO))
         with m.If(bg_fire):
-            with m.If(next_x >= bg_end):
+            with m.If(bg_beats <= cap4k):       # this burst ends the segment
                 with m.If(bg_left == 1):
                     m.d.sync += bg_active.eq(0)
                 with m.Else():
                     nxt = bg_seg + d.ext_stride
                     m.d.sync += [bg_left.eq(bg_left - 1), bg_seg.eq(nxt),
-                                 bg_x.eq(Cat(C(0, LG), nxt[LG:])), bg_end.eq(nxt + seg_len)]
+                                 bg_x.eq(Cat(C(0, LG), nxt[LG:])),
+                                 bg_beats.eq(segment_beats(nxt, seg_len, LG))]
             with m.Else():
-                m.d.sync += bg_x.eq(next_x)
+                m.d.sync += [bg_x.eq(bg_x + (nbeats << LG)), bg_beats.eq(bg_beats - nbeats)]
         s.bg_active = bg_active
-        s.bg_end = bg_end
+        s.bg_beats = bg_beats
         s.bg_fire = bg_fire
         s.bg_left = bg_left
         s.bg_ok = bg_ok
@@ -462,7 +458,7 @@ class Dma(wiring.Component):
     def _control(self, m, s):
         """The descriptor's checks and the run state machine."""
         A, LG, RBA, RBV, RBX, abort = s.A, s.LG, s.RBA, s.RBV, s.RBX, s.abort
-        bg_active, bg_end, bg_fire, bg_left = s.bg_active, s.bg_end, s.bg_fire, s.bg_left
+        bg_active, bg_beats, bg_fire, bg_left = s.bg_active, s.bg_beats, s.bg_fire, s.bg_left
         bg_seg, bg_x, c, clear, coalesced, d = s.bg_seg, s.bg_x, s.c, s.clear, s.coalesced, s.d
         err, gb_data, gb_flush, gb_n, gb_strb = s.err, s.gb_data, s.gb_flush, s.gb_n, s.gb_strb
         inflight, is_load, is_vmem, last_off = s.inflight, s.is_load, s.is_vmem, s.last_off
@@ -523,7 +519,8 @@ class Dma(wiring.Component):
                     m.d.sync += [
                         seg_len.eq(sl),
                         bg_active.eq(1), bg_seg.eq(d.ext_base),
-                        bg_x.eq(Cat(C(0, LG), d.ext_base[LG:])), bg_end.eq(d.ext_base + sl),
+                        bg_x.eq(Cat(C(0, LG), d.ext_base[LG:])),
+                        bg_beats.eq(segment_beats(d.ext_base, sl, LG)),
                         bg_left.eq(Mux(coalesced, 1, d.rows)),
                         ld_r.eq(0), ld_a.eq(d.ext_base), ld_end.eq(d.ext_base + d.row_bytes),
                         ld_ba.eq(Cat(C(0, LG), d.ext_base[LG:])), ld_k.eq(0),

@@ -9,7 +9,7 @@ from amaranth.hdl import C, Cat, Module, Mux, ResetInserter, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .axi import AXI4Signature, AxiBurst, AxiResp
+from .axi import AXI4Signature, AxiBurst, AxiResp, segment_beats
 from .isa import INSTR_BITS, INSTR_BYTES
 
 __all__ = ["FetchedInstr", "InstructionFetch", "FETCH_AXI_ID", "program_alignment"]
@@ -67,6 +67,7 @@ class InstructionFetch(wiring.Component):
         m = Module()
         c = self.config
         bb = c.axi_data_bytes
+        lg = (bb - 1).bit_length()
         axi = self.axi
         queue = fifo.SyncFIFOBuffered(width=INSTR_BITS + 32, depth=_QUEUE_INSTRS)
         # A run that stopped (HALT, error) can leave instructions behind: start afresh.
@@ -79,7 +80,8 @@ class InstructionFetch(wiring.Component):
 
         active = Signal()
         addr = Signal(64)          # next burst address
-        end = Signal(64)           # byte after the program
+        beats_left = Signal(64)    # bus beats of the program not yet requested (a
+                                   # register: no 64-bit subtract into the AR decision)
         emitted = Signal(32)       # instructions handed to the queue (pc of the next)
         length = Signal(32)
         outstanding = Signal(range(_BURST_BEATS + 1))
@@ -89,24 +91,25 @@ class InstructionFetch(wiring.Component):
         with m.If(self.start):
             m.d.sync += [
                 active.eq(~misaligned & ~too_far), self.error.eq(misaligned | too_far),
-                addr.eq(self.base), end.eq(self.base + self.length * INSTR_BYTES),
+                addr.eq(self.base),
+                beats_left.eq(segment_beats(self.base, self.length * INSTR_BYTES, lg)),
                 emitted.eq(0), length.eq(self.length), end_sent.eq(0), self.error_pc.eq(0),
             ]
 
         # ---- AR: one burst at a time, only when the queue has room for all of it.
         per_beat = max(1, bb // INSTR_BYTES)
-        remaining_beats = (end - addr + bb - 1) // bb
         to_boundary = (4096 - addr[:12]) // bb
         beats = Signal(range(_BURST_BEATS + 1))
-        m.d.comb += beats.eq(Mux(remaining_beats < _BURST_BEATS,
-                                 Mux(remaining_beats < to_boundary, remaining_beats, to_boundary),
+        m.d.comb += beats.eq(Mux(beats_left < _BURST_BEATS,
+                                 Mux(beats_left < to_boundary, beats_left, to_boundary),
                                  Mux(to_boundary < _BURST_BEATS, to_boundary, _BURST_BEATS)))
         room = queue.level + (beats * per_beat) + 2 <= _QUEUE_INSTRS
-        want = active & ~self.stop & ~self.error & (addr < end) & (outstanding == 0) & room
+        want = active & ~self.stop & ~self.error & (beats_left != 0) & (outstanding == 0) & room
         ar_pending = Signal()
         with m.If(want & ~ar_pending):
             m.d.sync += [ar_pending.eq(1), axi.arlen.eq(beats - 1), axi.araddr.eq(addr),
-                         outstanding.eq(beats), addr.eq(addr + beats * bb)]
+                         outstanding.eq(beats), addr.eq(addr + beats * bb),
+                         beats_left.eq(beats_left - beats)]
         with m.If(axi.arvalid & axi.arready):
             m.d.sync += ar_pending.eq(0)
         m.d.comb += [

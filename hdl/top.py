@@ -20,10 +20,11 @@ from .axi import AXI4LiteSignature, AXI4Signature
 from .compute import ComputeEngine
 from .controller import Controller
 from .dma import Dma, DmaDir
-from .fetch import FETCH_AXI_ID, InstructionFetch
+from .fetch import FETCH_AXI_ID, FetchedInstr, InstructionFetch
 from .isa import ErrorCode
 from .loop import LoopExpander
 from .regs import COUNTERS, HOST_ADDR_BITS, RegisterFile
+from .slice import RegisterSlice
 from .trace import ChipTrace
 from .transfer import TransferEngine
 from .vmem import Vmem
@@ -89,9 +90,22 @@ class _ChipCore(wiring.Component):
             ctrl.fetch_error.eq(fetch.error), ctrl.fetch_error_pc.eq(fetch.error_pc),
             ctrl.fetch_busy.eq(fetch.busy),
         ]
-        wiring.connect(m, fetch.instr, outer.i)
-        wiring.connect(m, outer.o, inner.i)
-        wiring.connect(m, inner.o, ctrl.instr)
+        # Register slices around the expanders: their LOOP legality checks and
+        # body memories would otherwise chain, through the valid/ready
+        # handshakes, into the fetch queue and into the decoder (docs/synth.md,
+        # "Fmax").
+        m.submodules.fetch_slice = fetch_slice = ResetInserter(self.start)(
+            RegisterSlice(FetchedInstr))
+        m.submodules.loop_slice = loop_slice = ResetInserter(self.start)(
+            RegisterSlice(FetchedInstr))
+        m.submodules.decode_slice = decode_slice = ResetInserter(self.start)(
+            RegisterSlice(FetchedInstr))
+        wiring.connect(m, fetch.instr, fetch_slice.i)
+        wiring.connect(m, fetch_slice.o, outer.i)
+        wiring.connect(m, outer.o, loop_slice.i)
+        wiring.connect(m, loop_slice.o, inner.i)
+        wiring.connect(m, inner.o, decode_slice.i)
+        wiring.connect(m, decode_slice.o, ctrl.instr)
         m.d.comb += [outer.length.eq(self.prog_len), inner.length.eq(self.prog_len)]
         for name, engine in (("load", load), ("compute", compute), ("store", store)):
             wiring.connect(m, getattr(ctrl, f"{name}_cmd"), engine.cmd)

@@ -22,7 +22,7 @@ from amaranth.lib.wiring import In
 
 from mxu.hdl.config import ChipConfig
 
-from .flow import Phases, ToolError
+from .flow import Phases, ToolError, stop_tools_on_sigterm
 from .report import write_json
 from .run import DEVICES, TARGETS, UNITS, Ecp5Options, design, synth_ecp5, synth_generic
 
@@ -128,6 +128,7 @@ def register(subparsers):
 
 def run_synth(args):
     config = config_from_args(args)
+    stop_tools_on_sigterm()
     phases = Phases(quiet=args.quiet)
     workdir = Path(args.workdir) if args.workdir else Path(
         tempfile.mkdtemp(prefix=f"mxu-synth-{args.unit}-{args.target}-"))

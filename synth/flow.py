@@ -8,6 +8,7 @@ says what is running and for how long.
 """
 
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -97,6 +98,22 @@ def _clock(seconds):
     return f"{seconds // 60}:{seconds % 60:02d}" if seconds >= 60 else f"{seconds} s"
 
 
+_running = set()        # the tools `run_tool` is waiting for, in any thread
+
+
+def stop_tools_on_sigterm():
+    """Make SIGTERM end the flow and the tool it runs. Without this a terminated
+    `mxu synth` leaves nextpnr running for up to an hour: the tool runs in a
+    worker thread, whose `subprocess` cleanup a signal never reaches. Call it
+    from the main thread."""
+    def stop(signum, frame):
+        for process in list(_running):
+            process.kill()
+        raise SystemExit(128 + signum)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+
+
 def run_tool(args, *, cwd, log, what):
     """Run a yowasp tool (``args[0]`` is its name) in `cwd`, output to the file
     `log` (in `cwd`). Returns the log's text; raises `ToolError` naming the log
@@ -107,7 +124,16 @@ def run_tool(args, *, cwd, log, what):
     with open(log_path, "w") as out:
         out.write("$ " + " ".join(args) + "\n")
         out.flush()
-        code = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT).returncode
+        process = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        _running.add(process)
+        try:
+            code = process.wait()
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        finally:
+            _running.discard(process)
     text = log_path.read_text(errors="replace")
     if code != 0:
         tail = "\n".join(line for line in text.splitlines()[-12:])

@@ -1,5 +1,5 @@
 """A register slice: cuts every combinational path through a stream handshake
-(docs/synth.md, "Fmax")."""
+(docs/synth.md, "Pipelining the control for 50 MHz")."""
 
 from amaranth.hdl import Module, Signal
 from amaranth.lib import stream, wiring

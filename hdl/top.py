@@ -93,19 +93,13 @@ class _ChipCore(wiring.Component):
         # Register slices around the expanders: their LOOP legality checks and
         # body memories would otherwise chain, through the valid/ready
         # handshakes, into the fetch queue and into the decoder (docs/synth.md,
-        # "Fmax").
-        m.submodules.fetch_slice = fetch_slice = ResetInserter(self.start)(
-            RegisterSlice(FetchedInstr))
-        m.submodules.loop_slice = loop_slice = ResetInserter(self.start)(
-            RegisterSlice(FetchedInstr))
-        m.submodules.decode_slice = decode_slice = ResetInserter(self.start)(
-            RegisterSlice(FetchedInstr))
-        wiring.connect(m, fetch.instr, fetch_slice.i)
-        wiring.connect(m, fetch_slice.o, outer.i)
-        wiring.connect(m, outer.o, loop_slice.i)
-        wiring.connect(m, loop_slice.o, inner.i)
-        wiring.connect(m, inner.o, decode_slice.i)
-        wiring.connect(m, decode_slice.o, ctrl.instr)
+        # "Pipelining the control for 50 MHz").
+        for name, source, sink in (("fetch_slice", fetch.instr, outer.i),
+                                   ("loop_slice", outer.o, inner.i),
+                                   ("decode_slice", inner.o, ctrl.instr)):
+            m.submodules[name] = stage = ResetInserter(self.start)(RegisterSlice(FetchedInstr))
+            wiring.connect(m, source, stage.i)
+            wiring.connect(m, stage.o, sink)
         m.d.comb += [outer.length.eq(self.prog_len), inner.length.eq(self.prog_len)]
         for name, engine in (("load", load), ("compute", compute), ("store", store)):
             wiring.connect(m, getattr(ctrl, f"{name}_cmd"), engine.cmd)

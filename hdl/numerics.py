@@ -34,7 +34,8 @@ __all__ = [
     "BF16", "FP32", "FP32_QNAN", "BF16_QNAN", "FpUnpacked",
     "Bf16Multiplier", "Bf16ExactMultiplier", "Bf16ProductCore", "Bf16ProductRound",
     "Bf16RawProduct", "Fp32Adder", "FpAddAlign", "Fp32AddAlign",
-    "Fp32AddRound", "Fp32AddPartial", "Fp32ToBf16", "leading_zeros", "unpack_fp32",
+    "Fp32AddRound", "Fp32AddPartial", "Fp32ToBf16", "Fp32Multiplier", "leading_zeros",
+    "unpack_fp32",
 ]
 
 
@@ -451,6 +452,77 @@ class Fp32Adder(wiring.Component):
             rnd.partial.eq(align.partial),
             self.s.eq(rnd.s),
         ]
+        return m
+
+
+class Fp32Multiplier(wiring.Component):
+    """fp32 x fp32 -> fp32, combinational, for the vector unit (the MAC's bf16
+    products need only `Bf16ExactMultiplier`).
+
+    The 48-bit significand product ``P`` (value ``P * 2**(ea + eb - 300)``, with
+    effective exponents) is normalised by one left shift of ``min(lz, ea + eb -
+    127)``: by its leading-zero count when the result is normal, or only as far as
+    the 2**-149 grid allows when it is subnormal. A negative amount (results below
+    half the smallest subnormal, or just above it) becomes a right shift of at most
+    26 bits into a window that keeps every bit, so the sticky bit is exact. Then
+    round to nearest-even on the packed magnitude (a carry moves into the exponent,
+    and up to inf).
+
+    Interface: ``a``, ``b``: In(FP32); ``p``: Out(FP32).
+    """
+
+    a: In(FP32)
+    b: In(FP32)
+    p: Out(FP32)
+
+    # Right shifts beyond this leave nothing at or above the guard bit.
+    _MAX_RIGHT = 26
+
+    def elaborate(self, platform):
+        m = Module()
+        a, b = self.a, self.b
+        a_nan, a_inf, a_zero = _classify(a, 23)
+        b_nan, b_inf, b_zero = _classify(b, 23)
+        sig_a, exp_a = _significand(a)
+        sig_b, exp_b = _significand(b)
+        product = Signal(48)
+        exp_sum = Signal(10)
+        m.d.comb += [product.eq(sig_a * sig_b), exp_sum.eq(exp_a + exp_b)]
+
+        lz = Signal(range(49))
+        m.d.comb += lz.eq(leading_zeros(product))
+        grid = Signal(signed(11))
+        m.d.comb += grid.eq(exp_sum - 127)
+        amount = Signal(signed(11))
+        m.d.comb += amount.eq(Mux(grid < lz, grid, lz))
+        left = Signal(48)
+        m.d.comb += left.eq(product << Mux(amount < 0, 0, amount[:6]))
+        right = Signal(range(self._MAX_RIGHT + 1))
+        with m.If(amount >= 0):
+            m.d.comb += right.eq(0)
+        with m.Elif(-amount > self._MAX_RIGHT):
+            m.d.comb += right.eq(self._MAX_RIGHT)
+        with m.Else():
+            m.d.comb += right.eq(-amount)
+        window = Signal(48 + self._MAX_RIGHT)
+        m.d.comb += window.eq(Cat(C(0, self._MAX_RIGHT), left) >> right)
+        sig = window[-24:]
+        guard = window[-25]
+        sticky = window[:-25] != 0
+        round_up = guard & (sticky | sig[0])
+
+        # Bit 23 of `sig` has the biased exponent exp_sum - 126 - amount.
+        field = Signal(signed(12))
+        m.d.comb += field.eq(Mux(sig[23], exp_sum - 126 - amount, 0))
+        magnitude = Signal(32)
+        m.d.comb += magnitude.eq(Cat(sig[:23], field[:8]) + round_up)
+        sign = a.sign ^ b.sign
+        with m.If(a_nan | b_nan | (a_inf & b_zero) | (a_zero & b_inf)):
+            m.d.comb += self.p.as_value().eq(FP32_QNAN)
+        with m.Elif(a_inf | b_inf | (field >= 255)):
+            m.d.comb += self.p.as_value().eq(Cat(C(0x7F800000, 31), sign))
+        with m.Else():
+            m.d.comb += self.p.as_value().eq(Cat(magnitude[:31], sign))
         return m
 
 

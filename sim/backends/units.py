@@ -8,12 +8,18 @@ import numpy as np
 
 from mxu.hdl.config import ChipConfig
 from mxu.hdl.mac import MacUnit
-from mxu.hdl.numerics import Bf16Multiplier, Fp32Adder, Fp32ToBf16
+from amaranth.hdl import C, Cat, Module
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from mxu.hdl.numerics import Bf16Multiplier, Fp32Adder, Fp32Multiplier, Fp32ToBf16
+from mxu.hdl.vpu import VectorLane, VpuOp
 
 from .harness import StreamedUnit
 from .stream import run_stream
 
-__all__ = ["simulate_mac", "simulate_bf16_mul", "simulate_fp32_add", "simulate_fp32_to_bf16"]
+__all__ = ["simulate_mac", "simulate_bf16_mul", "simulate_fp32_add", "simulate_fp32_mul",
+           "simulate_fp32_to_bf16", "simulate_vpu_lane"]
 
 
 def _operands(**arrays):
@@ -82,6 +88,74 @@ def simulate_fp32_add(x, y, *, simulator="verilator"):
     return _run_unit(lambda: StreamedUnit(Fp32Adder(), ("a", "b"), "s"),
                      x.astype(np.uint64) | (y.astype(np.uint64) << 32), "fp32add", simulator,
                      np.uint32)
+
+
+def simulate_fp32_mul(x, y, *, simulator="verilator"):
+    """fp32 * fp32 through the RTL `Fp32Multiplier` (uint32 in, uint32 out)."""
+    x, y = _operands(x=(x, np.uint32), y=(y, np.uint32))
+    return _run_unit(lambda: StreamedUnit(Fp32Multiplier(), ("a", "b"), "p"),
+                     x.astype(np.uint64) | (y.astype(np.uint64) << 32), "fp32mul", simulator,
+                     np.uint32)
+
+
+class _PackedLane(wiring.Component):
+    """A `VectorLane` behind a 64-bit payload: ``a`` (bits 0-31), the top 28 bits
+    of ``b`` (32-59; its 4 low bits are zero) and ``op`` (60-63)."""
+
+    i: In(stream.Signature(64))
+    o: Out(stream.Signature(32))
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.lane = lane = VectorLane()
+        payload = self.i.payload
+        m.d.comb += [
+            lane.i.valid.eq(self.i.valid), self.i.ready.eq(lane.i.ready),
+            lane.i.payload.a.eq(payload[:32]),
+            lane.i.payload.b.eq(Cat(C(0, _B_LOW_BITS), payload[32:60])),
+            lane.i.payload.op.eq(payload[60:]),
+        ]
+        wiring.connect(m, wiring.flipped(self.o), lane.o)
+        return m
+
+
+# The harness payload is 64 bits: a, op and what is left of b.
+_B_LOW_BITS = 4
+
+
+def _vpu_ops(op, n):
+    """`op` (a `VpuOp`, its name, or an array of VpuOp values) as a uint64 array."""
+    if isinstance(op, np.ndarray):
+        if op.shape != (n,) or not np.all(np.isin(op, [o.value for o in VpuOp])):
+            raise ValueError(f"op must be one VpuOp or an array of {n} VpuOp values")
+        return op.astype(np.uint64)
+    if isinstance(op, str):
+        try:
+            op = VpuOp[op.upper()]
+        except KeyError:
+            raise ValueError(f"unknown vector op {op!r}; choose one of "
+                             f"{[o.name.lower() for o in VpuOp]}") from None
+    return np.full(n, VpuOp(op).value, np.uint64)
+
+
+def simulate_vpu_lane(op, a, b=None, *, simulator="verilator"):
+    """``op(a, b)`` through the RTL `VectorLane` (docs/vpu.md), every element in one
+    simulator run.
+
+    op : a `VpuOp`, its name ("exp", "add", ...), or an array of VpuOp values (one
+        per element). a, b : uint32 arrays of fp32 bit patterns; b may be omitted
+        when every op takes one operand. The harness carries 64 bits per element,
+        so the 4 low bits of b must be zero. Returns the uint32 results.
+    """
+    if b is None:
+        b = np.zeros_like(a) if isinstance(a, np.ndarray) else a
+    a, b = _operands(a=(a, np.uint32), b=(b, np.uint32))
+    if np.any(b & ((1 << _B_LOW_BITS) - 1)):
+        raise ValueError(f"the {_B_LOW_BITS} low bits of b must be zero "
+                         f"(the lane harness carries a, the op and the top 28 bits of b)")
+    ops = _vpu_ops(op, a.size)
+    payload = a.astype(np.uint64) | ((b.astype(np.uint64) >> _B_LOW_BITS) << 32) | (ops << 60)
+    return _run_unit(_PackedLane, payload, "vpu_lane", simulator, np.uint32)
 
 
 def simulate_fp32_to_bf16(x, *, simulator="verilator"):

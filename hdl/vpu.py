@@ -7,9 +7,13 @@
   and delay registers wherever an operand is older than its partner.
 * `VectorLane`: one element, any `VpuOp`, a fixed latency.
 * `VectorAlu`: ``cols`` lanes in lockstep on whole rows.
+
+For synthesis (`mxu synth --unit vpu`), the fp32 adder, the multiplier and the
+lane can each be generated once and instantiated by name (``unit_modules``), as
+the array does with its PE.
 """
 
-from amaranth.hdl import C, Cat, Module, Mux, Signal
+from amaranth.hdl import C, ClockSignal, Instance, Module, Mux, ResetSignal, Signal, Value
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -50,10 +54,15 @@ class PipelineOps:
     register, so a sequence becomes a pipeline with one fp32 operation per stage.
     Every register loads only while `enable` is high (the pipeline stalls as a
     whole). Values are `_Value` objects; `lift` makes one from a signal.
+
+    `unit_modules` maps "fadd" and "fmul" to Verilog module names: the adders and
+    multipliers are then black-box instances of those modules (generated once,
+    see `mxu.synth`), so that a hierarchical synthesis handles one of each.
     """
 
-    def __init__(self, m, enable, prefix=""):
+    def __init__(self, m, enable, prefix="", unit_modules=None):
         self.m, self.enable, self.prefix = m, enable, prefix
+        self.unit_modules = unit_modules or {}
         self._delayed = {}
         self._count = 0
         self.registers = []       # (register, value) pairs, loaded under `enable`
@@ -97,24 +106,35 @@ class PipelineOps:
         self.registers.append((reg, result))
         return _Value(reg, (stage or 0) + 1)
 
-    def _unit(self, unit):
+    def _unit(self, kind, cls):
+        """A `cls` (kind "fadd" or "fmul") as a submodule, or as a named instance;
+        returns an object with its ports."""
         self._count += 1
-        self.m.submodules[f"{self.prefix}{type(unit).__name__.lower()}_{self._count}"] = unit
-        return unit
+        name = f"{self.prefix}{cls.__name__.lower()}_{self._count}"
+        module = self.unit_modules.get(kind)
+        if module is None:
+            self.m.submodules[name] = unit = cls()
+            return unit
+        signature = _signature_of(cls)
+        ports = signature.create(path=(name,))
+        self.m.submodules[name] = Instance(module, **{
+            ("i_" if member.flow == In else "o_") + "__".join(map(str, path)): Value.cast(value)
+            for path, member, value in signature.flatten(ports)})
+        return ports
 
     def const(self, bits):
         return _Value(C(bits & 0xFFFFFFFF, 32), None)
 
     def fadd(self, a, b):
         def expr(x, y):
-            adder = self._unit(Fp32Adder())
+            adder = self._unit("fadd", Fp32Adder)
             self.m.d.comb += [adder.a.eq(x), adder.b.eq(y)]
             return adder.s.as_value()
         return self._registered("fadd", expr, a, b)
 
     def fmul(self, a, b):
         def expr(x, y):
-            mul = self._unit(Fp32Multiplier())
+            mul = self._unit("fmul", Fp32Multiplier)
             self.m.d.comb += [mul.a.eq(x), mul.b.eq(y)]
             return mul.p.as_value()
         return self._registered("fmul", expr, a, b)
@@ -160,6 +180,19 @@ class PipelineOps:
 
     def select(self, c, a, b):
         return self._comb(lambda s, x, y: Mux(s != 0, x, y), c, a, b)
+
+
+_SIGNATURES = {}
+
+
+def _signature_of(cls):
+    """The signature of component class `cls` (from one instance that is never
+    elaborated, and says so)."""
+    if cls not in _SIGNATURES:
+        unit = cls()
+        unit._MustUse__silence = True
+        _SIGNATURES[cls] = unit.signature
+    return _SIGNATURES[cls]
 
 
 def _is_nan(x):
@@ -230,39 +263,9 @@ def lane_latency():
     return max(stages)
 
 
-class VectorLane(wiring.Component):
-    """One element of the vector unit: ``y = op(a, b)`` for any `VpuOp`, every op
-    computed and the one asked for selected after a fixed latency
-    (`lane_latency()` cycles).
-
-    Interface
-    ---------
-    i : In(stream.Signature(LaneInput))
-    o : Out(stream.Signature(32))
-        fp32 bit pattern. The pipeline stalls as a whole while ``o`` is not taken.
-    """
-
-    i: In(stream.Signature(LaneInput))
-    o: Out(stream.Signature(32))
-
-    def elaborate(self, platform):
-        m = Module()
-        enable = ~self.o.valid | self.o.ready
-        m.d.comb += self.i.ready.eq(enable)
-        y, latency = _lane_datapath(m, enable, self.i.payload)
-        valid = self.i.valid
-        for _ in range(latency):
-            nxt = Signal()
-            with m.If(enable):
-                m.d.sync += nxt.eq(valid)
-            valid = nxt
-        m.d.comb += [self.o.valid.eq(valid), self.o.payload.eq(y)]
-        return m
-
-
-def _lane_datapath(m, enable, inp, prefix=""):
+def _lane_datapath(m, enable, inp, prefix="", unit_modules=None):
     """Build one lane in `m`; (result word, latency)."""
-    ops = PipelineOps(m, enable, prefix)
+    ops = PipelineOps(m, enable, prefix, unit_modules)
     results = _build_lane(m, ops, inp.op, inp.a, inp.b)
     latency = max(v.stage or 0 for v in results.values())
     op_out = ops.at(ops.lift(inp.op.as_value()), latency)[:len(inp.op.as_value())]
@@ -276,46 +279,103 @@ def _lane_datapath(m, enable, inp, prefix=""):
     return y, latency
 
 
+def _valid_chain(m, enable, valid, latency):
+    """`valid` delayed by `latency` stages of the stallable pipeline."""
+    for stage in range(latency):
+        nxt = Signal(name=f"valid_s{stage + 1}")
+        with m.If(enable):
+            m.d.sync += nxt.eq(valid)
+        valid = nxt
+    return valid
+
+
+class VectorLane(wiring.Component):
+    """One element of the vector unit: ``y = op(a, b)`` for any `VpuOp`, every op
+    computed and the one asked for selected after a fixed latency
+    (`lane_latency()` cycles).
+
+    Parameters
+    ----------
+    unit_modules : dict or None
+        See `PipelineOps`.
+
+    Interface
+    ---------
+    i : In(stream.Signature(LaneInput))
+    o : Out(stream.Signature(32))
+        fp32 bit pattern. The pipeline stalls as a whole while ``o`` is not taken.
+    """
+
+    i: In(stream.Signature(LaneInput))
+    o: Out(stream.Signature(32))
+
+    def __init__(self, unit_modules=None):
+        self.unit_modules = unit_modules
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        enable = ~self.o.valid | self.o.ready
+        m.d.comb += self.i.ready.eq(enable)
+        y, latency = _lane_datapath(m, enable, self.i.payload, unit_modules=self.unit_modules)
+        m.d.comb += [self.o.valid.eq(_valid_chain(m, enable, self.i.valid, latency)),
+                     self.o.payload.eq(y)]
+        return m
+
+
 class VectorAlu(wiring.Component):
-    """``cols`` `VectorLane` datapaths in lockstep: one row operation per cycle.
+    """``cols`` `VectorLane` s in lockstep: one row operation per cycle.
+
+    Every lane sees the same valid, ready and op, and all have the same latency,
+    so they never drift apart; lane 0's handshake stands for all.
 
     Parameters
     ----------
     config : ChipConfig
         ``cols`` lanes.
+    unit_modules : dict or None
+        See `PipelineOps`; with a "lane" entry, the lanes themselves are
+        black-box instances of that module (a `VectorLane` generated once).
 
     Interface
     ---------
-    i : In(stream.Signature(VectorAluInput(cols)))
+    i : In(stream.Signature(StructLayout({"op": VpuOp, "a": row, "b": row})))
         ``op``, and rows ``a`` and ``b`` of ``cols`` fp32 words.
     o : Out(stream.Signature(ArrayLayout(32, cols)))
         The result row, `lane_latency()` cycles later.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, unit_modules=None):
         self.config = config
+        self.unit_modules = unit_modules or {}
         row = data.ArrayLayout(32, config.cols)
         super().__init__({
             "i": In(stream.Signature(data.StructLayout({"op": VpuOp, "a": row, "b": row}))),
             "o": Out(stream.Signature(row)),
         })
 
+    def _lane(self, m, name):
+        module = self.unit_modules.get("lane")
+        if module is None:
+            m.submodules[name] = lane = VectorLane(self.unit_modules)
+            return lane
+        signature = _signature_of(VectorLane)
+        lane = signature.create(path=(name,))
+        ports = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
+        for path, member, value in signature.flatten(lane):
+            ports[("i_" if member.flow == In else "o_") + "__".join(map(str, path))] = \
+                Value.cast(value)
+        m.submodules[name] = Instance(module, **ports)
+        return lane
+
     def elaborate(self, platform):
         m = Module()
-        enable = ~self.o.valid | self.o.ready
-        m.d.comb += self.i.ready.eq(enable)
-        latency = 0
-        for lane in range(self.config.cols):
-            inp = Signal(LaneInput, name=f"lane{lane}_in")
-            m.d.comb += [inp.op.eq(self.i.payload.op), inp.a.eq(self.i.payload.a[lane]),
-                         inp.b.eq(self.i.payload.b[lane])]
-            y, latency = _lane_datapath(m, enable, inp, f"lane{lane}_")
-            m.d.comb += self.o.payload[lane].eq(y)
-        valid = self.i.valid
-        for _ in range(latency):
-            nxt = Signal()
-            with m.If(enable):
-                m.d.sync += nxt.eq(valid)
-            valid = nxt
-        m.d.comb += self.o.valid.eq(valid)
+        lanes = [self._lane(m, f"lane{k}") for k in range(self.config.cols)]
+        for k, lane in enumerate(lanes):
+            m.d.comb += [
+                lane.i.valid.eq(self.i.valid), lane.i.payload.op.eq(self.i.payload.op),
+                lane.i.payload.a.eq(self.i.payload.a[k]), lane.i.payload.b.eq(self.i.payload.b[k]),
+                lane.o.ready.eq(self.o.ready), self.o.payload[k].eq(lane.o.payload),
+            ]
+        m.d.comb += [self.i.ready.eq(lanes[0].i.ready), self.o.valid.eq(lanes[0].o.valid)]
         return m

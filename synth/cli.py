@@ -1,7 +1,7 @@
 """The ``mxu synth`` and ``mxu export`` commands.
 
     mxu synth [--preset NAME | --rows R --cols C --mac-stages L --vmem-bytes B ...]
-              [--unit mac|pe|array|chip] [--target generic|ecp5] [--device D]
+              [--unit mac|pe|array|chip|vpu] [--target generic|ecp5] [--device D]
               [--freq MHZ] [--json FILE]
     mxu export [--preset NAME | config flags] [--unit chip|array|pe|mac] -o chip.v
 
@@ -56,10 +56,12 @@ def _add_config_flags(parser):
     group.add_argument("--acc-bytes", type=_bytes, help="accumulator capacity, e.g. 32K")
     group.add_argument("--acc-banks", type=int, help="accumulator banks (a power of two)")
     group.add_argument("--axi-data-bits", type=int, help="AXI4 master data width (64..512)")
+    group.add_argument("--loop-body-instrs", type=int,
+                       help="longest LOOP body each loop expander stores (1..4096)")
 
 
 _CONFIG_FLAGS = ("rows", "cols", "mac_stages", "vmem_bytes", "vmem_banks", "acc_bytes",
-                 "acc_banks", "axi_data_bits")
+                 "acc_banks", "axi_data_bits", "loop_body_instrs")
 
 
 def config_from_args(args):

@@ -29,6 +29,8 @@ from mxu.hdl.array import SystolicArray
 from mxu.hdl.mac import MacUnit
 from mxu.hdl.pe import ProcessingElement
 from mxu.hdl.top import MxuChip
+from mxu.hdl.numerics import Fp32Adder, Fp32Multiplier
+from mxu.hdl.vpu import VectorAlu, VectorLane
 
 from .flow import Phases, ToolError, run_tool
 from .report import format_table, lut4_equivalent, parse_nextpnr_log, readable_cell, yosys_cells
@@ -38,7 +40,7 @@ from .wrap import RegisteredPorts, SerialPorts
 __all__ = ["UNITS", "TARGETS", "DEVICES", "Ecp5Options", "Design", "design",
            "synth_generic", "synth_ecp5", "GenericReport", "Ecp5Report", "BLOCKS"]
 
-UNITS = ("mac", "pe", "array", "chip")
+UNITS = ("mac", "pe", "array", "chip", "vpu")
 TARGETS = ("generic", "ecp5")
 
 # nextpnr-ecp5 device flags, and the numbers a report compares against: LUT4
@@ -114,12 +116,14 @@ class Design:
         c = self.config
         if self.unit in ("mac", "pe"):
             return f"{self.unit}_s{c.mac_stages}"
+        if self.unit == "vpu":
+            return f"vpu{c.cols}"
         return f"{self.unit}{c.rows}x{c.cols}_s{c.mac_stages}"
 
 
 def design(unit, config, *, target):
-    """The `Design` of `unit` ("mac", "pe", "array" or "chip") of `config` for
-    `target` ("generic" or "ecp5")."""
+    """The `Design` of `unit` ("mac", "pe", "array", "chip" or "vpu") of `config`
+    for `target` ("generic" or "ecp5")."""
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
     if target not in TARGETS:
@@ -131,21 +135,34 @@ def design(unit, config, *, target):
         ffs = sum(len(Value.cast(v)) for _, _, v in top.signature.flatten(top)) if target == "ecp5" else 0
         return Design(unit, config, component_verilog(top), "registered ports" if ffs else "none",
                       wrapper_ffs=ffs, pes=1 if unit == "pe" else 0)
+    if unit == "vpu":
+        # The fp32 adder and multiplier once each, instantiated by name (like the PE).
+        units = {"fadd": "mxu_fp32_add", "fmul": "mxu_fp32_mul"}
+        prelude = (component_verilog(Fp32Adder(), units["fadd"])
+                   + component_verilog(Fp32Multiplier(), units["fmul"])
+                   + component_verilog(VectorLane(units), "mxu_vpu_lane"))
+        alu = VectorAlu(config, unit_modules={**units, "lane": "mxu_vpu_lane"})
+        return _wrapped(unit, config, alu, prelude, target, pes=0)
     # The PE once, instantiated by name: seconds to generate at any size.
     pe_name = pe_module_name(stages)
     if unit == "array":
         inner = SystolicArray(config.rows, config.cols, stages, pe_module=pe_name)
     else:
         inner = MxuChip(config, pe_module=pe_name)
+    return _wrapped(unit, config, inner, pe_module_verilog(stages), target,
+                    pes=config.rows * config.cols)
+
+
+def _wrapped(unit, config, inner, prelude, target, pes):
+    """`inner` behind `SerialPorts` for the ECP5 flow (its ports outnumber the pins)."""
     if target == "ecp5":
         top = SerialPorts(inner)
         ffs, luts = top.overhead
         wrapper = "serial ports"
     else:
         top, ffs, luts, wrapper = inner, 0, 0, "none"
-    text = pe_module_verilog(stages) + component_verilog(top)
-    return Design(unit, config, text, wrapper, wrapper_ffs=ffs, wrapper_luts=luts,
-                  pes=config.rows * config.cols)
+    return Design(unit, config, prelude + component_verilog(top), wrapper, wrapper_ffs=ffs,
+                  wrapper_luts=luts, pes=pes)
 
 
 # ---------------------------------------------------------------------------
@@ -207,7 +224,17 @@ class GenericReport:
         return format_table(header, rows)
 
 
+# The VPU's blocks: module name prefix -> block (the rest is "VPU lanes").
+VPU_BLOCKS = {"mxu_fp32_mul": "VPU fp32 multiply", "mxu_fp32_add": "VPU fp32 add",
+              "mxu_vpu_lane": "VPU lanes: min/max, integer ops, registers",
+              "": "VPU row glue"}
+
+
 def _block_of(name, unit):
+    if unit == "vpu":
+        for module, block in VPU_BLOCKS.items():
+            if name == module or name.startswith(module + ".") or not module:
+                return block
     if unit in ("mac", "pe") and not name.endswith((".mul", ".mul_round", ".align", ".round")):
         return "PE" if unit == "pe" else "MAC"
     for block, patterns in BLOCKS:
@@ -283,7 +310,7 @@ def _generic_blocks(stat, netlist_modules, unit):
         pe_row = BlockRow("PE (one, MAC included)", 1, sum(p.cells for p in parts) // k,
                           sum(p.transistors for p in parts) // k,
                           sum(p.flip_flops for p in parts) // k, 0, by_type)
-    order_names = ["MAC"] + [b for b, _ in BLOCKS] + ["other"]
+    order_names = ["MAC"] + [b for b, _ in BLOCKS] + list(VPU_BLOCKS.values()) + ["other"]
     return [rows[b] for b in order_names if b in rows], pe_row
 
 

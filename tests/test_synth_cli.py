@@ -93,5 +93,17 @@ def test_design_units():
     chip = design("chip", config, target="ecp5")
     assert chip.wrapper == "serial ports" and chip.pes == 4
     assert design("array", config, target="generic").wrapper == "none"
-    with pytest.raises(ValueError, match="unit must be one of mac, pe, array, chip"):
+    with pytest.raises(ValueError, match="unit must be one of mac, pe, array, chip, vpu"):
         design("dma", config, target="generic")
+
+
+def test_design_vpu_shares_its_units():
+    """The VPU's fp32 adder, multiplier and lane are each defined once and
+    instantiated by name, so Yosys synthesises one of each (docs/vpu.md)."""
+    config = ChipConfig(cols=3)
+    vpu = design("vpu", config, target="generic")
+    assert vpu.name == "vpu3" and vpu.wrapper == "none"
+    for module in ("mxu_fp32_add", "mxu_fp32_mul", "mxu_vpu_lane"):
+        assert vpu.verilog.count(f"module {module}(") == 1
+    assert vpu.verilog.count("  mxu_vpu_lane lane") == 3     # one instance per lane
+    assert design("vpu", config, target="ecp5").wrapper == "serial ports"

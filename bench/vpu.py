@@ -3,10 +3,14 @@ of `exp`, `reciprocal` and `rsqrt` against float64 references, on every
 `--stride`-th fp32 bit pattern (stride 1: all 2**32 of them), and the share of
 results that are not correctly rounded.
 
-    python bench/vpu.py [--stride 97] [--rtl N]
+    python bench/vpu.py [--stride 97] [--rtl N] [--minilm]
 
 `--rtl N` also runs N bit patterns spread evenly over all 2**32 through the RTL
 `VectorLane` (Verilator) and reports mismatches against the golden model.
+`--minilm` also runs all-MiniLM-L6-v2 on the sentences of bench/transformer.py
+with the layer operations in their VPU form (the golden forward, NumPy) and
+prints each sentence embedding's cosine to the float32 reference, beside the
+host form's.
 """
 
 import argparse
@@ -67,12 +71,42 @@ def rtl_check(name, stride, n):
     return int(np.count_nonzero(simulate_vpu_lane(op, x) != vpu_function(name, x)))
 
 
+def minilm_table():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from transformer import LONG, SHORT
+    from mxu.sim.models.sentence import load_minilm
+    from mxu.sim.runtime import hostops
+    from mxu.verif.transformer import golden_forward, reference_forward
+
+    weights, tokenizer, _ = load_minilm()
+    rows = []
+    for text in [LONG] + SHORT:
+        ids = tokenizer.encode(text).ids[:128]
+        ids = np.asarray(ids)[None]
+        mask = np.ones(ids.shape, bool)
+        pooled = lambda x: hostops.l2_normalize(hostops.mean_pool(x, mask))[0]
+        ref = pooled(reference_forward(weights, ids[0])[None])
+        row = [text[:40] + ("..." if len(text) > 40 else ""), ids.shape[1]]
+        for form in ("host", "vpu"):
+            t = time.perf_counter()
+            got = pooled(golden_forward(weights, ids, mask, rows=16, vector_ops=form))
+            row += [f"{float(np.dot(got, ref)):.7f}", f"{time.perf_counter() - t:.1f} s"]
+        rows.append(row)
+    print("all-MiniLM-L6-v2, golden forward (16-row chip numerics): cosine of the sentence "
+          "embedding to the float32 reference")
+    print(format_table(["sentence", "tokens", "host ops", "time", "VPU ops", "time"], rows))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stride", type=int, default=97,
                         help="check every STRIDE-th fp32 bit pattern (1: all of them)")
     parser.add_argument("--rtl", type=int, default=0, metavar="N",
                         help="also compare N patterns, spread over all 2**32, against the RTL lane")
+    parser.add_argument("--minilm", action="store_true",
+                        help="also the MiniLM accuracy with the layer ops in VPU form")
     args = parser.parse_args()
     if args.stride < 1:
         parser.error("--stride must be >= 1")
@@ -94,6 +128,8 @@ def main():
     print(f"every {args.stride}th fp32 bit pattern in each function's domain "
           f"(float64 reference; results beyond FLT_MAX must be inf)")
     print(format_table(header, rows))
+    if args.minilm:
+        minilm_table()
 
 
 if __name__ == "__main__":

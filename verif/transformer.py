@@ -8,6 +8,10 @@ bit for bit.
 
 `reference_forward` is the accuracy reference: the same model with float32
 matmuls and no bf16 rounding, one sequence at a time, no padding.
+
+``vector_ops="vpu"`` replaces the host operations by their vector-unit form
+(`mxu.verif.vpu`: the same functions built from the VPU's primitives,
+docs/vpu.md), the forward the chip computes once the layer runs on its VPU.
 """
 
 import math
@@ -17,7 +21,17 @@ import numpy as np
 from mxu.hdl.dtypes import bfloat16
 from mxu.sim.runtime import hostops
 
-from . import golden
+from . import golden, vpu
+
+# The layer operations (softmax, layer_norm, gelu, scale, add) by backend.
+VECTOR_OPS = {"host": hostops, "vpu": vpu}
+
+
+def _vector_ops(name):
+    try:
+        return VECTOR_OPS[name]
+    except KeyError:
+        raise ValueError(f"vector_ops must be one of {sorted(VECTOR_OPS)}, not {name!r}") from None
 
 __all__ = ["golden_forward", "reference_forward", "embeddings"]
 
@@ -35,13 +49,13 @@ def _linear(x, w, b, rows):
     return golden.matmul(golden.as_bf16(x), golden.as_bf16(w), seed=seed, rows=rows)
 
 
-def embeddings(weights, ids):
+def embeddings(weights, ids, vector_ops="host"):
     w, cfg = weights, weights.config
-    return hostops.layer_norm(hostops.embed(ids, w.word, w.position, w.token_type),
-                              w.emb_gamma, w.emb_beta, cfg.eps)
+    return _vector_ops(vector_ops).layer_norm(
+        hostops.embed(ids, w.word, w.position, w.token_type), w.emb_gamma, w.emb_beta, cfg.eps)
 
 
-def _attention(w, cfg, x, mask, rows):
+def _attention(w, cfg, x, mask, rows, ops):
     B, L = mask.shape
     H, heads, d = cfg.hidden, cfg.heads, cfg.head_dim
     qkv = _bf16(_linear(x, np.concatenate([w.wq, w.wk, w.wv], axis=1),
@@ -52,8 +66,8 @@ def _attention(w, cfg, x, mask, rows):
             q = qkv[b * L:(b + 1) * L, h * d:(h + 1) * d]
             k = qkv[b * L:(b + 1) * L, H + h * d:H + (h + 1) * d]
             scores[b, h] = golden.matmul(q, np.ascontiguousarray(k.T), rows=rows)
-    p = golden.as_bf16(hostops.softmax(hostops.scale(scores, 1 / math.sqrt(d)),
-                                       mask[:, None, None, :]))
+    p = golden.as_bf16(ops.softmax(ops.scale(scores, 1 / math.sqrt(d)),
+                                   mask[:, None, None, :]))
     context = np.zeros((B * L, H), bfloat16)
     for b in range(B):
         for h in range(heads):
@@ -63,23 +77,25 @@ def _attention(w, cfg, x, mask, rows):
     return _linear(context, w.wo, w.bo, rows)
 
 
-def golden_forward(weights, ids, mask, rows):
+def golden_forward(weights, ids, mask, rows, vector_ops="host"):
     """Token vectors (B, L, hidden) of padded ids (B, L) with `mask`, computed as
     the chip does with a ``rows``-deep array."""
+    ops = _vector_ops(vector_ops)
     cfg = weights.config
     B, L = ids.shape
-    x = embeddings(weights, ids).reshape(B * L, cfg.hidden)
+    x = embeddings(weights, ids, vector_ops).reshape(B * L, cfg.hidden)
     for w in weights.layers:
-        x1 = hostops.layer_norm(hostops.add(x, _attention(w, cfg, x, mask, rows)),
-                                w.ln1_gamma, w.ln1_beta, cfg.eps)
-        hidden = hostops.gelu(_linear(x1, w.w1, w.b1, rows))
-        x = hostops.layer_norm(hostops.add(x1, _linear(hidden, w.w2, w.b2, rows)),
-                               w.ln2_gamma, w.ln2_beta, cfg.eps)
+        x1 = ops.layer_norm(ops.add(x, _attention(w, cfg, x, mask, rows, ops)),
+                            w.ln1_gamma, w.ln1_beta, cfg.eps)
+        hidden = ops.gelu(_linear(x1, w.w1, w.b1, rows))
+        x = ops.layer_norm(ops.add(x1, _linear(hidden, w.w2, w.b2, rows)),
+                           w.ln2_gamma, w.ln2_beta, cfg.eps)
     return x.reshape(B, L, cfg.hidden)
 
 
 def reference_forward(weights, ids):
-    """Token vectors (n, hidden) of one unpadded sequence, float32 throughout."""
+    """Token vectors (n, hidden) of one unpadded sequence, float32 throughout
+    (the host operations)."""
     cfg = weights.config
     H, heads, d = cfg.hidden, cfg.heads, cfg.head_dim
     x = embeddings(weights, np.asarray(ids)[None])[0]

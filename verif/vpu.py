@@ -12,7 +12,7 @@ from mxu.hdl import vecmath
 from .golden import canonical, f32_bits
 
 __all__ = ["NumpyOps", "fadd", "fmul", "fmax", "fmin", "vpu_exp", "vpu_reciprocal", "vpu_rsqrt",
-           "vpu_function"]
+           "vpu_function", "softmax", "layer_norm", "gelu", "scale", "add"]
 
 _U32 = np.uint32
 
@@ -139,3 +139,109 @@ def vpu_reciprocal(x):
 
 def vpu_rsqrt(x):
     return vpu_function("rsqrt", x)
+
+
+# --- the layer operations in the VPU's primitives (docs/vpu.md, "Layer operations") --
+#
+# The same contract as `mxu.sim.runtime.hostops` (same names, same arguments),
+# but every step is one of the vector unit's operations: fp32 add, multiply and
+# max, `exp`, `reciprocal` and `rsqrt` of `mxu.hdl.vecmath`, and row reductions
+# in the `hostops.tree_sum` order. A forward with these functions is what the
+# chip computes once the layer runs on its VPU.
+
+_F32 = np.float32
+
+
+def _b(x):
+    return np.ascontiguousarray(np.asarray(x, _F32)).view(_U32)
+
+
+def _v(bits):
+    return np.asarray(bits, _U32).view(_F32)
+
+
+def _tree(x, combine, pad):
+    """Reduce the last axis of uint32 words pairwise as `hostops.tree_sum` does:
+    pad with `pad` to a power of two, then combine the upper half onto the lower
+    half until one element is left (the last axis is kept, size 1)."""
+    n = x.shape[-1]
+    width = 1 << max(0, (n - 1).bit_length())
+    if width != n:
+        x = np.concatenate([x, np.full(x.shape[:-1] + (width - n,), pad, _U32)], axis=-1)
+    while width > 1:
+        width //= 2
+        x = combine(x[..., :width], x[..., width:])
+    return x
+
+
+def _sum_rows(x):
+    return _tree(x, fadd, 0)
+
+
+def _max_rows(x):
+    return _tree(x, fmax, 0xFF800000)
+
+
+def _const(value, like):
+    return np.full(like.shape, np.float32(value).view(_U32), _U32)
+
+
+_NEG_INF, _FLT_MIN = 0xFF800000, 0x00800000
+
+
+def softmax(scores, mask):
+    """Softmax over the last axis, `mask` True where attending is allowed:
+    ``x' = x + bias`` (bias 0 or -inf), ``m = max(tree_max(x'), -FLT_MAX)``,
+    ``e = exp(x' - m)``, ``e * reciprocal(max(tree_sum(e), FLT_MIN))`` -- a row
+    with no allowed position is all zeros."""
+    x = _b(scores)
+    bias = np.where(np.broadcast_to(mask, x.shape), _U32(0), _U32(_NEG_INF))
+    x = fadd(x, bias)
+    m = fmax(_max_rows(x), _U32(np.float32(-np.finfo(np.float32).max).view(_U32)))
+    e = vpu_exp(fadd(x, fmul(m, _U32(0xBF800000))))
+    total = fmax(_sum_rows(e), _U32(_FLT_MIN))
+    return _v(fmul(e, vpu_reciprocal(total)))
+
+
+def layer_norm(x, gamma, beta, eps):
+    """LayerNorm over the last axis: ``d = x - tree_sum(x) * (1/n)``,
+    ``var = tree_sum(d*d) * (1/n)``, ``((d * rsqrt(var + eps)) * gamma) + beta``."""
+    x = _b(x)
+    inv_n = _U32(np.float32(1 / x.shape[-1]).view(_U32))
+    d = fadd(x, fmul(fmul(_sum_rows(x), inv_n), _U32(0xBF800000)))
+    var = fmul(_sum_rows(fmul(d, d)), inv_n)
+    inv = vpu_rsqrt(fadd(var, _U32(np.float32(eps).view(_U32))))
+    return _v(fadd(fmul(fmul(d, inv), _b(gamma)), _b(beta)))
+
+
+_ERF_P = 0.3275911
+_ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def gelu(x):
+    """GELU, erf form, as ``relu(x) - (0.5 |x|) q`` where ``q = 1 - erf(|x|/sqrt 2)``
+    by Abramowitz & Stegun 7.1.26 in fp32: ``t = reciprocal(1 + p a)``,
+    ``q = (t (a1 + t (a2 + t (a3 + t (a4 + t a5))))) * exp(-(a*a))``, with
+    ``a = |x| * (1/sqrt 2)`` and ``|x| = min(max(x, -x), 1e30)`` (the cap keeps
+    ``|x| q`` from being ``inf * 0`` at +-inf: GELU(inf) = inf, GELU(-inf) = 0)."""
+    x = _b(x)
+    k = lambda value: _U32(np.float32(value).view(_U32))
+    ax = fmin(fmax(x, fmul(x, k(-1.0))), k(1e30))
+    a = fmul(ax, k(1 / np.sqrt(2)))
+    t = vpu_reciprocal(fadd(fmul(a, k(_ERF_P)), k(1.0)))
+    poly = k(_ERF_A[4])
+    for c in _ERF_A[3::-1]:
+        poly = fadd(fmul(poly, t), k(c))
+    q = fmul(fmul(poly, t), vpu_exp(fmul(fmul(a, a), k(-1.0))))
+    relu = fmax(x, _U32(0))
+    return _v(fadd(relu, fmul(fmul(ax, k(-0.5)), q)))
+
+
+def scale(x, factor):
+    """``x * float32(factor)`` (one VPU multiply; the same as the host's)."""
+    return _v(fmul(_b(x), _U32(np.float32(factor).view(_U32))))
+
+
+def add(x, y):
+    """The residual add (one VPU add; the same as the host's)."""
+    return _v(fadd(_b(x), _b(y)))

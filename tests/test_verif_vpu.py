@@ -1,0 +1,72 @@
+"""The transformer's layer operations in the vector unit's form (`mxu.verif.vpu`,
+docs/vpu.md): each against the host operation it replaces and against float64,
+and a whole encoder forward with them against the float32 reference."""
+
+import math
+
+import numpy as np
+import pytest
+
+from mxu.sim.runtime import hostops
+from mxu.sim.runtime.layers import EncoderConfig, EncoderWeights
+from mxu.verif import vpu
+from mxu.verif.transformer import golden_forward, reference_forward
+
+RNG = np.random.default_rng(5)
+
+
+def test_softmax_matches_the_host_and_masks_exactly():
+    x = (RNG.standard_normal((64, 100)) * 4).astype(np.float32)
+    mask = RNG.random((1, 100)) > 0.3
+    got = vpu.softmax(x, mask)
+    assert np.abs(got - hostops.softmax(x, mask)).max() <= 2 ** -22
+    assert np.all(got[:, ~mask[0]] == 0)
+    assert np.abs(got.sum(axis=-1) - 1).max() <= 1e-6
+    empty = vpu.softmax(np.zeros((2, 4), np.float32), np.zeros((1, 4), bool))
+    assert np.all(empty == 0)
+
+
+def test_layer_norm_matches_the_host():
+    x = (RNG.standard_normal((32, 384)) * 3 + 1).astype(np.float32)
+    gamma, beta = RNG.standard_normal((2, 384)).astype(np.float32)
+    got = vpu.layer_norm(x, gamma, beta, 1e-12)
+    want = hostops.layer_norm(x, gamma, beta, 1e-12)
+    assert np.abs(got - want).max() <= 4 * np.abs(want).max() * 2 ** -24
+
+
+def test_gelu_against_float64_erf():
+    x = np.linspace(-12, 12, 240_001).astype(np.float32)
+    exact = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.astype(np.float64)])
+    assert np.abs(vpu.gelu(x) - exact).max() <= 4e-7      # A&S 7.1.26 is within 1.5e-7
+    special = vpu.gelu(np.float32([np.inf, -np.inf, np.nan, 0.0]))
+    assert special[0] == np.inf and special[1] == 0 and np.isnan(special[2]) and special[3] == 0
+
+
+def test_encoder_forward_in_vpu_form_is_accurate():
+    config = EncoderConfig(hidden=32, heads=4, ffn=64, layers=2, eps=1e-12, vocab=50,
+                           max_positions=32)
+    weights = EncoderWeights.random(config, seed=3)
+    lengths = [7, 16, 12]
+    ids = np.zeros((3, 16), np.int64)
+    mask = np.zeros((3, 16), bool)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = RNG.integers(1, config.vocab, n)
+        mask[i, :n] = True
+    chip_form = golden_forward(weights, ids, mask, rows=4, vector_ops="vpu")
+    host_form = golden_forward(weights, ids, mask, rows=4)
+    assert not np.array_equal(chip_form, host_form)       # the VPU form is its own sequence
+    for i, n in enumerate(lengths):
+        ref = reference_forward(weights, ids[i, :n])
+        for got, host, want in zip(chip_form[i, :n], host_form[i, :n], ref):
+            cos = lambda a, b: float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+            assert cos(got, host) >= 0.9999
+            assert cos(got, want) >= 0.999                # as the host form's test asks
+
+
+def test_unknown_vector_ops():
+    config = EncoderConfig(hidden=8, heads=2, ffn=16, layers=1, eps=1e-12, vocab=10,
+                           max_positions=8)
+    weights = EncoderWeights.random(config, seed=0)
+    with pytest.raises(ValueError, match="vector_ops must be one of"):
+        golden_forward(weights, np.ones((1, 4), np.int64), np.ones((1, 4), bool), rows=4,
+                       vector_ops="gpu")

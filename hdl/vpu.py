@@ -34,6 +34,11 @@ class VpuOp(enum.Enum, shape=4):
     RECIP = 6    # vecmath.reciprocal(a)
     RSQRT = 7    # vecmath.rsqrt(a)
     PASS = 8     # a (a copy, e.g. for fp32 -> bf16 stores)
+    RSUM = 9     # the sum of row a's elements in tree order, in every lane (VectorAlu only)
+    RMAX = 10    # the maximum of row a's elements, likewise
+
+
+_REDUCTIONS = {VpuOp.RSUM: ("fadd", 0x00000000), VpuOp.RMAX: ("fmax", 0xFF800000)}
 
 
 _FUNCTION_OF = {VpuOp.EXP: "exp", VpuOp.RECIP: "reciprocal", VpuOp.RSQRT: "rsqrt"}
@@ -323,11 +328,27 @@ class VectorLane(wiring.Component):
         return m
 
 
+def tree_levels(cols):
+    """Levels of the reduction tree over `cols` lanes (the row padded to a power
+    of two)."""
+    return max(0, (cols - 1).bit_length())
+
+
+def alu_latency(config):
+    """Cycles from a `VectorAlu` input row to its output row (every op)."""
+    return lane_latency() + tree_levels(config.cols)
+
+
 class VectorAlu(wiring.Component):
-    """``cols`` `VectorLane` s in lockstep: one row operation per cycle.
+    """``cols`` `VectorLane` s in lockstep, then a reduction tree: one row
+    operation per cycle, `alu_latency` cycles each.
 
     Every lane sees the same valid, ready and op, and all have the same latency,
-    so they never drift apart; lane 0's handshake stands for all.
+    so they never drift apart; lane 0's handshake stands for all. For RSUM and
+    RMAX the lanes pass ``a`` through, and the tree reduces the row in the order
+    of ``tree_sum`` (docs/vpu.md): padded with +0 (or -inf) to a power of two,
+    the upper half added onto the lower half until one element is left, which
+    goes to every lane. Other ops go around the tree through delay registers.
 
     Parameters
     ----------
@@ -342,7 +363,7 @@ class VectorAlu(wiring.Component):
     i : In(stream.Signature(StructLayout({"op": VpuOp, "a": row, "b": row})))
         ``op``, and rows ``a`` and ``b`` of ``cols`` fp32 words.
     o : Out(stream.Signature(ArrayLayout(32, cols)))
-        The result row, `lane_latency()` cycles later.
+        The result row.
     """
 
     def __init__(self, config, unit_modules=None):
@@ -370,12 +391,54 @@ class VectorAlu(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        lanes = [self._lane(m, f"lane{k}") for k in range(self.config.cols)]
+        cols = self.config.cols
+        op = self.i.payload.op
+        reduce = (op == VpuOp.RSUM) | (op == VpuOp.RMAX)
+        lanes = [self._lane(m, f"lane{k}") for k in range(cols)]
+        # One stallable pipeline: the tree's stages load under `enable`, the
+        # lanes' under their own handshake with the tree (bubbles collapse).
+        valid = Signal()
+        enable = ~valid | self.o.ready
         for k, lane in enumerate(lanes):
             m.d.comb += [
-                lane.i.valid.eq(self.i.valid), lane.i.payload.op.eq(self.i.payload.op),
+                lane.i.valid.eq(self.i.valid), lane.o.ready.eq(enable),
+                lane.i.payload.op.eq(Mux(reduce, VpuOp.PASS, op)),
                 lane.i.payload.a.eq(self.i.payload.a[k]), lane.i.payload.b.eq(self.i.payload.b[k]),
-                lane.o.ready.eq(self.o.ready), self.o.payload[k].eq(lane.o.payload),
             ]
-        m.d.comb += [self.i.ready.eq(lanes[0].i.ready), self.o.valid.eq(lanes[0].o.valid)]
+        m.d.comb += self.i.ready.eq(lanes[0].i.ready)
+
+        # The op travels beside the lanes, under their enable, to pick the tree.
+        lane_enable = ~lanes[0].o.valid | lanes[0].o.ready
+        beside = PipelineOps(m, lane_enable, "op_")
+        op_width = len(op.as_value())
+        op_at_tree = beside.at(beside.lift(op.as_value()), lane_latency())[:op_width]
+        with m.If(lane_enable):
+            m.d.sync += [reg.eq(value) for reg, value in beside.registers]
+
+        ops = PipelineOps(m, enable, "tree_")
+        row = [ops.lift(lane.o.payload) for lane in lanes]
+        levels = tree_levels(cols)
+        trees = {code: _reduce_tree(ops, row, kind, pad)
+                 for code, (kind, pad) in _REDUCTIONS.items()}
+        final_op = Signal(VpuOp)
+        m.d.comb += final_op.eq(ops.at(ops.lift(op_at_tree), levels)[:op_width])
+        for k in range(cols):
+            out = ops.at(row[k], levels)
+            for code, total in trees.items():
+                out = Mux(final_op == code, ops.at(total, levels), out)
+            m.d.comb += self.o.payload[k].eq(out)
+        with m.If(enable):
+            m.d.sync += [reg.eq(value) for reg, value in ops.registers]
+        m.d.comb += [valid.eq(_valid_chain(m, enable, lanes[0].o.valid, levels)),
+                     self.o.valid.eq(valid)]
         return m
+
+
+def _reduce_tree(ops, row, kind, pad_bits):
+    """The `tree_sum` order over `row` (a list of `_Value`) with the fp32 op `kind`."""
+    width = 1 << tree_levels(len(row))
+    values = row + [ops.const(pad_bits)] * (width - len(row))
+    while width > 1:
+        width //= 2
+        values = [getattr(ops, kind)(values[j], values[j + width]) for j in range(width)]
+    return values[0]

@@ -70,3 +70,16 @@ def test_unknown_vector_ops():
     with pytest.raises(ValueError, match="vector_ops must be one of"):
         golden_forward(weights, np.ones((1, 4), np.int64), np.ones((1, 4), bool), rows=4,
                        vector_ops="gpu")
+
+
+@pytest.mark.parametrize("cols", [1, 3, 16])
+def test_row_reductions_are_the_host_tree(cols):
+    from mxu.hdl.vpu import VpuOp
+    x = (RNG.standard_normal((50, cols)) * 100).astype(np.float32)
+    n = len(x)
+    total = vpu.vector_alu(np.full(n, VpuOp.RSUM.value), x.view(np.uint32), x.view(np.uint32))
+    biggest = vpu.vector_alu(np.full(n, VpuOp.RMAX.value), x.view(np.uint32), x.view(np.uint32))
+    np.testing.assert_array_equal(total.view(np.float32),
+                                  np.broadcast_to(hostops.tree_sum(x), x.shape))
+    np.testing.assert_array_equal(biggest.view(np.float32),
+                                  np.broadcast_to(x.max(axis=1, keepdims=True), x.shape))

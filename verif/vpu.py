@@ -12,7 +12,7 @@ from mxu.hdl import vecmath
 from .golden import canonical, f32_bits
 
 __all__ = ["NumpyOps", "fadd", "fmul", "fmax", "fmin", "vpu_exp", "vpu_reciprocal", "vpu_rsqrt",
-           "vpu_function", "softmax", "layer_norm", "gelu", "scale", "add"]
+           "vpu_function", "vector_alu", "softmax", "layer_norm", "gelu", "scale", "add"]
 
 _U32 = np.uint32
 
@@ -127,6 +127,30 @@ def vpu_function(name, x):
     x = _bits(x)
     out = vecmath.FUNCTIONS[name](NumpyOps, x)
     return np.broadcast_to(out, x.shape).astype(_U32)
+
+
+def vector_alu(op, a, b):
+    """The golden `VectorAlu`: rows ``op[i](a[i], b[i])`` of uint32 bit patterns.
+
+    op : (n,) VpuOp values; a, b : (n, cols) uint32. RSUM and RMAX reduce row
+    ``a[i]`` in `hostops.tree_sum` order (+0 / -inf padding) into every lane.
+    """
+    from mxu.hdl.vpu import VpuOp
+    op, a, b = np.asarray(op), _bits(a), _bits(b)
+    table = {
+        VpuOp.ADD: fadd, VpuOp.SUB: lambda x, y: fadd(x, y ^ _U32(0x80000000)),
+        VpuOp.MUL: fmul, VpuOp.MAX: fmax, VpuOp.MIN: fmin,
+        VpuOp.EXP: lambda x, _: vpu_exp(x), VpuOp.RECIP: lambda x, _: vpu_reciprocal(x),
+        VpuOp.RSQRT: lambda x, _: vpu_rsqrt(x), VpuOp.PASS: lambda x, _: x,
+        VpuOp.RSUM: lambda x, _: np.broadcast_to(_sum_rows(x), x.shape),
+        VpuOp.RMAX: lambda x, _: np.broadcast_to(_max_rows(x), x.shape),
+    }
+    out = np.zeros(a.shape, _U32)
+    for code, fn in table.items():
+        sel = op == code.value
+        if np.any(sel):
+            out[sel] = fn(a[sel], b[sel])
+    return out
 
 
 def vpu_exp(x):

@@ -200,7 +200,7 @@ def run_amaranth(component, inputs, outputs, *, seed=1, max_cycles, name="design
                 ctx.set(ports[s.name].payload.as_value(), s.payloads[i] if i < len(s.payloads) else 0)
             for o in outputs:
                 ctx.set(ports[o.name].ready,
-                        o.ready_percent >= 100 or rng.integers(100) < o.ready_percent)
+                        bool(o.ready_percent >= 100 or rng.integers(100) < o.ready_percent))
             fired = [s for s in inputs if ctx.get(ports[s.name].valid) and ctx.get(ports[s.name].ready)]
             for o in outputs:
                 if ctx.get(ports[o.name].valid) and ctx.get(ports[o.name].ready):

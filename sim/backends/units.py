@@ -13,13 +13,13 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from mxu.hdl.numerics import Bf16Multiplier, Fp32Adder, Fp32Multiplier, Fp32ToBf16
-from mxu.hdl.vpu import VectorLane, VpuOp
+from mxu.hdl.vpu import VectorAlu, VectorLane, VpuOp
 
 from .harness import StreamedUnit
 from .stream import run_stream
 
 __all__ = ["simulate_mac", "simulate_bf16_mul", "simulate_fp32_add", "simulate_fp32_mul",
-           "simulate_fp32_to_bf16", "simulate_vpu_lane"]
+           "simulate_fp32_to_bf16", "simulate_vpu_lane", "simulate_vector_alu"]
 
 
 def _operands(**arrays):
@@ -154,8 +154,33 @@ def simulate_vpu_lane(op, a, b=None, *, simulator="verilator"):
         raise ValueError(f"the {_B_LOW_BITS} low bits of b must be zero "
                          f"(the lane harness carries a, the op and the top 28 bits of b)")
     ops = _vpu_ops(op, a.size)
+    if np.any(ops >= VpuOp.RSUM.value):
+        raise ValueError("RSUM and RMAX reduce a row: simulate them with simulate_vector_alu")
     payload = a.astype(np.uint64) | ((b.astype(np.uint64) >> _B_LOW_BITS) << 32) | (ops << 60)
     return _run_unit(_PackedLane, payload, "vpu_lane", simulator, np.uint32)
+
+
+def simulate_vector_alu(config, op, a, b, *, ready_percent=100, seed=1):
+    """Rows ``op[i](a[i], b[i])`` through the RTL `VectorAlu` of `config` on
+    Amaranth's simulator (its payload is wider than the Verilator harness's 64
+    bits; meant for a few hundred rows). op : (n,) VpuOp values; a, b : (n, cols)
+    uint32 arrays of fp32 bit patterns. Returns the (n, cols) uint32 results."""
+    from .runner import InStream, OutStream, run_amaranth
+    cols = config.cols
+    for name, value in (("a", a), ("b", b)):
+        if not isinstance(value, np.ndarray) or value.dtype != np.uint32:
+            raise TypeError(f"{name} must be a uint32 numpy array of fp32 bit patterns")
+        if value.ndim != 2 or value.shape[1] != cols or value.shape[0] != len(op):
+            raise ValueError(f"{name} must have shape ({len(op)}, {cols}), not {value.shape}")
+    ops = _vpu_ops(np.asarray(op), len(op))
+    words = [int(ops[i]) | sum(int(a[i, k]) << (4 + 32 * k) for k in range(cols))
+             | sum(int(b[i, k]) << (4 + 32 * (cols + k)) for k in range(cols))
+             for i in range(len(op))]
+    run = run_amaranth(VectorAlu(config), (InStream("i", 4 + 64 * cols, tuple(words)),),
+                       (OutStream("o", 32 * cols, len(words), ready_percent),), seed=seed,
+                       max_cycles=200 * len(words) + 1000, name="vector_alu")
+    return np.array([[(v >> (32 * k)) & 0xFFFFFFFF for k in range(cols)]
+                     for v in run.outputs["o"]], np.uint32).reshape(len(words), cols)
 
 
 def simulate_fp32_to_bf16(x, *, simulator="verilator"):

@@ -15,11 +15,12 @@ so ``result[i, j] = (...((seed[i, j] + a[i, 0]*w[0, j]) + a[i, 1]*w[1, j]) + ...
 the sequential fp32 dot product of docs/numerics.md.
 """
 
-from amaranth.hdl import ClockSignal, Instance, Module, Mux, ResetSignal, Signal, Value
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
+from .blackbox import black_box
 from .mac import MAC_STAGES
 from .numerics import BF16, FP32
 from .pe import PE_SIGNATURE, ProcessingElement
@@ -152,13 +153,7 @@ class SystolicArray(wiring.Component):
         if self.pe_module is None:
             m.submodules[name] = pe = ProcessingElement(self.mac_stages)
             return pe
-        pe = PE_SIGNATURE.create(path=(name,))
-        ports = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
-        for path, member, value in PE_SIGNATURE.flatten(pe):
-            prefix = "i_" if member.flow == In else "o_"
-            ports[prefix + "__".join(map(str, path))] = Value.cast(value)
-        m.submodules[name] = Instance(self.pe_module, **ports)
-        return pe
+        return black_box(m, name, self.pe_module, PE_SIGNATURE, clocked=True)
 
     def elaborate(self, platform):
         m = Module()

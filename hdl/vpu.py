@@ -13,11 +13,12 @@ lane can each be generated once and instantiated by name (``unit_modules``), as
 the array does with its PE.
 """
 
-from amaranth.hdl import C, ClockSignal, Instance, Module, Mux, ResetSignal, Signal, Value
+from amaranth.hdl import C, Module, Mux, Signal
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from . import vecmath
+from .blackbox import black_box
 from .numerics import FP32_QNAN, Fp32Adder, Fp32Multiplier, leading_zeros
 
 __all__ = ["VpuOp", "PipelineOps", "VectorLane", "VectorAlu", "LaneInput", "lane_latency"]
@@ -120,12 +121,7 @@ class PipelineOps:
         if module is None:
             self.m.submodules[name] = unit = cls()
             return unit
-        signature = _signature_of(cls)
-        ports = signature.create(path=(name,))
-        self.m.submodules[name] = Instance(module, **{
-            ("i_" if member.flow == In else "o_") + "__".join(map(str, path)): Value.cast(value)
-            for path, member, value in signature.flatten(ports)})
-        return ports
+        return black_box(self.m, name, module, _signature_of(cls), clocked=False)
 
     def const(self, bits):
         return _Value(C(bits & 0xFFFFFFFF, 32), None)
@@ -380,14 +376,7 @@ class VectorAlu(wiring.Component):
         if module is None:
             m.submodules[name] = lane = VectorLane(self.unit_modules)
             return lane
-        signature = _signature_of(VectorLane)
-        lane = signature.create(path=(name,))
-        ports = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
-        for path, member, value in signature.flatten(lane):
-            ports[("i_" if member.flow == In else "o_") + "__".join(map(str, path))] = \
-                Value.cast(value)
-        m.submodules[name] = Instance(module, **ports)
-        return lane
+        return black_box(m, name, module, _signature_of(VectorLane), clocked=True)
 
     def elaborate(self, platform):
         m = Module()
@@ -415,7 +404,7 @@ class VectorAlu(wiring.Component):
         with m.If(lane_enable):
             m.d.sync += [reg.eq(value) for reg, value in beside.registers]
 
-        ops = PipelineOps(m, enable, "tree_")
+        ops = PipelineOps(m, enable, "tree_", self.unit_modules)
         row = [ops.lift(lane.o.payload) for lane in lanes]
         levels = tree_levels(cols)
         trees = {code: _reduce_tree(ops, row, kind, pad)

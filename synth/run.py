@@ -227,7 +227,7 @@ class GenericReport:
 # The VPU's blocks: module name prefix -> block (the rest is "VPU lanes").
 VPU_BLOCKS = {"mxu_fp32_mul": "VPU fp32 multiply", "mxu_fp32_add": "VPU fp32 add",
               "mxu_vpu_lane": "VPU lanes: min/max, integer ops, registers",
-              "": "VPU row glue"}
+              "": "VPU reduction tree: max units, registers"}
 
 
 def _block_of(name, unit):

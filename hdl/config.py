@@ -156,8 +156,8 @@ class ChipConfig:
     @classmethod
     def preset(cls, name):
         """A named configuration: ``"default"`` (16x16 simulation chip) or ``"fpga"``
-        (8x4, the largest array whose whole chip places and routes on an
-        LFE5U-85F, see docs/synth.md)."""
+        (4x4, the largest array measured whose whole chip places and routes on
+        an LFE5U-85F, see docs/synth.md)."""
         try:
             return _PRESETS[name]
         except KeyError:
@@ -168,10 +168,11 @@ class ChipConfig:
 _PRESETS = {
     "default": ChipConfig(),
     # LFE5U-85F, measured (docs/synth.md): the whole 8x8 chip needs 77.5k of the
-    # 83.6k LUT4 and does not place; 8x6 places but does not route; 8x4 places
-    # and routes (53 % of the LUT4s, 40.8 MHz). mac_stages 4: the PE closes at
-    # ~52 MHz on its own, 3 only at ~35 MHz. VMEM: 4096 rows of 8 bf16;
-    # accumulator: 3072 rows of 4 fp32; 54 of the 208 DP16KD block RAMs.
-    "fpga": ChipConfig(rows=8, cols=4, mac_stages=4, vmem_bytes=64 << 10, vmem_banks=2,
+    # 83.6k LUT4 and does not place; 8x6 places but does not route; 8x4 routed
+    # before the LOOP expanders and the control pipelining, and no longer does;
+    # 4x4 places and routes (37 % of the LUT4s, 45.5 MHz). mac_stages 4: the PE
+    # closes at ~52 MHz on its own, 3 only at ~35 MHz. VMEM: 8192 rows of 4
+    # bf16; accumulator: 3072 rows of 4 fp32; 72 of the 208 DP16KD block RAMs.
+    "fpga": ChipConfig(rows=4, cols=4, mac_stages=4, vmem_bytes=64 << 10, vmem_banks=2,
                        acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20),
 }

@@ -5,13 +5,19 @@
 * `PipelineOps` turns a `mxu.hdl.vecmath` sequence into a pipeline: one
   register stage after every fp32 operation, integer operations in between,
   and delay registers wherever an operand is older than its partner.
-* `VectorLane`: one element, any `VpuOp`, a fixed latency.
+* `SharedPipelineOps`: the same, for several sequences of which one runs per
+  element: they share the fp32 units stage by stage.
+* `VectorLane`: one element, any `VpuOp`, a fixed latency; its ops share
+  their units, the functions starting at `function_offsets()`.
 * `VectorAlu`: ``cols`` lanes in lockstep on whole rows.
 
 For synthesis (`mxu synth --unit vpu`), the fp32 adder, the multiplier and the
 lane can each be generated once and instantiated by name (``unit_modules``), as
 the array does with its PE.
 """
+
+import itertools
+from collections import Counter
 
 from amaranth.hdl import C, Module, Mux, Signal
 from amaranth.lib import data, enum, stream, wiring
@@ -21,7 +27,8 @@ from . import vecmath
 from .blackbox import black_box
 from .numerics import FP32_QNAN, Fp32Adder, Fp32Multiplier, leading_zeros
 
-__all__ = ["VpuOp", "PipelineOps", "VectorLane", "VectorAlu", "LaneInput", "lane_latency"]
+__all__ = ["VpuOp", "PipelineOps", "SharedPipelineOps", "VectorLane", "VectorAlu", "LaneInput",
+           "lane_latency", "alu_latency", "function_offsets", "tree_levels"]
 
 
 class VpuOp(enum.Enum, shape=4):
@@ -104,47 +111,46 @@ class PipelineOps:
         self.m.d.comb += out.eq(expr(*ops))
         return _Value(out, stage)
 
-    def _registered(self, name, expr, *values):
-        stage, ops = self._operands(*values)
-        result = self._signal(f"{name}_c")
-        self.m.d.comb += result.eq(expr(*ops))
-        reg = self._signal(name)
-        self.registers.append((reg, result))
-        return _Value(reg, (stage or 0) + 1)
+    def _fp_unit(self, kind):
+        """A new fp32 unit of `kind` ("fadd", "fmul", "fmax", "fmin"): its two
+        input signals and its output."""
+        if kind in ("fadd", "fmul"):
+            cls = Fp32Adder if kind == "fadd" else Fp32Multiplier
+            self._count += 1
+            name = f"{self.prefix}{cls.__name__.lower()}_{self._count}"
+            module = self.unit_modules.get(kind)
+            if module is None:
+                self.m.submodules[name] = unit = cls()
+            else:
+                unit = black_box(self.m, name, module, _signature_of(cls), clocked=False)
+            out = unit.s if kind == "fadd" else unit.p
+            return unit.a.as_value(), unit.b.as_value(), out.as_value()
+        x, y = self._signal(f"{kind}_a"), self._signal(f"{kind}_b")
+        return x, y, _min_max(x, y, larger=kind == "fmax")
 
-    def _unit(self, kind, cls):
-        """A `cls` (kind "fadd" or "fmul") as a submodule, or as a named instance;
-        returns an object with its ports."""
-        self._count += 1
-        name = f"{self.prefix}{cls.__name__.lower()}_{self._count}"
-        module = self.unit_modules.get(kind)
-        if module is None:
-            self.m.submodules[name] = unit = cls()
-            return unit
-        return black_box(self.m, name, module, _signature_of(cls), clocked=False)
+    def _registered(self, kind, a, b):
+        """`kind` applied to `a` and `b`, then a register."""
+        stage, (x, y) = self._operands(a, b)
+        in_a, in_b, out = self._fp_unit(kind)
+        self.m.d.comb += [in_a.eq(x), in_b.eq(y)]
+        reg = self._signal(kind)
+        self.registers.append((reg, out))
+        return _Value(reg, (stage or 0) + 1)
 
     def const(self, bits):
         return _Value(C(bits & 0xFFFFFFFF, 32), None)
 
     def fadd(self, a, b):
-        def expr(x, y):
-            adder = self._unit("fadd", Fp32Adder)
-            self.m.d.comb += [adder.a.eq(x), adder.b.eq(y)]
-            return adder.s.as_value()
-        return self._registered("fadd", expr, a, b)
+        return self._registered("fadd", a, b)
 
     def fmul(self, a, b):
-        def expr(x, y):
-            mul = self._unit("fmul", Fp32Multiplier)
-            self.m.d.comb += [mul.a.eq(x), mul.b.eq(y)]
-            return mul.p.as_value()
-        return self._registered("fmul", expr, a, b)
+        return self._registered("fmul", a, b)
 
     def fmax(self, a, b):
-        return self._registered("fmax", lambda x, y: _min_max(x, y, larger=True), a, b)
+        return self._registered("fmax", a, b)
 
     def fmin(self, a, b):
-        return self._registered("fmin", lambda x, y: _min_max(x, y, larger=False), a, b)
+        return self._registered("fmin", a, b)
 
     def iadd(self, a, b):
         return self._comb(lambda x, y: (x + y)[:32], a, b)
@@ -183,6 +189,46 @@ class PipelineOps:
         return self._comb(lambda s, x, y: Mux(s != 0, x, y), c, a, b)
 
 
+class SharedPipelineOps(PipelineOps):
+    """`PipelineOps` for several sequences of which one runs per element (the ops
+    of a `VectorLane`): an fp32 unit and its output register serve every
+    sequence that needs a unit of that kind in that stage. Call `begin(select)`
+    before each sequence, where ``select(stage)`` is high while that sequence's
+    element is in `stage`; `finish()` then drives each shared unit's inputs from
+    the sequence that owns the stage.
+    """
+
+    def __init__(self, m, enable, prefix="", unit_modules=None):
+        super().__init__(m, enable, prefix, unit_modules)
+        self._slots = {}          # (stage, kind, index) -> [in_a, in_b, register, users]
+        self._select = None
+        self._used = Counter()
+
+    def begin(self, select):
+        self._select, self._used = select, Counter()
+
+    def _registered(self, kind, a, b):
+        stage, (x, y) = self._operands(a, b)
+        stage = stage or 0
+        index = self._used[(stage, kind)]
+        self._used[(stage, kind)] += 1
+        slot = self._slots.get((stage, kind, index))
+        if slot is None:
+            in_a, in_b, out = self._fp_unit(kind)
+            reg = self._signal(kind)
+            self.registers.append((reg, out))
+            slot = self._slots[(stage, kind, index)] = [in_a, in_b, reg, []]
+        slot[3].append((self._select(stage), x, y))
+        return _Value(slot[2], stage + 1)
+
+    def finish(self):
+        for in_a, in_b, _, users in self._slots.values():
+            _, x, y = users[-1]
+            for select, ux, uy in reversed(users[:-1]):
+                x, y = Mux(select, ux, x), Mux(select, uy, y)
+            self.m.d.comb += [in_a.eq(x), in_b.eq(y)]
+
+
 _SIGNATURES = {}
 
 
@@ -215,19 +261,36 @@ class LaneInput(data.Struct):
     b: 32
 
 
-def _build_lane(m, ops, op, a, b):
-    """Every `VpuOp` result of one lane as `_Value`s, by op."""
+# The lane's element ops other than the functions: one fp32 operation each.
+_ALU_OPS = {
+    VpuOp.ADD: lambda ops, a, b: ops.fadd(a, b),
+    VpuOp.SUB: lambda ops, a, b: ops.fadd(a, ops.bxor(b, ops.const(0x80000000))),
+    VpuOp.MUL: lambda ops, a, b: ops.fmul(a, b),
+    VpuOp.MAX: lambda ops, a, b: ops.fmax(a, b),
+    VpuOp.MIN: lambda ops, a, b: ops.fmin(a, b),
+}
+
+
+def _build_lane(ops, op, a, b):
+    """Every `VpuOp` result of one lane as `_Value`s, by op, on the units of a
+    `SharedPipelineOps`: each function starts at its offset (`function_offsets`),
+    so that the three share most of their multipliers and adders."""
     av, bv = ops.lift(a), ops.lift(b)
-    results = {
-        VpuOp.ADD: ops.fadd(av, bv),
-        VpuOp.SUB: ops.fadd(av, ops.bxor(bv, ops.const(0x80000000))),
-        VpuOp.MUL: ops.fmul(av, bv),
-        VpuOp.MAX: ops.fmax(av, bv),
-        VpuOp.MIN: ops.fmin(av, bv),
-        VpuOp.PASS: av,
-    }
+    op_v = ops.lift(op)
+
+    def owner(code):
+        return lambda stage: ops.at(op_v, stage)[:len(op)] == code.value
+
+    results = {VpuOp.PASS: av}
+    for code, alu in _ALU_OPS.items():
+        ops.begin(owner(code))
+        results[code] = alu(ops, av, bv)
     for code, name in _FUNCTION_OF.items():
-        results[code] = vecmath.FUNCTIONS[name](ops, av)
+        offset = function_offsets()[name]
+        ops.begin(owner(code))
+        start = _Value(ops.at(av, offset), offset) if offset else av
+        results[code] = vecmath.FUNCTIONS[name](ops, start)
+    ops.finish()
     return results
 
 
@@ -257,19 +320,83 @@ class _LatencyOps:
     shl = shr = sar = _shift
 
 
+class _UsageOps(_LatencyOps):
+    """`_LatencyOps` that also counts the fp32 units a sequence uses, by stage."""
+
+    def __init__(self, offset=0):
+        self.units = Counter()      # (input stage, kind) -> units
+        self.offset = offset
+
+    def _unit(self, kind, a, b):
+        stage = self._stage(a, b)
+        stage = self.offset if stage is None else stage
+        self.units[(stage, kind)] += 1
+        return stage + 1
+
+    def fadd(self, a, b):
+        return self._unit("fadd", a, b)
+
+    def fmul(self, a, b):
+        return self._unit("fmul", a, b)
+
+    def fmax(self, a, b):
+        return self._unit("fmax", a, b)
+
+    def fmin(self, a, b):
+        return self._unit("fmin", a, b)
+
+
+# Relative cost of the units, for choosing the offsets (generic cells, docs/vpu.md).
+_UNIT_COST = {"fmul": 4671, "fadd": 1333, "fmax": 300, "fmin": 300}
+_OFFSETS = {}
+
+
+def function_offsets():
+    """The stage at which each function of `mxu.hdl.vecmath` starts in a lane:
+    the offsets (within the longest function's latency) that minimise the
+    units the functions and the ALU ops need when they share them by stage."""
+    if _OFFSETS:
+        return _OFFSETS
+    usage = {}
+    for name in _FUNCTION_OF.values():
+        ops = _UsageOps()
+        latency = vecmath.FUNCTIONS[name](ops, 0)
+        usage[name] = (latency, ops.units)
+    alu = _UsageOps()
+    for fn in _ALU_OPS.values():
+        fn(alu, 0, 0)
+    alu_units = Counter({key: 1 for key in alu.units})     # the ALU ops share theirs too
+    longest = max(latency for latency, _ in usage.values())
+    names = list(usage)
+    best = None
+    for offsets in itertools.product(*(range(longest - usage[n][0] + 1) for n in names)):
+        need = Counter(alu_units)
+        for name, offset in zip(names, offsets):
+            for (stage, kind), count in usage[name][1].items():
+                need[(stage + offset, kind)] = max(need[(stage + offset, kind)], count)
+        cost = sum(_UNIT_COST[kind] * count for (_, kind), count in need.items())
+        if best is None or cost < best[0]:
+            best = (cost, dict(zip(names, offsets)))
+    _OFFSETS.update(best[1])
+    return _OFFSETS
+
+
 def lane_latency():
     """Cycles from a `VectorLane` input to its output (every op takes as long)."""
     ops = _LatencyOps()
-    stages = [ops.fadd(0, 0), *(vecmath.FUNCTIONS[name](ops, 0) for name in _FUNCTION_OF.values())]
+    stages = [ops.fadd(0, 0)]
+    for name in _FUNCTION_OF.values():
+        stages.append(vecmath.FUNCTIONS[name](ops, 0) + function_offsets()[name])
     return max(stages)
 
 
 def _lane_datapath(m, enable, inp, prefix="", unit_modules=None):
     """Build one lane in `m`; (result word, latency)."""
-    ops = PipelineOps(m, enable, prefix, unit_modules)
-    results = _build_lane(m, ops, inp.op, inp.a, inp.b)
+    ops = SharedPipelineOps(m, enable, prefix, unit_modules)
+    op = inp.op.as_value()
+    results = _build_lane(ops, op, inp.a, inp.b)
     latency = max(v.stage or 0 for v in results.values())
-    op_out = ops.at(ops.lift(inp.op.as_value()), latency)[:len(inp.op.as_value())]
+    op_out = ops.at(ops.lift(op), latency)[:len(op)]
     y = Signal(32, name=f"{prefix}y")
     with m.Switch(op_out):
         for code, v in results.items():
@@ -290,10 +417,11 @@ def _valid_chain(m, enable, valid, latency):
     return valid
 
 
+
 class VectorLane(wiring.Component):
-    """One element of the vector unit: ``y = op(a, b)`` for any `VpuOp`, every op
-    computed and the one asked for selected after a fixed latency
-    (`lane_latency()` cycles).
+    """One element of the vector unit: ``y = op(a, b)`` for any element `VpuOp`
+    (not RSUM/RMAX), after a fixed latency (`lane_latency()` cycles). The ops
+    share their fp32 units (`SharedPipelineOps`).
 
     Parameters
     ----------

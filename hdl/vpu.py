@@ -52,6 +52,23 @@ _REDUCTIONS = {VpuOp.RSUM: ("fadd", 0x00000000), VpuOp.RMAX: ("fmax", 0xFF800000
 _FUNCTION_OF = {VpuOp.EXP: "exp", VpuOp.RECIP: "reciprocal", VpuOp.RSQRT: "rsqrt"}
 
 
+class _FpOps:
+    """The fp32 operations of the `mxu.hdl.vecmath` interface, each a call of
+    ``self._fp_op(kind, a, b)``."""
+
+    def fadd(self, a, b):
+        return self._fp_op("fadd", a, b)
+
+    def fmul(self, a, b):
+        return self._fp_op("fmul", a, b)
+
+    def fmax(self, a, b):
+        return self._fp_op("fmax", a, b)
+
+    def fmin(self, a, b):
+        return self._fp_op("fmin", a, b)
+
+
 class _Value:
     """A word of a pipeline under construction and the stage it is valid in
     (None: a constant, valid in every stage)."""
@@ -60,7 +77,7 @@ class _Value:
         self.value, self.stage = value, stage
 
 
-class PipelineOps:
+class PipelineOps(_FpOps):
     """The `mxu.hdl.vecmath` operation interface, building hardware in module `m`.
 
     Each fp32 operation (`Fp32Adder`, `Fp32Multiplier`, max, min) is followed by a
@@ -128,7 +145,7 @@ class PipelineOps:
         x, y = self._signal(f"{kind}_a"), self._signal(f"{kind}_b")
         return x, y, _min_max(x, y, larger=kind == "fmax")
 
-    def _registered(self, kind, a, b):
+    def _fp_op(self, kind, a, b):
         """`kind` applied to `a` and `b`, then a register."""
         stage, (x, y) = self._operands(a, b)
         in_a, in_b, out = self._fp_unit(kind)
@@ -139,18 +156,6 @@ class PipelineOps:
 
     def const(self, bits):
         return _Value(C(bits & 0xFFFFFFFF, 32), None)
-
-    def fadd(self, a, b):
-        return self._registered("fadd", a, b)
-
-    def fmul(self, a, b):
-        return self._registered("fmul", a, b)
-
-    def fmax(self, a, b):
-        return self._registered("fmax", a, b)
-
-    def fmin(self, a, b):
-        return self._registered("fmin", a, b)
 
     def iadd(self, a, b):
         return self._comb(lambda x, y: (x + y)[:32], a, b)
@@ -207,7 +212,7 @@ class SharedPipelineOps(PipelineOps):
     def begin(self, select):
         self._select, self._used = select, Counter()
 
-    def _registered(self, kind, a, b):
+    def _fp_op(self, kind, a, b):
         stage, (x, y) = self._operands(a, b)
         stage = stage or 0
         index = self._used[(stage, kind)]
@@ -294,7 +299,7 @@ def _build_lane(ops, op, a, b):
     return results
 
 
-class _LatencyOps:
+class _LatencyOps(_FpOps):
     """The `mxu.hdl.vecmath` interface on stages only (None: a constant), to know a
     pipeline's latency without building it."""
 
@@ -306,7 +311,7 @@ class _LatencyOps:
     def const(self, bits):
         return None
 
-    def _fp(self, a, b):
+    def _fp_op(self, kind, a, b):
         return (self._stage(a, b) or 0) + 1
 
     def _int(self, *values):
@@ -315,7 +320,6 @@ class _LatencyOps:
     def _shift(self, a, k):
         return a
 
-    fadd = fmul = fmax = fmin = _fp
     iadd = isub = band = bor = bxor = shlv = ieq = select = clz = _int
     shl = shr = sar = _shift
 
@@ -323,27 +327,13 @@ class _LatencyOps:
 class _UsageOps(_LatencyOps):
     """`_LatencyOps` that also counts the fp32 units a sequence uses, by stage."""
 
-    def __init__(self, offset=0):
+    def __init__(self):
         self.units = Counter()      # (input stage, kind) -> units
-        self.offset = offset
 
-    def _unit(self, kind, a, b):
-        stage = self._stage(a, b)
-        stage = self.offset if stage is None else stage
+    def _fp_op(self, kind, a, b):
+        stage = self._stage(a, b) or 0
         self.units[(stage, kind)] += 1
         return stage + 1
-
-    def fadd(self, a, b):
-        return self._unit("fadd", a, b)
-
-    def fmul(self, a, b):
-        return self._unit("fmul", a, b)
-
-    def fmax(self, a, b):
-        return self._unit("fmax", a, b)
-
-    def fmin(self, a, b):
-        return self._unit("fmin", a, b)
 
 
 # Relative cost of the units, for choosing the offsets (generic cells, docs/vpu.md).

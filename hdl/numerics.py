@@ -468,6 +468,11 @@ class Fp32Multiplier(wiring.Component):
     round to nearest-even on the packed magnitude (a carry moves into the exponent,
     and up to inf).
 
+    With ``power_of_two=True``, `b` must be a power of two (a normal number
+    whose fraction is zero): the significand product is then a shift, and no
+    multiplier is built. The result is the same as the general unit's for such
+    a `b`; any other `b` gives an unspecified result.
+
     Interface: ``a``, ``b``: In(FP32); ``p``: Out(FP32).
     """
 
@@ -478,6 +483,10 @@ class Fp32Multiplier(wiring.Component):
     # Right shifts beyond this leave nothing at or above the guard bit.
     _MAX_RIGHT = 26
 
+    def __init__(self, *, power_of_two=False):
+        self.power_of_two = power_of_two
+        super().__init__()
+
     def elaborate(self, platform):
         m = Module()
         a, b = self.a, self.b
@@ -487,7 +496,12 @@ class Fp32Multiplier(wiring.Component):
         sig_b, exp_b = _significand(b)
         product = Signal(48)
         exp_sum = Signal(10)
-        m.d.comb += [product.eq(sig_a * sig_b), exp_sum.eq(exp_a + exp_b)]
+        if self.power_of_two:
+            b_nan = b_inf = b_zero = C(0, 1)
+            m.d.comb += product.eq(sig_a << 23)
+        else:
+            m.d.comb += product.eq(sig_a * sig_b)
+        m.d.comb += exp_sum.eq(exp_a + exp_b)
 
         lz = Signal(range(49))
         m.d.comb += lz.eq(leading_zeros(product))

@@ -14,6 +14,8 @@ binary32, integer operations as two's complement, wrapping:
 
 * ``const(bits)``: a constant word;
 * ``fadd(a, b)``, ``fmul(a, b)``: fp32 add and multiply;
+* ``fscale(a, p)``: ``fmul(a, p)`` where ``p`` is a power of two (a normal
+  number with a zero fraction), which hardware does without a multiplier;
 * ``fmax(a, b)``, ``fmin(a, b)``: fp32 maximum and minimum; a NaN operand gives
   the canonical NaN, and ``-0 < +0``;
 * ``iadd(a, b)``, ``isub(a, b)``, ``band(a, b)``, ``bor(a, b)``: integer add,
@@ -71,7 +73,7 @@ def _scale(ops, y, k):
     multiply rounds once (to a subnormal, or to inf)."""
     k1 = ops.sar(k, 1)
     k2 = ops.isub(k, k1)
-    return ops.fmul(ops.fmul(y, _pow2(ops, k1)), _pow2(ops, k2))
+    return ops.fscale(ops.fscale(y, _pow2(ops, k1)), _pow2(ops, k2))
 
 
 def _frexp(ops, a):
@@ -135,7 +137,7 @@ def rsqrt(ops, x):
     for _ in range(RSQRT_STEPS):
         u = ops.fadd(ops.fmul(neg_half_m, ops.fmul(y, y)), ops.const(f32(0.5)))
         y = ops.fadd(ops.fmul(y, u), y)
-    q = ops.fmul(y, _pow2(ops, ops.sar(ops.isub(ops.const(0), e), 1)))
+    q = ops.fscale(y, _pow2(ops, ops.sar(ops.isub(ops.const(0), e), 1)))
     zero = ops.ieq(a, ops.const(0))
     q = ops.select(zero, ops.bor(ops.const(INF), sign),
                    ops.select(ops.ieq(a, ops.const(INF)), ops.const(0), q))

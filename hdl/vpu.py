@@ -68,6 +68,9 @@ class _FpOps:
     def fmin(self, a, b):
         return self._fp_op("fmin", a, b)
 
+    def fscale(self, a, p):
+        return self._fp_op("fscale", a, p)
+
 
 class _Value:
     """A word of a pipeline under construction and the stage it is valid in
@@ -85,9 +88,10 @@ class PipelineOps(_FpOps):
     Every register loads only while `enable` is high (the pipeline stalls as a
     whole). Values are `_Value` objects; `lift` makes one from a signal.
 
-    `unit_modules` maps "fadd" and "fmul" to Verilog module names: the adders and
-    multipliers are then black-box instances of those modules (generated once,
-    see `mxu.synth`), so that a hierarchical synthesis handles one of each.
+    `unit_modules` maps "fadd", "fmul" and "fscale" (the power-of-two
+    `Fp32Multiplier`) to Verilog module names: those units are then black-box
+    instances of the modules (generated once, see `mxu.synth`), so that a
+    hierarchical synthesis handles one of each.
     """
 
     def __init__(self, m, enable, prefix="", unit_modules=None):
@@ -131,13 +135,14 @@ class PipelineOps(_FpOps):
     def _fp_unit(self, kind):
         """A new fp32 unit of `kind` ("fadd", "fmul", "fmax", "fmin"): its two
         input signals and its output."""
-        if kind in ("fadd", "fmul"):
+        if kind in ("fadd", "fmul", "fscale"):
             cls = Fp32Adder if kind == "fadd" else Fp32Multiplier
             self._count += 1
-            name = f"{self.prefix}{cls.__name__.lower()}_{self._count}"
+            name = f"{self.prefix}{kind}_{self._count}"
             module = self.unit_modules.get(kind)
             if module is None:
-                self.m.submodules[name] = unit = cls()
+                make = (lambda: Fp32Multiplier(power_of_two=True)) if kind == "fscale" else cls
+                self.m.submodules[name] = unit = make()
             else:
                 unit = black_box(self.m, name, module, _signature_of(cls), clocked=False)
             out = unit.s if kind == "fadd" else unit.p
@@ -337,7 +342,7 @@ class _UsageOps(_LatencyOps):
 
 
 # Relative cost of the units, for choosing the offsets (generic cells, docs/vpu.md).
-_UNIT_COST = {"fmul": 4671, "fadd": 1333, "fmax": 300, "fmin": 300}
+_UNIT_COST = {"fmul": 4671, "fscale": 700, "fadd": 1333, "fmax": 300, "fmin": 300}
 _OFFSETS = {}
 
 

@@ -137,9 +137,10 @@ def design(unit, config, *, target):
                       wrapper_ffs=ffs, pes=1 if unit == "pe" else 0)
     if unit == "vpu":
         # The fp32 adder and multiplier once each, instantiated by name (like the PE).
-        units = {"fadd": "mxu_fp32_add", "fmul": "mxu_fp32_mul"}
+        units = {"fadd": "mxu_fp32_add", "fmul": "mxu_fp32_mul", "fscale": "mxu_fp32_scale"}
         prelude = (component_verilog(Fp32Adder(), units["fadd"])
                    + component_verilog(Fp32Multiplier(), units["fmul"])
+                   + component_verilog(Fp32Multiplier(power_of_two=True), units["fscale"])
                    + component_verilog(VectorLane(units), "mxu_vpu_lane"))
         alu = VectorAlu(config, unit_modules={**units, "lane": "mxu_vpu_lane"})
         return _wrapped(unit, config, alu, prelude, target, pes=0)
@@ -226,6 +227,7 @@ class GenericReport:
 
 # The VPU's blocks: module name prefix -> block (the rest is "VPU lanes").
 VPU_BLOCKS = {"mxu_fp32_mul": "VPU fp32 multiply", "mxu_fp32_add": "VPU fp32 add",
+              "mxu_fp32_scale": "VPU fp32 multiply by a power of two",
               "mxu_vpu_lane": "VPU lanes: min/max, integer ops, registers",
               "": "VPU reduction tree: max units, registers"}
 

@@ -139,6 +139,18 @@ def test_rtl_fp32_multiplier_bit_exact():
     np.testing.assert_array_equal(simulate_fp32_mul(x, y), gold.fmul(x, y))
 
 
+def test_rtl_fp32_multiplier_by_powers_of_two():
+    """The multiplier-free variant equals the multiply for every power of two."""
+    rng = np.random.default_rng(13)
+    k = np.repeat(np.arange(1, 255, dtype=np.uint32), 800)
+    a = rng.integers(0, 1 << 32, k.size, dtype=np.uint64).astype(np.uint32)
+    a[: SPECIALS.size] = SPECIALS
+    p = (k << 23).astype(np.uint32)
+    np.testing.assert_array_equal(simulate_fp32_mul(a, p, power_of_two=True), gold.fmul(a, p))
+    with pytest.raises(ValueError, match="power of two"):
+        simulate_fp32_mul(a[:2], np.uint32([0x3F800001, 0x3F800000]), power_of_two=True)
+
+
 def _lane_golden(op, a, b):
     out = np.zeros(a.size, np.uint32)
     table = {

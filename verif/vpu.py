@@ -69,6 +69,7 @@ class NumpyOps:
 
     fadd, fmul, fmax, fmin = staticmethod(fadd), staticmethod(fmul), staticmethod(fmax), \
         staticmethod(fmin)
+    fscale = staticmethod(fmul)     # a multiply by a power of two is a multiply
 
     @staticmethod
     def iadd(a, b):

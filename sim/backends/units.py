@@ -90,11 +90,17 @@ def simulate_fp32_add(x, y, *, simulator="verilator"):
                      np.uint32)
 
 
-def simulate_fp32_mul(x, y, *, simulator="verilator"):
-    """fp32 * fp32 through the RTL `Fp32Multiplier` (uint32 in, uint32 out)."""
+def simulate_fp32_mul(x, y, *, power_of_two=False, simulator="verilator"):
+    """fp32 * fp32 through the RTL `Fp32Multiplier` (uint32 in, uint32 out);
+    with ``power_of_two=True`` its variant without a multiplier, for which every
+    y must be a power of two (a normal number with a zero fraction)."""
     x, y = _operands(x=(x, np.uint32), y=(y, np.uint32))
-    return _run_unit(lambda: StreamedUnit(Fp32Multiplier(), ("a", "b"), "p"),
-                     x.astype(np.uint64) | (y.astype(np.uint64) << 32), "fp32mul", simulator,
+    if power_of_two and np.any((y & 0x807FFFFF) | ((y >> 23) == 0) | ((y >> 23) == 255)):
+        raise ValueError("power_of_two: every y must be a positive normal power of two")
+    name = "fp32scale" if power_of_two else "fp32mul"
+    return _run_unit(lambda: StreamedUnit(Fp32Multiplier(power_of_two=power_of_two), ("a", "b"),
+                                          "p"),
+                     x.astype(np.uint64) | (y.astype(np.uint64) << 32), name, simulator,
                      np.uint32)
 
 

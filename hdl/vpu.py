@@ -10,6 +10,7 @@
 * `VectorLane`: one element, any `VpuOp`, a fixed latency; its ops share
   their units, the functions starting at `function_offsets()`.
 * `VectorAlu`: ``cols`` lanes in lockstep on whole rows.
+* `RowTranspose`: accumulator rows to VMEM columns, in bf16.
 
 For synthesis (`mxu synth --unit vpu`), the fp32 adder, the multiplier and the
 lane can each be generated once and instantiated by name (``unit_modules``), as
@@ -25,10 +26,11 @@ from amaranth.lib.wiring import In, Out
 
 from . import vecmath
 from .blackbox import black_box
-from .numerics import FP32_QNAN, Fp32Adder, Fp32Multiplier, leading_zeros
+from .numerics import FP32_QNAN, Fp32Adder, Fp32Multiplier, Fp32ToBf16, leading_zeros
+from .vmem import vmem_row_layout
 
 __all__ = ["VpuOp", "PipelineOps", "SharedPipelineOps", "VectorLane", "VectorAlu", "LaneInput",
-           "lane_latency", "alu_latency", "function_offsets", "tree_levels"]
+           "lane_latency", "alu_latency", "function_offsets", "tree_levels", "RowTranspose"]
 
 
 class VpuOp(enum.Enum, shape=4):
@@ -554,3 +556,73 @@ def _reduce_tree(ops, row, kind, pad_bits):
         width //= 2
         values = [getattr(ops, kind)(values[j], values[j + width]) for j in range(width)]
     return values[0]
+
+
+class RowTranspose(wiring.Component):
+    """The transpose path: a block of accumulator rows written as VMEM columns
+    (so that ``K^T`` for attention scores never leaves the chip).
+
+    Takes up to ``vmem_row_elems`` accumulator rows of ``cols`` fp32 (the last
+    one flagged ``last``), converts each element to bf16 (round to nearest
+    even, `Fp32ToBf16`) as it arrives, and then sends ``cols`` VMEM rows: row
+    ``j`` holds element ``j`` of every block row, block row ``i`` in element
+    ``i``; elements past the block's height are +0. A block that reaches
+    ``vmem_row_elems`` rows ends there whatever ``last`` says.
+
+    Parameters
+    ----------
+    config : ChipConfig
+
+    Interface
+    ---------
+    i : In(stream.Signature(StructLayout({"row": ArrayLayout(32, cols), "last": 1})))
+    o : Out(stream.Signature(vmem_row_layout(config)))
+        One block's ``cols`` rows, after its last input row.
+    """
+
+    def __init__(self, config):
+        self.config = config
+        super().__init__({
+            "i": In(stream.Signature(data.StructLayout({
+                "row": data.ArrayLayout(32, config.cols), "last": 1}))),
+            "o": Out(stream.Signature(vmem_row_layout(config))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.config
+        height, cols = c.vmem_row_elems, c.cols
+        # block[i][j]: bf16 of element j of block row i.
+        block = [[Signal(16, name=f"block_{i}_{j}") for j in range(cols)] for i in range(height)]
+        filled = Signal(range(height + 1))
+        column = Signal(range(cols))
+        converted = []
+        for j in range(cols):
+            m.submodules[f"to_bf16_{j}"] = conv = Fp32ToBf16()
+            m.d.comb += conv.x.eq(self.i.payload.row[j])
+            converted.append(conv.y.as_value())
+        with m.FSM():
+            with m.State("FILL"):
+                m.d.comb += self.i.ready.eq(1)
+                with m.If(self.i.valid):
+                    with m.Switch(filled):
+                        for i in range(height):
+                            with m.Case(i):
+                                m.d.sync += [block[i][j].eq(converted[j]) for j in range(cols)]
+                    m.d.sync += filled.eq(filled + 1)
+                    with m.If(self.i.payload.last | (filled == height - 1)):
+                        m.d.sync += column.eq(0)
+                        m.next = "DRAIN"
+            with m.State("DRAIN"):
+                m.d.comb += self.o.valid.eq(1)
+                with m.Switch(column):
+                    for j in range(cols):
+                        with m.Case(j):
+                            m.d.comb += [self.o.payload[i].eq(Mux(i < filled, block[i][j], 0))
+                                         for i in range(height)]
+                with m.If(self.o.ready):
+                    m.d.sync += column.eq(column + 1)
+                    with m.If(column == cols - 1):
+                        m.d.sync += filled.eq(0)
+                        m.next = "FILL"
+        return m

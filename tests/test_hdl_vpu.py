@@ -217,3 +217,31 @@ def test_simulate_vpu_lane_rejects_bad_input():
         simulate_vpu_lane("add", x, np.ones(4, np.uint32))
     with pytest.raises(TypeError, match="uint32"):
         simulate_vpu_lane("exp", np.zeros(4, np.float32))
+
+
+@pytest.mark.parametrize("rows, cols", [(4, 3), (2, 5)])
+def test_rtl_row_transpose(rows, cols):
+    """Blocks of 1..vmem_row_elems accumulator rows come out as bf16 VMEM
+    columns (the transpose path), with back-pressure."""
+    from mxu.hdl.vpu import RowTranspose
+    from mxu.sim.backends.runner import InStream, OutStream, run_amaranth
+    from mxu.verif.golden import fp32_to_bf16
+    config = ChipConfig(rows=rows, cols=cols)
+    height = config.vmem_row_elems
+    rng = np.random.default_rng(rows * 10 + cols)
+    blocks = [rng.standard_normal((n, cols)).astype(np.float32).view(np.uint32)
+              for n in [1, height, 2, height - 1, height]]
+    blocks[1][0, 0] = 0x7F800001              # a NaN -> the canonical bf16 NaN
+    words, want = [], []
+    for block in blocks:
+        for i, row in enumerate(block):
+            last = i == len(block) - 1 and len(block) < height
+            words.append(sum(int(v) << (32 * j) for j, v in enumerate(row)) | (last << (32 * cols)))
+        bf = np.zeros((height, cols), np.uint16)
+        bf[:len(block)] = fp32_to_bf16(block)
+        want.extend(bf.T)
+    run = run_amaranth(RowTranspose(config), (InStream("i", 32 * cols + 1, tuple(words)),),
+                       (OutStream("o", 16 * height, len(want), 70),), max_cycles=5000)
+    got = np.array([[(v >> (16 * k)) & 0xFFFF for k in range(height)] for v in run.outputs["o"]],
+                   np.uint16)
+    np.testing.assert_array_equal(got, np.array(want))

@@ -5,7 +5,7 @@ PE in the array, the VPU's fp32 units and lanes; docs/synth.md)."""
 from amaranth.hdl import ClockSignal, Instance, ResetSignal, Value
 from amaranth.lib.wiring import In
 
-__all__ = ["black_box"]
+__all__ = ["black_box", "signature_of"]
 
 
 def black_box(m, name, module, signature, *, clocked):
@@ -19,3 +19,16 @@ def black_box(m, name, module, signature, *, clocked):
         ports[("i_" if member.flow == In else "o_") + "__".join(map(str, path))] = Value.cast(value)
     m.submodules[name] = Instance(module, **ports)
     return iface
+
+
+_SIGNATURES = {}
+
+
+def signature_of(cls):
+    """The signature of component class `cls` (from one instance that is never
+    elaborated, and says so)."""
+    if cls not in _SIGNATURES:
+        unit = cls()
+        unit._MustUse__silence = True
+        _SIGNATURES[cls] = unit.signature
+    return _SIGNATURES[cls]

@@ -2,11 +2,9 @@
 `mxu.hdl.vecmath`, one accumulator row (``cols`` lanes) per cycle, pipelined
 (docs/vpu.md).
 
-* `PipelineOps` turns a `mxu.hdl.vecmath` sequence into a pipeline: one
-  register stage after every fp32 operation, integer operations in between,
-  and delay registers wherever an operand is older than its partner.
-* `SharedPipelineOps`: the same, for several sequences of which one runs per
-  element: they share the fp32 units stage by stage.
+The pipelines come from `mxu.hdl.pipeline` (`PipelineOps`,
+`SharedPipelineOps`), which runs the sequences of `mxu.hdl.vecmath`.
+
 * `VectorLane`: one element, any `VpuOp`, a fixed latency; its ops share
   their units, the functions starting at `function_offsets()`.
 * `VectorAlu`: ``cols`` lanes in lockstep on whole rows.
@@ -20,13 +18,14 @@ the array does with its PE.
 import itertools
 from collections import Counter
 
-from amaranth.hdl import C, Module, Mux, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from . import vecmath
-from .blackbox import black_box
-from .numerics import FP32_QNAN, Fp32Adder, Fp32Multiplier, Fp32ToBf16, leading_zeros
+from .blackbox import black_box, signature_of
+from .numerics import Fp32ToBf16
+from .pipeline import LatencyOps, PipelineOps, SharedPipelineOps, UsageOps, Value
 from .vmem import vmem_row_layout
 
 __all__ = ["VpuOp", "PipelineOps", "SharedPipelineOps", "VectorLane", "VectorAlu", "LaneInput",
@@ -54,219 +53,6 @@ _REDUCTIONS = {VpuOp.RSUM: ("fadd", 0x00000000), VpuOp.RMAX: ("fmax", 0xFF800000
 _FUNCTION_OF = {VpuOp.EXP: "exp", VpuOp.RECIP: "reciprocal", VpuOp.RSQRT: "rsqrt"}
 
 
-class _FpOps:
-    """The fp32 operations of the `mxu.hdl.vecmath` interface, each a call of
-    ``self._fp_op(kind, a, b)``."""
-
-    def fadd(self, a, b):
-        return self._fp_op("fadd", a, b)
-
-    def fmul(self, a, b):
-        return self._fp_op("fmul", a, b)
-
-    def fmax(self, a, b):
-        return self._fp_op("fmax", a, b)
-
-    def fmin(self, a, b):
-        return self._fp_op("fmin", a, b)
-
-    def fscale(self, a, p):
-        return self._fp_op("fscale", a, p)
-
-
-class _Value:
-    """A word of a pipeline under construction and the stage it is valid in
-    (None: a constant, valid in every stage)."""
-
-    def __init__(self, value, stage):
-        self.value, self.stage = value, stage
-
-
-class PipelineOps(_FpOps):
-    """The `mxu.hdl.vecmath` operation interface, building hardware in module `m`.
-
-    Each fp32 operation (`Fp32Adder`, `Fp32Multiplier`, max, min) is followed by a
-    register, so a sequence becomes a pipeline with one fp32 operation per stage.
-    Every register loads only while `enable` is high (the pipeline stalls as a
-    whole). Values are `_Value` objects; `lift` makes one from a signal.
-
-    `unit_modules` maps "fadd", "fmul" and "fscale" (the power-of-two
-    `Fp32Multiplier`) to Verilog module names: those units are then black-box
-    instances of the modules (generated once, see `mxu.synth`), so that a
-    hierarchical synthesis handles one of each.
-    """
-
-    def __init__(self, m, enable, prefix="", unit_modules=None):
-        self.m, self.enable, self.prefix = m, enable, prefix
-        self.unit_modules = unit_modules or {}
-        self._delayed = {}
-        self._count = 0
-        self.registers = []       # (register, value) pairs, loaded under `enable`
-
-    def lift(self, signal, stage=0):
-        return _Value(signal, stage)
-
-    def at(self, v, stage):
-        """The word of `v` in `stage` (delay registers as needed)."""
-        if v.stage is None or v.stage == stage:
-            return v.value
-        assert v.stage < stage, "a value is needed before it exists"
-        key = (id(v.value), stage)
-        if key not in self._delayed:
-            prev = self.at(v, stage - 1)
-            reg = self._signal(f"delay_s{stage}")
-            self.registers.append((reg, prev))
-            self._delayed[key] = reg
-        return self._delayed[key]
-
-    def _signal(self, name):
-        self._count += 1
-        return Signal(32, name=f"{self.prefix}{name}_{self._count}")
-
-    def _operands(self, *values):
-        stages = [v.stage for v in values if v.stage is not None]
-        stage = max(stages) if stages else None
-        return stage, [v.value if stage is None else self.at(v, stage) for v in values]
-
-    def _comb(self, expr, *values):
-        stage, ops = self._operands(*values)
-        out = self._signal("w")
-        self.m.d.comb += out.eq(expr(*ops))
-        return _Value(out, stage)
-
-    def _fp_unit(self, kind):
-        """A new fp32 unit of `kind` ("fadd", "fmul", "fmax", "fmin"): its two
-        input signals and its output."""
-        if kind in ("fadd", "fmul", "fscale"):
-            cls = Fp32Adder if kind == "fadd" else Fp32Multiplier
-            self._count += 1
-            name = f"{self.prefix}{kind}_{self._count}"
-            module = self.unit_modules.get(kind)
-            if module is None:
-                make = (lambda: Fp32Multiplier(power_of_two=True)) if kind == "fscale" else cls
-                self.m.submodules[name] = unit = make()
-            else:
-                unit = black_box(self.m, name, module, _signature_of(cls), clocked=False)
-            out = unit.s if kind == "fadd" else unit.p
-            return unit.a.as_value(), unit.b.as_value(), out.as_value()
-        x, y = self._signal(f"{kind}_a"), self._signal(f"{kind}_b")
-        return x, y, _min_max(x, y, larger=kind == "fmax")
-
-    def _fp_op(self, kind, a, b):
-        """`kind` applied to `a` and `b`, then a register."""
-        stage, (x, y) = self._operands(a, b)
-        in_a, in_b, out = self._fp_unit(kind)
-        self.m.d.comb += [in_a.eq(x), in_b.eq(y)]
-        reg = self._signal(kind)
-        self.registers.append((reg, out))
-        return _Value(reg, (stage or 0) + 1)
-
-    def const(self, bits):
-        return _Value(C(bits & 0xFFFFFFFF, 32), None)
-
-    def iadd(self, a, b):
-        return self._comb(lambda x, y: (x + y)[:32], a, b)
-
-    def isub(self, a, b):
-        return self._comb(lambda x, y: (x - y)[:32], a, b)
-
-    def band(self, a, b):
-        return self._comb(lambda x, y: x & y, a, b)
-
-    def bor(self, a, b):
-        return self._comb(lambda x, y: x | y, a, b)
-
-    def bxor(self, a, b):
-        return self._comb(lambda x, y: x ^ y, a, b)
-
-    def shl(self, a, k):
-        return self._comb(lambda x: (x << k)[:32], a)
-
-    def shr(self, a, k):
-        return self._comb(lambda x: x >> k, a)
-
-    def sar(self, a, k):
-        return self._comb(lambda x: (x.as_signed() >> k)[:32], a)
-
-    def shlv(self, a, b):
-        return self._comb(lambda x, y: (x << y[:5])[:32], a, b)
-
-    def clz(self, a):
-        return self._comb(leading_zeros, a)
-
-    def ieq(self, a, b):
-        return self._comb(lambda x, y: x == y, a, b)
-
-    def select(self, c, a, b):
-        return self._comb(lambda s, x, y: Mux(s != 0, x, y), c, a, b)
-
-
-class SharedPipelineOps(PipelineOps):
-    """`PipelineOps` for several sequences of which one runs per element (the ops
-    of a `VectorLane`): an fp32 unit and its output register serve every
-    sequence that needs a unit of that kind in that stage. Call `begin(select)`
-    before each sequence, where ``select(stage)`` is high while that sequence's
-    element is in `stage`; `finish()` then drives each shared unit's inputs from
-    the sequence that owns the stage.
-    """
-
-    def __init__(self, m, enable, prefix="", unit_modules=None):
-        super().__init__(m, enable, prefix, unit_modules)
-        self._slots = {}          # (stage, kind, index) -> [in_a, in_b, register, users]
-        self._select = None
-        self._used = Counter()
-
-    def begin(self, select):
-        self._select, self._used = select, Counter()
-
-    def _fp_op(self, kind, a, b):
-        stage, (x, y) = self._operands(a, b)
-        stage = stage or 0
-        index = self._used[(stage, kind)]
-        self._used[(stage, kind)] += 1
-        slot = self._slots.get((stage, kind, index))
-        if slot is None:
-            in_a, in_b, out = self._fp_unit(kind)
-            reg = self._signal(kind)
-            self.registers.append((reg, out))
-            slot = self._slots[(stage, kind, index)] = [in_a, in_b, reg, []]
-        slot[3].append((self._select(stage), x, y))
-        return _Value(slot[2], stage + 1)
-
-    def finish(self):
-        for in_a, in_b, _, users in self._slots.values():
-            _, x, y = users[-1]
-            for select, ux, uy in reversed(users[:-1]):
-                x, y = Mux(select, ux, x), Mux(select, uy, y)
-            self.m.d.comb += [in_a.eq(x), in_b.eq(y)]
-
-
-_SIGNATURES = {}
-
-
-def _signature_of(cls):
-    """The signature of component class `cls` (from one instance that is never
-    elaborated, and says so)."""
-    if cls not in _SIGNATURES:
-        unit = cls()
-        unit._MustUse__silence = True
-        _SIGNATURES[cls] = unit.signature
-    return _SIGNATURES[cls]
-
-
-def _is_nan(x):
-    return x[:31] > 0x7F800000
-
-
-def _min_max(x, y, larger):
-    """fp32 max (or min) of two words: NaN if either is, otherwise by value with
-    -0 < +0, through keys that order like the values as unsigned integers."""
-    key_x = Mux(x[31], ~x, x | 0x80000000)
-    key_y = Mux(y[31], ~y, y | 0x80000000)
-    pick_x = (key_x >= key_y) if larger else (key_x <= key_y)
-    return Mux(_is_nan(x) | _is_nan(y), C(FP32_QNAN, 32), Mux(pick_x, x, y))
-
-
 class LaneInput(data.Struct):
     op: VpuOp
     a: 32
@@ -284,7 +70,7 @@ _ALU_OPS = {
 
 
 def _build_lane(ops, op, a, b):
-    """Every `VpuOp` result of one lane as `_Value`s, by op, on the units of a
+    """Every `VpuOp` result of one lane as `Value`s, by op, on the units of a
     `SharedPipelineOps`: each function starts at its offset (`function_offsets`),
     so that the three share most of their multipliers and adders."""
     av, bv = ops.lift(a), ops.lift(b)
@@ -300,47 +86,10 @@ def _build_lane(ops, op, a, b):
     for code, name in _FUNCTION_OF.items():
         offset = function_offsets()[name]
         ops.begin(owner(code))
-        start = _Value(ops.at(av, offset), offset) if offset else av
+        start = Value(ops.at(av, offset), offset) if offset else av
         results[code] = vecmath.FUNCTIONS[name](ops, start)
     ops.finish()
     return results
-
-
-class _LatencyOps(_FpOps):
-    """The `mxu.hdl.vecmath` interface on stages only (None: a constant), to know a
-    pipeline's latency without building it."""
-
-    @staticmethod
-    def _stage(*stages):
-        known = [s for s in stages if s is not None]
-        return max(known) if known else None
-
-    def const(self, bits):
-        return None
-
-    def _fp_op(self, kind, a, b):
-        return (self._stage(a, b) or 0) + 1
-
-    def _int(self, *values):
-        return self._stage(*values)
-
-    def _shift(self, a, k):
-        return a
-
-    iadd = isub = band = bor = bxor = shlv = ieq = select = clz = _int
-    shl = shr = sar = _shift
-
-
-class _UsageOps(_LatencyOps):
-    """`_LatencyOps` that also counts the fp32 units a sequence uses, by stage."""
-
-    def __init__(self):
-        self.units = Counter()      # (input stage, kind) -> units
-
-    def _fp_op(self, kind, a, b):
-        stage = self._stage(a, b) or 0
-        self.units[(stage, kind)] += 1
-        return stage + 1
 
 
 # Relative cost of the units, for choosing the offsets (generic cells, docs/vpu.md).
@@ -356,10 +105,10 @@ def function_offsets():
         return _OFFSETS
     usage = {}
     for name in _FUNCTION_OF.values():
-        ops = _UsageOps()
+        ops = UsageOps()
         latency = vecmath.FUNCTIONS[name](ops, 0)
         usage[name] = (latency, ops.units)
-    alu = _UsageOps()
+    alu = UsageOps()
     for fn in _ALU_OPS.values():
         fn(alu, 0, 0)
     alu_units = Counter({key: 1 for key in alu.units})     # the ALU ops share theirs too
@@ -380,7 +129,7 @@ def function_offsets():
 
 def lane_latency():
     """Cycles from a `VectorLane` input to its output (every op takes as long)."""
-    ops = _LatencyOps()
+    ops = LatencyOps()
     stages = [ops.fadd(0, 0)]
     for name in _FUNCTION_OF.values():
         stages.append(vecmath.FUNCTIONS[name](ops, 0) + function_offsets()[name])
@@ -501,7 +250,7 @@ class VectorAlu(wiring.Component):
         if module is None:
             m.submodules[name] = lane = VectorLane(self.unit_modules)
             return lane
-        return black_box(m, name, module, _signature_of(VectorLane), clocked=True)
+        return black_box(m, name, module, signature_of(VectorLane), clocked=True)
 
     def elaborate(self, platform):
         m = Module()
@@ -549,7 +298,7 @@ class VectorAlu(wiring.Component):
 
 
 def _reduce_tree(ops, row, kind, pad_bits):
-    """The `tree_sum` order over `row` (a list of `_Value`) with the fp32 op `kind`."""
+    """The `tree_sum` order over `row` (a list of `Value`) with the fp32 op `kind`."""
     width = 1 << tree_levels(len(row))
     values = row + [ops.const(pad_bits)] * (width - len(row))
     while width > 1:

@@ -1,0 +1,259 @@
+"""Pipelines built from operation sequences (docs/vpu.md, "Hardware").
+
+The functions of `mxu.hdl.vecmath` are written against an abstract `ops`
+interface. The classes here implement it for the hardware and for planning:
+
+* `PipelineOps` builds a pipeline: a register after every fp32 operation,
+  integer operations in between, delay registers wherever an operand is older
+  than its partner;
+* `SharedPipelineOps` builds several sequences of which one runs per element,
+  sharing their fp32 units stage by stage;
+* `LatencyOps` and `UsageOps` only count: a sequence's latency, and the units
+  it needs in each stage.
+"""
+
+from collections import Counter
+
+from amaranth.hdl import C, Mux, Signal
+
+from .blackbox import black_box, signature_of
+from .numerics import FP32_QNAN, Fp32Adder, Fp32Multiplier, leading_zeros
+
+__all__ = ["Value", "PipelineOps", "SharedPipelineOps", "LatencyOps", "UsageOps"]
+
+
+class _FpOps:
+    """The fp32 operations of the `mxu.hdl.vecmath` interface, each a call of
+    ``self._fp_op(kind, a, b)``."""
+
+    def fadd(self, a, b):
+        return self._fp_op("fadd", a, b)
+
+    def fmul(self, a, b):
+        return self._fp_op("fmul", a, b)
+
+    def fmax(self, a, b):
+        return self._fp_op("fmax", a, b)
+
+    def fmin(self, a, b):
+        return self._fp_op("fmin", a, b)
+
+    def fscale(self, a, p):
+        return self._fp_op("fscale", a, p)
+
+
+class Value:
+    """A word of a pipeline under construction and the stage it is valid in
+    (None: a constant, valid in every stage)."""
+
+    def __init__(self, value, stage):
+        self.value, self.stage = value, stage
+
+
+class PipelineOps(_FpOps):
+    """The `mxu.hdl.vecmath` operation interface, building hardware in module `m`.
+
+    Each fp32 operation (`Fp32Adder`, `Fp32Multiplier`, max, min) is followed by a
+    register, so a sequence becomes a pipeline with one fp32 operation per stage.
+    Every register loads only while `enable` is high (the pipeline stalls as a
+    whole). Values are `Value` objects; `lift` makes one from a signal.
+
+    `unit_modules` maps "fadd", "fmul" and "fscale" (the power-of-two
+    `Fp32Multiplier`) to Verilog module names: those units are then black-box
+    instances of the modules (generated once, see `mxu.synth`), so that a
+    hierarchical synthesis handles one of each.
+    """
+
+    def __init__(self, m, enable, prefix="", unit_modules=None):
+        self.m, self.enable, self.prefix = m, enable, prefix
+        self.unit_modules = unit_modules or {}
+        self._delayed = {}
+        self._count = 0
+        self.registers = []       # (register, value) pairs, loaded under `enable`
+
+    def lift(self, signal, stage=0):
+        return Value(signal, stage)
+
+    def at(self, v, stage):
+        """The word of `v` in `stage` (delay registers as needed)."""
+        if v.stage is None or v.stage == stage:
+            return v.value
+        assert v.stage < stage, "a value is needed before it exists"
+        key = (id(v.value), stage)
+        if key not in self._delayed:
+            prev = self.at(v, stage - 1)
+            reg = self._signal(f"delay_s{stage}")
+            self.registers.append((reg, prev))
+            self._delayed[key] = reg
+        return self._delayed[key]
+
+    def _signal(self, name):
+        self._count += 1
+        return Signal(32, name=f"{self.prefix}{name}_{self._count}")
+
+    def _operands(self, *values):
+        stages = [v.stage for v in values if v.stage is not None]
+        stage = max(stages) if stages else None
+        return stage, [v.value if stage is None else self.at(v, stage) for v in values]
+
+    def _comb(self, expr, *values):
+        stage, ops = self._operands(*values)
+        out = self._signal("w")
+        self.m.d.comb += out.eq(expr(*ops))
+        return Value(out, stage)
+
+    def _fp_unit(self, kind):
+        """A new fp32 unit of `kind` ("fadd", "fmul", "fmax", "fmin"): its two
+        input signals and its output."""
+        if kind in ("fadd", "fmul", "fscale"):
+            cls = Fp32Adder if kind == "fadd" else Fp32Multiplier
+            self._count += 1
+            name = f"{self.prefix}{kind}_{self._count}"
+            module = self.unit_modules.get(kind)
+            if module is None:
+                make = (lambda: Fp32Multiplier(power_of_two=True)) if kind == "fscale" else cls
+                self.m.submodules[name] = unit = make()
+            else:
+                unit = black_box(self.m, name, module, signature_of(cls), clocked=False)
+            out = unit.s if kind == "fadd" else unit.p
+            return unit.a.as_value(), unit.b.as_value(), out.as_value()
+        x, y = self._signal(f"{kind}_a"), self._signal(f"{kind}_b")
+        return x, y, _min_max(x, y, larger=kind == "fmax")
+
+    def _fp_op(self, kind, a, b):
+        """`kind` applied to `a` and `b`, then a register."""
+        stage, (x, y) = self._operands(a, b)
+        in_a, in_b, out = self._fp_unit(kind)
+        self.m.d.comb += [in_a.eq(x), in_b.eq(y)]
+        reg = self._signal(kind)
+        self.registers.append((reg, out))
+        return Value(reg, (stage or 0) + 1)
+
+    def const(self, bits):
+        return Value(C(bits & 0xFFFFFFFF, 32), None)
+
+    def iadd(self, a, b):
+        return self._comb(lambda x, y: (x + y)[:32], a, b)
+
+    def isub(self, a, b):
+        return self._comb(lambda x, y: (x - y)[:32], a, b)
+
+    def band(self, a, b):
+        return self._comb(lambda x, y: x & y, a, b)
+
+    def bor(self, a, b):
+        return self._comb(lambda x, y: x | y, a, b)
+
+    def bxor(self, a, b):
+        return self._comb(lambda x, y: x ^ y, a, b)
+
+    def shl(self, a, k):
+        return self._comb(lambda x: (x << k)[:32], a)
+
+    def shr(self, a, k):
+        return self._comb(lambda x: x >> k, a)
+
+    def sar(self, a, k):
+        return self._comb(lambda x: (x.as_signed() >> k)[:32], a)
+
+    def shlv(self, a, b):
+        return self._comb(lambda x, y: (x << y[:5])[:32], a, b)
+
+    def clz(self, a):
+        return self._comb(leading_zeros, a)
+
+    def ieq(self, a, b):
+        return self._comb(lambda x, y: x == y, a, b)
+
+    def select(self, c, a, b):
+        return self._comb(lambda s, x, y: Mux(s != 0, x, y), c, a, b)
+
+
+class SharedPipelineOps(PipelineOps):
+    """`PipelineOps` for several sequences of which one runs per element (the ops
+    of a `VectorLane`): an fp32 unit and its output register serve every
+    sequence that needs a unit of that kind in that stage. Call `begin(select)`
+    before each sequence, where ``select(stage)`` is high while that sequence's
+    element is in `stage`; `finish()` then drives each shared unit's inputs from
+    the sequence that owns the stage.
+    """
+
+    def __init__(self, m, enable, prefix="", unit_modules=None):
+        super().__init__(m, enable, prefix, unit_modules)
+        self._slots = {}          # (stage, kind, index) -> [in_a, in_b, register, users]
+        self._select = None
+        self._used = Counter()
+
+    def begin(self, select):
+        self._select, self._used = select, Counter()
+
+    def _fp_op(self, kind, a, b):
+        stage, (x, y) = self._operands(a, b)
+        stage = stage or 0
+        index = self._used[(stage, kind)]
+        self._used[(stage, kind)] += 1
+        slot = self._slots.get((stage, kind, index))
+        if slot is None:
+            in_a, in_b, out = self._fp_unit(kind)
+            reg = self._signal(kind)
+            self.registers.append((reg, out))
+            slot = self._slots[(stage, kind, index)] = [in_a, in_b, reg, []]
+        slot[3].append((self._select(stage), x, y))
+        return Value(slot[2], stage + 1)
+
+    def finish(self):
+        for in_a, in_b, _, users in self._slots.values():
+            _, x, y = users[-1]
+            for select, ux, uy in reversed(users[:-1]):
+                x, y = Mux(select, ux, x), Mux(select, uy, y)
+            self.m.d.comb += [in_a.eq(x), in_b.eq(y)]
+
+
+def _is_nan(x):
+    return x[:31] > 0x7F800000
+
+
+def _min_max(x, y, larger):
+    """fp32 max (or min) of two words: NaN if either is, otherwise by value with
+    -0 < +0, through keys that order like the values as unsigned integers."""
+    key_x = Mux(x[31], ~x, x | 0x80000000)
+    key_y = Mux(y[31], ~y, y | 0x80000000)
+    pick_x = (key_x >= key_y) if larger else (key_x <= key_y)
+    return Mux(_is_nan(x) | _is_nan(y), C(FP32_QNAN, 32), Mux(pick_x, x, y))
+
+
+class LatencyOps(_FpOps):
+    """The `mxu.hdl.vecmath` interface on stages only (None: a constant), to know a
+    pipeline's latency without building it."""
+
+    @staticmethod
+    def _stage(*stages):
+        known = [s for s in stages if s is not None]
+        return max(known) if known else None
+
+    def const(self, bits):
+        return None
+
+    def _fp_op(self, kind, a, b):
+        return (self._stage(a, b) or 0) + 1
+
+    def _int(self, *values):
+        return self._stage(*values)
+
+    def _shift(self, a, k):
+        return a
+
+    iadd = isub = band = bor = bxor = shlv = ieq = select = clz = _int
+    shl = shr = sar = _shift
+
+
+class UsageOps(LatencyOps):
+    """`LatencyOps` that also counts the fp32 units a sequence uses, by stage."""
+
+    def __init__(self):
+        self.units = Counter()      # (input stage, kind) -> units
+
+    def _fp_op(self, kind, a, b):
+        stage = self._stage(a, b) or 0
+        self.units[(stage, kind)] += 1
+        return stage + 1

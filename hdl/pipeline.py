@@ -71,6 +71,11 @@ class PipelineOps(_FpOps):
         self._count = 0
         self.registers = []       # (register, value) pairs, loaded under `enable`
 
+    def finish(self):
+        """Load every register under `enable`; call once, after the last `at`."""
+        with self.m.If(self.enable):
+            self.m.d.sync += [reg.eq(value) for reg, value in self.registers]
+
     def lift(self, signal, stage=0):
         return Value(signal, stage)
 
@@ -103,8 +108,8 @@ class PipelineOps(_FpOps):
         return Value(out, stage)
 
     def _fp_unit(self, kind):
-        """A new fp32 unit of `kind` ("fadd", "fmul", "fmax", "fmin"): its two
-        input signals and its output."""
+        """A new fp32 unit of `kind` ("fadd", "fmul", "fscale", "fmax", "fmin"):
+        its two input signals and its output."""
         if kind in ("fadd", "fmul", "fscale"):
             cls = Fp32Adder if kind == "fadd" else Fp32Multiplier
             self._count += 1
@@ -174,8 +179,8 @@ class SharedPipelineOps(PipelineOps):
     of a `VectorLane`): an fp32 unit and its output register serve every
     sequence that needs a unit of that kind in that stage. Call `begin(select)`
     before each sequence, where ``select(stage)`` is high while that sequence's
-    element is in `stage`; `finish()` then drives each shared unit's inputs from
-    the sequence that owns the stage.
+    element is in `stage`; `finish()` also drives each shared unit's inputs
+    from the sequence that owns the stage.
     """
 
     def __init__(self, m, enable, prefix="", unit_modules=None):
@@ -207,6 +212,7 @@ class SharedPipelineOps(PipelineOps):
             for select, ux, uy in reversed(users[:-1]):
                 x, y = Mux(select, ux, x), Mux(select, uy, y)
             self.m.d.comb += [in_a.eq(x), in_b.eq(y)]
+        super().finish()
 
 
 def _is_nan(x):

@@ -6,7 +6,7 @@ even, gradual underflow, canonical NaN, as in docs/numerics.md) and exact 32-bit
 integer operations on bit patterns that the functions below perform. That
 sequence *is* the specification (docs/vpu.md). The functions take an `ops`
 object and call only its methods, so the same text builds the hardware pipeline
-(`mxu.hdl.vpu.PipelineOps`) and runs the golden model (`mxu.verif.vpu.NumpyOps`);
+(`mxu.hdl.pipeline.SharedPipelineOps`) and runs the golden model (`mxu.verif.vpu.NumpyOps`);
 what keeps the two bit-exact is that each primitive is IEEE-exact in both.
 
 The `ops` interface. Every value is a 32-bit word; fp operations read it as

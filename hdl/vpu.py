@@ -28,8 +28,8 @@ from .numerics import Fp32ToBf16
 from .pipeline import LatencyOps, PipelineOps, SharedPipelineOps, UsageOps, Value
 from .vmem import vmem_row_layout
 
-__all__ = ["VpuOp", "PipelineOps", "SharedPipelineOps", "VectorLane", "VectorAlu", "LaneInput",
-           "lane_latency", "alu_latency", "function_offsets", "tree_levels", "RowTranspose"]
+__all__ = ["VpuOp", "VectorLane", "VectorAlu", "LaneInput", "RowTranspose", "lane_latency",
+           "alu_latency", "function_offsets", "tree_levels"]
 
 
 class VpuOp(enum.Enum, shape=4):
@@ -48,8 +48,6 @@ class VpuOp(enum.Enum, shape=4):
 
 
 _REDUCTIONS = {VpuOp.RSUM: ("fadd", 0x00000000), VpuOp.RMAX: ("fmax", 0xFF800000)}
-
-
 _FUNCTION_OF = {VpuOp.EXP: "exp", VpuOp.RECIP: "reciprocal", VpuOp.RSQRT: "rsqrt"}
 
 
@@ -71,8 +69,9 @@ _ALU_OPS = {
 
 def _build_lane(ops, op, a, b):
     """Every `VpuOp` result of one lane as `Value`s, by op, on the units of a
-    `SharedPipelineOps`: each function starts at its offset (`function_offsets`),
-    so that the three share most of their multipliers and adders."""
+    `SharedPipelineOps` (not yet finished): each function starts at its offset
+    (`function_offsets`), so that the three share most of their multipliers and
+    adders."""
     av, bv = ops.lift(a), ops.lift(b)
     op_v = ops.lift(op)
 
@@ -88,7 +87,6 @@ def _build_lane(ops, op, a, b):
         ops.begin(owner(code))
         start = Value(ops.at(av, offset), offset) if offset else av
         results[code] = vecmath.FUNCTIONS[name](ops, start)
-    ops.finish()
     return results
 
 
@@ -148,8 +146,7 @@ def _lane_datapath(m, enable, inp, prefix="", unit_modules=None):
         for code, v in results.items():
             with m.Case(code.value):
                 m.d.comb += y.eq(ops.at(v, latency))
-    with m.If(enable):
-        m.d.sync += [reg.eq(value) for reg, value in ops.registers]
+    ops.finish()
     return y, latency
 
 
@@ -161,7 +158,6 @@ def _valid_chain(m, enable, valid, latency):
             m.d.sync += nxt.eq(valid)
         valid = nxt
     return valid
-
 
 
 class VectorLane(wiring.Component):
@@ -275,8 +271,7 @@ class VectorAlu(wiring.Component):
         beside = PipelineOps(m, lane_enable, "op_")
         op_width = len(op.as_value())
         op_at_tree = beside.at(beside.lift(op.as_value()), lane_latency())[:op_width]
-        with m.If(lane_enable):
-            m.d.sync += [reg.eq(value) for reg, value in beside.registers]
+        beside.finish()
 
         ops = PipelineOps(m, enable, "tree_", self.unit_modules)
         row = [ops.lift(lane.o.payload) for lane in lanes]
@@ -290,8 +285,7 @@ class VectorAlu(wiring.Component):
             for code, total in trees.items():
                 out = Mux(final_op == code, ops.at(total, levels), out)
             m.d.comb += self.o.payload[k].eq(out)
-        with m.If(enable):
-            m.d.sync += [reg.eq(value) for reg, value in ops.registers]
+        ops.finish()
         m.d.comb += [valid.eq(_valid_chain(m, enable, lanes[0].o.valid, levels)),
                      self.o.valid.eq(valid)]
         return m

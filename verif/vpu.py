@@ -48,16 +48,21 @@ def _is_nan(a):
     return (a & 0x7FFFFFFF) > 0x7F800000
 
 
-def fmax(a, b):
+def _min_max(a, b, larger):
     a, b = np.broadcast_arrays(_bits(a), _bits(b))
-    out = np.where(_order_key(a) >= _order_key(b), a, b)
+    pick_a = _order_key(a) >= _order_key(b) if larger else _order_key(a) <= _order_key(b)
+    out = np.where(pick_a, a, b)
     return canonical(np.where(_is_nan(a) | _is_nan(b), _U32(vecmath.QNAN), out).astype(_U32))
+
+
+def fmax(a, b):
+    """fp32 maximum: a NaN operand gives the canonical NaN; -0 < +0."""
+    return _min_max(a, b, larger=True)
 
 
 def fmin(a, b):
-    a, b = np.broadcast_arrays(_bits(a), _bits(b))
-    out = np.where(_order_key(a) <= _order_key(b), a, b)
-    return canonical(np.where(_is_nan(a) | _is_nan(b), _U32(vecmath.QNAN), out).astype(_U32))
+    """fp32 minimum, likewise."""
+    return _min_max(a, b, larger=False)
 
 
 class NumpyOps:
@@ -207,8 +212,9 @@ def _max_rows(x):
     return _tree(x, fmax, 0xFF800000)
 
 
-def _const(value, like):
-    return np.full(like.shape, np.float32(value).view(_U32), _U32)
+def _word(value):
+    """The fp32 bit pattern of `value` as a uint32 scalar."""
+    return np.float32(value).view(_U32)
 
 
 _NEG_INF, _FLT_MIN = 0xFF800000, 0x00800000
@@ -222,7 +228,7 @@ def softmax(scores, mask):
     x = _b(scores)
     bias = np.where(np.broadcast_to(mask, x.shape), _U32(0), _U32(_NEG_INF))
     x = fadd(x, bias)
-    m = fmax(_max_rows(x), _U32(np.float32(-np.finfo(np.float32).max).view(_U32)))
+    m = fmax(_max_rows(x), _word(-np.finfo(np.float32).max))
     e = vpu_exp(fadd(x, fmul(m, _U32(0xBF800000))))
     total = fmax(_sum_rows(e), _U32(_FLT_MIN))
     return _v(fmul(e, vpu_reciprocal(total)))
@@ -232,10 +238,10 @@ def layer_norm(x, gamma, beta, eps):
     """LayerNorm over the last axis: ``d = x - tree_sum(x) * (1/n)``,
     ``var = tree_sum(d*d) * (1/n)``, ``((d * rsqrt(var + eps)) * gamma) + beta``."""
     x = _b(x)
-    inv_n = _U32(np.float32(1 / x.shape[-1]).view(_U32))
+    inv_n = _word(1 / x.shape[-1])
     d = fadd(x, fmul(fmul(_sum_rows(x), inv_n), _U32(0xBF800000)))
     var = fmul(_sum_rows(fmul(d, d)), inv_n)
-    inv = vpu_rsqrt(fadd(var, _U32(np.float32(eps).view(_U32))))
+    inv = vpu_rsqrt(fadd(var, _word(eps)))
     return _v(fadd(fmul(fmul(d, inv), _b(gamma)), _b(beta)))
 
 
@@ -250,7 +256,7 @@ def gelu(x):
     ``a = |x| * (1/sqrt 2)`` and ``|x| = min(max(x, -x), 1e30)`` (the cap keeps
     ``|x| q`` from being ``inf * 0`` at +-inf: GELU(inf) = inf, GELU(-inf) = 0)."""
     x = _b(x)
-    k = lambda value: _U32(np.float32(value).view(_U32))
+    k = _word
     ax = fmin(fmax(x, fmul(x, k(-1.0))), k(1e30))
     a = fmul(ax, k(1 / np.sqrt(2)))
     t = vpu_reciprocal(fadd(fmul(a, k(_ERF_P)), k(1.0)))
@@ -264,7 +270,7 @@ def gelu(x):
 
 def scale(x, factor):
     """``x * float32(factor)`` (one VPU multiply; the same as the host's)."""
-    return _v(fmul(_b(x), _U32(np.float32(factor).view(_U32))))
+    return _v(fmul(_b(x), _word(factor)))
 
 
 def add(x, y):

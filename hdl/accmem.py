@@ -5,9 +5,11 @@ Address map (see ``docs/memory.md``): rows ``0 .. config.acc_rows - 1``, each
 bits ``[32j, 32j+32)``), row ``r`` in bank ``r % config.acc_banks``.
 
 Two requestors read it (the array's seed port, the DMA for stores) and two write
-it (the array's result port, the DMA for loads, e.g. a bias). The array's ports
-have the top priority and are ``always_ready``; the DMA's wait while the array
-uses the same bank. Reads are synchronous (one cycle) and read-first.
+it (the array's result port, the DMA for loads, e.g. a bias); with
+``config.vpu`` the vector engine adds two read ports and a write port, last in
+priority. The array's ports have the top priority and are ``always_ready``; the
+others wait while a port before them uses the same bank. Reads are synchronous
+(one cycle) and read-first.
 """
 
 from amaranth.hdl import Module
@@ -44,27 +46,41 @@ class AccMem(wiring.Component):
         The DMA's read port for stores.
     dma_write : In(WritePortSignature(addr, row))
         The DMA's write port for loads (e.g. biases).
+    vector_read_a, vector_read_b : In(ReadPortSignature(addr, row)), with ``config.vpu``
+    vector_write : In(WritePortSignature(addr, row)), with ``config.vpu``
+        The vector engine's operand reads and result writes.
     """
 
     def __init__(self, config):
         self.config = config
         self.addr_shape = _addr_shape(config.acc_rows)
         row = acc_row_layout(config)
-        super().__init__({
+        members = {
             "array_read": In(ReadPortSignature(self.addr_shape, row, always_ready=True)),
             "array_write": In(WritePortSignature(self.addr_shape, row, always_ready=True)),
             "dma_read": In(ReadPortSignature(self.addr_shape, row)),
             "dma_write": In(WritePortSignature(self.addr_shape, row)),
-        })
+        }
+        if config.vpu:
+            members["vector_read_a"] = In(ReadPortSignature(self.addr_shape, row))
+            members["vector_read_b"] = In(ReadPortSignature(self.addr_shape, row))
+            members["vector_write"] = In(WritePortSignature(self.addr_shape, row))
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
         c = self.config
-        m.submodules.mem = mem = BankedRowMemory(width=32 * c.cols, depth=c.acc_rows,
-                                                 banks=c.acc_banks, read_ports=[True, False],
-                                                 write_ports=[True, False])
-        _connect_read(m, self.array_read, mem.read[0])
-        _connect_read(m, self.dma_read, mem.read[1])
-        _connect_write(m, self.array_write, mem.write[0])
-        _connect_write(m, self.dma_write, mem.write[1])
+        reads = [self.array_read, self.dma_read]
+        writes = [self.array_write, self.dma_write]
+        if c.vpu:
+            reads += [self.vector_read_a, self.vector_read_b]
+            writes += [self.vector_write]
+        m.submodules.mem = mem = BankedRowMemory(
+            width=32 * c.cols, depth=c.acc_rows, banks=c.acc_banks,
+            read_ports=[i == 0 for i in range(len(reads))],
+            write_ports=[i == 0 for i in range(len(writes))])
+        for outer, inner in zip(reads, mem.read):
+            _connect_read(m, outer, inner)
+        for outer, inner in zip(writes, mem.write):
+            _connect_write(m, outer, inner)
         return m

@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 
 from .accmem import acc_row_layout
 from .array import SystolicArray
-from .isa import Deps, ErrorCode, Opcode, SeedMode
+from .isa import ErrorCode, Opcode, Pushes, SeedMode
 from .vmem import ReadPortSignature, WritePortSignature, _addr_shape, vmem_row_layout
 
 __all__ = ["ComputeCommand", "ComputeEngine"]
@@ -31,7 +31,7 @@ def ComputeCommand(config):
     arow = _addr_shape(config.acc_rows)
     return data.StructLayout({
         "opcode": Opcode,
-        "deps": Deps,
+        "push": Pushes,             # the push flags (pops are the controller's) and the link
         "seed_mode": SeedMode,
         "new_weights": 1,
         "vmem_row": vrow,           # LOADW: first weight row; MATMUL: first activation row
@@ -69,7 +69,7 @@ class _PendingRows(wiring.Component):
     def __init__(self, depth, addr_shape):
         assert depth & (depth - 1) == 0
         self.depth = depth
-        entry = data.StructLayout({"addr": addr_shape, "last": 1, "push": Deps})
+        entry = data.StructLayout({"addr": addr_shape, "last": 1, "push": Pushes})
         self._entry = entry
         super().__init__({
             "add": In(stream.Signature(entry)),
@@ -145,7 +145,7 @@ class ComputeEngine(wiring.Component):
     ---------
     cmd : In(stream.Signature(ComputeCommand(config)))
         Instructions in program order, tokens already taken.
-    complete : Out(stream.Signature(Deps), always ready)
+    complete : Out(stream.Signature(Pushes), always ready)
         A MATMUL's push flags once its last result is in the accumulator; a SYNC's
         once everything before it has finished.
     error : Out(ErrorCode)
@@ -174,7 +174,7 @@ class ComputeEngine(wiring.Component):
         self.pending_depth = _pow2_at_least(self.array.latency + self.SKID_DEPTH + 4)
         super().__init__({
             "cmd": In(stream.Signature(ComputeCommand(c))),
-            "complete": Out(stream.Signature(Deps, always_ready=True)),
+            "complete": Out(stream.Signature(Pushes, always_ready=True)),
             "error": Out(ErrorCode),
             "idle": Out(1),
             "act_read": Out(ReadPortSignature(vaddr, vmem_row_layout(c), always_ready=True)),
@@ -235,7 +235,7 @@ class ComputeEngine(wiring.Component):
                 m.d.sync += staged.eq(staged + is_loadw - (is_matmul & cmd.new_weights))
         self._sync_done = Signal()
         m.d.comb += self._sync_done.eq(take & is_sync)
-        self._sync_push = cmd.deps
+        self._sync_push = cmd.push
 
     # ---- weights: VMEM rows -> array.weight, zero rows past k_rows ----------------
     def _weight_loader(self, m, loadw_q, array):
@@ -294,7 +294,7 @@ class ComputeEngine(wiring.Component):
         vaddr, aaddr = _addr_shape(c.vmem_rows), _addr_shape(c.acc_rows)
         row = data.StructLayout({
             "act": vaddr, "seed": aaddr, "out": aaddr, "last": 1, "first": 1,
-            "reads_seed": 1, "push": Deps,
+            "reads_seed": 1, "push": Pushes,
         })
         nxt, nxt_valid = Signal(row), Signal()      # stage "next"
         cur, cur_valid = Signal(row), Signal()      # stage "issue"
@@ -321,7 +321,7 @@ class ComputeEngine(wiring.Component):
                 nxt.last.eq(last),
                 nxt.first.eq(cmd.new_weights & (i == 0)),
                 nxt.reads_seed.eq(reads_seed),
-                nxt.push.eq(cmd.deps),
+                nxt.push.eq(cmd.push),
             ]
             with m.If(last):
                 m.d.sync += i.eq(0)

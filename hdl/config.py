@@ -51,6 +51,10 @@ class ChipConfig:
         engine (a power of two, >= 2).
     loop_body_instrs : int
         Longest body of a LOOP instruction each loop expander stores (1..4096).
+    vpu : bool
+        Build the vector unit (`mxu.hdl.vpu.VectorUnit`, docs/vpu.md): the
+        vector engine and its VECTOR instruction. Off by default: it is 2.5
+        times the rest of the 16x16 chip, in gates and in Verilator build time.
     """
 
     rows: int = 16
@@ -67,13 +71,18 @@ class ChipConfig:
     dma_max_burst_beats: int = 256
     cmd_queue_depth: int = 8
     loop_body_instrs: int = 255
+    vpu: bool = False
 
     def __post_init__(self):
         # NumPy integers are integers too; store them as int so that equal
         # configurations compare, hash and print equal.
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            if f.name == "vpu":
+                if not isinstance(value, bool):
+                    raise ValueError(f"ChipConfig.vpu must be True or False, not {value!r}")
+                object.__setattr__(self, f.name, bool(value))
+            elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
                 object.__setattr__(self, f.name, int(value))
             else:
                 kind = "a positive integer" if f.name in ("rows", "cols") else "an integer"

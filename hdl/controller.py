@@ -13,8 +13,9 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .fetch import FetchedInstr
-from .isa import (INSTR_BITS, Deps, DmaInstr, Engine, ErrorCode, Header, HaltInstr, LoadWInstr,
-                  MatmulInstr, Opcode, SeedMode, SyncInstr)
+from .isa import (BINARY_VPU_OPS, INSTR_BITS, TOKEN_LINKS, VECTOR_LINK_BIT, BMode, DmaInstr,
+                  Engine, ErrorCode, Header, HaltInstr, LoadWInstr, MatmulInstr, Opcode, Pushes,
+                  SeedMode, SyncInstr, VectorInstr, VpuOp, engines_of)
 from .compute import ComputeCommand
 from .dma import dma_descriptor_layout
 from .regs import COUNTERS
@@ -22,6 +23,9 @@ from .slice import RegisterSlice
 from .trace import EngineTrace
 
 __all__ = ["Decoder", "Controller"]
+
+
+_ENGINE_LETTER = {"l": Engine.LOAD, "c": Engine.COMPUTE, "s": Engine.STORE, "v": Engine.VECTOR}
 
 
 class Decoder(wiring.Component):
@@ -43,8 +47,9 @@ class Decoder(wiring.Component):
         w = self.word
         h = Header(w[:16])
         dma, lw, mm = DmaInstr(w), LoadWInstr(w), MatmulInstr(w)
-        sync, halt = SyncInstr(w), HaltInstr(w)
+        sync, halt, vec = SyncInstr(w), HaltInstr(w), VectorInstr(w)
         op = h.opcode
+        last_engine = Engine.VECTOR if c.vpu else Engine.STORE
         deps = h.deps
 
         engine = Signal(Engine)
@@ -56,7 +61,7 @@ class Decoder(wiring.Component):
                              engine.eq(Mux(op == Opcode.LOAD, Engine.LOAD, Engine.STORE))]
             with m.Case(Opcode.LOADW):
                 m.d.comb += [known.eq(1), engine.eq(Engine.COMPUTE),
-                             reserved.eq((lw.flags.as_value() != 0) | (lw.reserved != 0))]
+                             reserved.eq((lw.flags.reserved != 0) | (lw.reserved != 0))]
             with m.Case(Opcode.MATMUL):
                 m.d.comb += [known.eq(1), engine.eq(Engine.COMPUTE),
                              reserved.eq((mm.flags.reserved != 0) | (mm.reserved != 0)
@@ -64,7 +69,14 @@ class Decoder(wiring.Component):
             with m.Case(Opcode.SYNC):
                 m.d.comb += [known.eq(1), engine.eq(sync.flags.engine),
                              reserved.eq((sync.flags.reserved != 0) | (sync.reserved != 0)
-                                         | (sync.flags.engine.as_value() > Engine.STORE.value))]
+                                         | (sync.flags.engine.as_value() > last_engine.value))]
+            if c.vpu:
+                with m.Case(Opcode.VECTOR):
+                    m.d.comb += [known.eq(1), engine.eq(Engine.VECTOR),
+                                 reserved.eq((vec.flags.reserved != 0)
+                                             | (vec.op.as_value() > VpuOp.RMAX.value)
+                                             | (vec.flags.b_mode.as_value() > BMode.SCALAR.value)
+                                             | (vec.flags.transpose & ~vec.flags.to_vmem))]
             with m.Case(Opcode.HALT):
                 m.d.comb += [known.eq(1), self.halt.eq(1),
                              reserved.eq((deps.as_value() != 0) | (halt.flags != 0)
@@ -72,7 +84,10 @@ class Decoder(wiring.Component):
         bad_deps = Mux(engine == Engine.LOAD, deps.pop_prev | deps.push_prev,
                        Mux(engine == Engine.STORE, deps.pop_next | deps.push_next, 0))
         bad_deps |= (op == Opcode.LOADW) & (deps.push_prev | deps.push_next)
-        illegal = ~known | reserved | (~self.halt & bad_deps)
+        # The vector link (flag bit 7) exists on compute and store instructions only.
+        linkable = (engine == Engine.COMPUTE) | (engine == Engine.STORE) if c.vpu else 0
+        bad_link = w[VECTOR_LINK_BIT] & ~(linkable & ~self.halt)
+        illegal = ~known | reserved | (~self.halt & bad_deps) | bad_link
 
         desc = dma_descriptor_layout(c)
         too_wide = lambda value, name: value >= (1 << desc[name].width)
@@ -101,8 +116,40 @@ class Decoder(wiring.Component):
                 m.d.comb += self.error.eq(ErrorCode.ACC_RANGE)
         with m.Elif(is_dma & dma_bad):
             m.d.comb += self.error.eq(ErrorCode.DMA_DESCRIPTOR)
+        if c.vpu:
+            with m.Elif(op == Opcode.VECTOR):
+                m.d.comb += self.error.eq(_vector_error(c, vec))
         m.d.comb += self.engine.eq(engine)
         return m
+
+
+def _vector_error(config, vec):
+    """The static error of a legal VECTOR word (docs/isa.md), as a value.
+
+    Beyond the ranges: the rows written to the accumulator must be the rows of
+    ``a`` (in place) or apart from them, and likewise for ``b``'s rows, because
+    the engine reads ahead of its writes."""
+    c = config
+    n = vec.rows
+    binary = Cat(*(vec.op == o for o in BINARY_VPU_OPS)).any()
+    b_len = Mux(vec.flags.b_mode == BMode.ROW, n, 1)
+    reads_b = binary & (vec.flags.b_mode != BMode.SCALAR)
+    dst_end = vec.dst_row + n
+    to_acc = ~vec.flags.to_vmem
+
+    def partial(lo, length):
+        overlap = (lo < dst_end) & (vec.dst_row < lo + length)
+        return overlap & ((lo != vec.dst_row) | (length != n))
+
+    illegal = ((n == 0) | (vec.flags.transpose & (n > c.vmem_row_elems))
+               | (to_acc & (partial(vec.a_row, n) | (reads_b & partial(vec.b_row, b_len)))))
+    acc_range = ((vec.a_row + n > c.acc_rows) | (reads_b & (vec.b_row + b_len > c.acc_rows))
+                 | (to_acc & (dst_end > c.acc_rows)))
+    vmem_end = vec.dst_row + Mux(vec.flags.transpose, c.cols, n)
+    vmem_range = vec.flags.to_vmem & (vmem_end > c.vmem_rows)
+    return Mux(illegal, ErrorCode.ILLEGAL_INSTR,
+               Mux(acc_range, ErrorCode.ACC_RANGE,
+                   Mux(vmem_range, ErrorCode.VMEM_RANGE, ErrorCode.NONE)))
 
 
 def _compute_command(config, word, m):
@@ -112,7 +159,8 @@ def _compute_command(config, word, m):
     is_loadw = Header(word[:16]).opcode == Opcode.LOADW
     m.d.comb += [
         cmd.opcode.eq(Header(word[:16]).opcode),
-        cmd.deps.eq(Header(word[:16]).deps),
+        cmd.push.deps.eq(Header(word[:16]).deps),
+        cmd.push.vector.eq(word[VECTOR_LINK_BIT]),
         cmd.seed_mode.eq(mm.flags.seed_mode),
         cmd.new_weights.eq(mm.flags.new_weights),
         cmd.vmem_row.eq(Mux(is_loadw, lw.vmem_row, mm.act_row)),
@@ -141,38 +189,43 @@ class Controller(wiring.Component):
     fetch_stop : Out(1)
     load_cmd, store_cmd : Out(stream.Signature(DmaInstr))
     compute_cmd : Out(stream.Signature(ComputeCommand(config)))
-    load_complete, compute_complete, store_complete : In(stream of Deps, always ready)
-    load_error, compute_error, store_error : In(ErrorCode)
-    load_idle, compute_idle, store_idle : In(1)
-    array_accept, dma_read_beat, dma_write_beat : In(1)
+    vector_cmd : Out(stream.Signature(VectorInstr)), with ``config.vpu``
+    <engine>_complete : In(stream of Pushes, always ready)
+    <engine>_error : In(ErrorCode)
+    <engine>_idle : In(1)
+        For each engine (load, compute, store, and vector with ``config.vpu``).
+    array_accept, dma_read_beat, dma_write_beat, vector_accept : In(1)
         Events counted by the performance counters.
     busy, done : Out(1)
     error : Out(ErrorCode)
     error_pc : Out(32)
     counters : Out(ArrayLayout(64, len(COUNTERS)))
-    trace : Out(ArrayLayout(EngineTrace, 3)), with ``trace=True`` only
-        Per engine (load, compute, store): takes, completions, pc, opcode and
-        token waits (`mxu.hdl.trace`).
+    engine_trace : Out(ArrayLayout(EngineTrace, len(Engine))), with ``trace=True`` only
+        Per engine (load, compute, store, vector): takes, completions, pc,
+        opcode and token waits (`mxu.hdl.trace`); zero for an engine the chip lacks.
     """
 
     def __init__(self, config, *, trace=False):
         self.config = config
         self.trace = trace
-        done_stream = stream.Signature(Deps, always_ready=True)
+        self.engines = engines_of(config)
+        done_stream = stream.Signature(Pushes, always_ready=True)
+        commands = {Engine.LOAD: DmaInstr, Engine.COMPUTE: ComputeCommand(config),
+                    Engine.STORE: DmaInstr, Engine.VECTOR: VectorInstr}
+        members = {}
+        for e in self.engines:
+            name = e.name.lower()
+            members.update({f"{name}_cmd": Out(stream.Signature(commands[e])),
+                            f"{name}_complete": In(done_stream), f"{name}_error": In(ErrorCode),
+                            f"{name}_idle": In(1)})
         super().__init__({
             "start": In(1),
             "instr": In(stream.Signature(FetchedInstr)),
             "fetch_error": In(1), "fetch_error_pc": In(32), "fetch_busy": In(1),
             "fetch_stop": Out(1),
-            "load_cmd": Out(stream.Signature(DmaInstr)),
-            "store_cmd": Out(stream.Signature(DmaInstr)),
-            "compute_cmd": Out(stream.Signature(ComputeCommand(config))),
-            "load_complete": In(done_stream), "compute_complete": In(done_stream),
-            "store_complete": In(done_stream),
-            "load_error": In(ErrorCode), "compute_error": In(ErrorCode),
-            "store_error": In(ErrorCode),
-            "load_idle": In(1), "compute_idle": In(1), "store_idle": In(1),
+            **members,
             "array_accept": In(1), "dma_read_beat": In(1), "dma_write_beat": In(1),
+            "vector_accept": In(1),
             "busy": Out(1), "done": Out(1),
             "error": Out(ErrorCode), "error_pc": Out(32),
             "counters": Out(data.ArrayLayout(64, len(COUNTERS))),
@@ -200,7 +253,7 @@ class Controller(wiring.Component):
 
         # ---- engine queues ------------------------------------------------------
         queues = {}
-        for e in Engine:
+        for e in self.engines:
             q = fifo.SyncFIFOBuffered(width=INSTR_BITS + 32, depth=c.cmd_queue_depth)
             m.submodules[f"{e.name.lower()}_queue"] = q
             queues[e] = q
@@ -225,9 +278,7 @@ class Controller(wiring.Component):
         instr = instr_slice.o
         ins = instr.payload.instr
         dec = instr.payload           # the decoder's engine, halt and error, registered
-        target_ready = Mux(dec.engine == Engine.LOAD, queues[Engine.LOAD].w_rdy,
-                           Mux(dec.engine == Engine.COMPUTE, queues[Engine.COMPUTE].w_rdy,
-                               queues[Engine.STORE].w_rdy))
+        target_ready = Cat(*((dec.engine == e) & q.w_rdy for e, q in queues.items())).any()
         ok = dec.error == ErrorCode.NONE
         accept = running & ~halted & ~failed & instr.valid
         m.d.comb += instr.ready.eq(accept & (~ok | dec.halt | target_ready))
@@ -242,65 +293,61 @@ class Controller(wiring.Component):
         record.append((accept & ~ok, dec.error, ins.pc))
 
         # ---- tokens ---------------------------------------------------------------
-        tokens = {name: Signal(16, name=f"tokens_{name}") for name in ("l2c", "c2l", "c2s", "s2c")}
-        # (engine, side) -> (counter it pushes, counter it pops)
-        links = {(Engine.LOAD, "next"): ("l2c", "c2l"), (Engine.COMPUTE, "prev"): ("c2l", "l2c"),
-                 (Engine.COMPUTE, "next"): ("c2s", "s2c"), (Engine.STORE, "prev"): ("s2c", "c2s")}
+        names = {n for pair in TOKEN_LINKS.values() for n in pair
+                 if all(_ENGINE_LETTER[x] in queues for x in n.split("2"))}
+        tokens = {name: Signal(16, name=f"tokens_{name}") for name in sorted(names)}
         inc = {name: [] for name in tokens}
         dec = {name: [] for name in tokens}
-        cmds = {Engine.LOAD: self.load_cmd, Engine.COMPUTE: self.compute_cmd,
-                Engine.STORE: self.store_cmd}
-        completes = {Engine.LOAD: self.load_complete, Engine.COMPUTE: self.compute_complete,
-                     Engine.STORE: self.store_complete}
-        idles = {Engine.LOAD: self.load_idle, Engine.COMPUTE: self.compute_idle,
-                 Engine.STORE: self.store_idle}
-        errors = {Engine.LOAD: self.load_error, Engine.COMPUTE: self.compute_error,
-                  Engine.STORE: self.store_error}
         blocked, stalls, last_pc = {}, {}, {}
         for e, q in queues.items():
+            name = e.name.lower()
+            cmd, complete = getattr(self, f"{name}_cmd"), getattr(self, f"{name}_complete")
+            error = getattr(self, f"{name}_error")
             head = FetchedInstr(q.r_data)
             hdr = Header(head.word[:16])
-            pop_ok = Signal(name=f"{e.name.lower()}_pop_ok")
+            link = head.word[VECTOR_LINK_BIT]
+            pop_ok = Signal(name=f"{name}_pop_ok")
+            taken = Signal(name=f"{name}_taken")
             conds = []
             for side in ("prev", "next"):
-                if (e, side) in links:
-                    push_name, pop_name = links[(e, side)]
-                    want = getattr(hdr.deps, f"pop_{side}")
-                    conds.append(~want | (tokens[pop_name] != 0))
+                want = getattr(hdr.deps, f"pop_{side}")
+                pushed = complete.valid & getattr(complete.payload.deps, f"push_{side}")
+                for flag in (0, 1):
+                    pair = TOKEN_LINKS.get((e, side, flag))
+                    if pair is None or pair[0] not in tokens:
+                        continue
+                    other = TOKEN_LINKS.get((e, side, 1 - flag))
+                    shared = other is not None and other[0] in tokens
+                    mine = (link == flag) if shared else 1
+                    gives = (complete.payload.vector == flag) if shared else 1
+                    conds.append(~(want & mine) | (tokens[pair[1]] != 0))
+                    dec[pair[1]].append(taken & want & mine)
+                    inc[pair[0]].append(pushed & gives)
             m.d.comb += pop_ok.eq(Cat(*conds).all() if conds else 1)
-            cmd = cmds[e]
             go = q.r_rdy & pop_ok & ~failed
             if e == Engine.COMPUTE:
-                payload = _compute_command(c, head.word, m)
-                m.d.comb += cmd.payload.eq(payload)
+                m.d.comb += cmd.payload.eq(_compute_command(c, head.word, m))
             else:
                 m.d.comb += cmd.payload.eq(head.word)
-            m.d.comb += [cmd.valid.eq(go), q.r_en.eq(go & cmd.ready)]
-            taken = go & cmd.ready
-            pc = Signal(32, name=f"{e.name.lower()}_pc")
+            m.d.comb += [cmd.valid.eq(go), q.r_en.eq(go & cmd.ready), taken.eq(go & cmd.ready)]
+            pc = Signal(32, name=f"{name}_pc")
             with m.If(taken):
                 m.d.sync += pc.eq(head.pc)
             last_pc[e] = pc
-            for side in ("prev", "next"):
-                if (e, side) in links:
-                    push_name, pop_name = links[(e, side)]
-                    dec[pop_name].append(taken & getattr(hdr.deps, f"pop_{side}"))
-                    inc[push_name].append(completes[e].valid
-                                          & getattr(completes[e].payload, f"push_{side}"))
             blocked[e] = q.r_rdy & ~pop_ok
             if self.trace:
                 self._trace_engine(m, self.engine_trace[e.value], taken, head, hdr, blocked[e],
-                                   completes[e].valid)
+                                   complete.valid)
             # A stall is a head waiting for a token (not for its engine to finish).
             stalls[e] = blocked[e]
-            record.append((errors[e] != ErrorCode.NONE, errors[e], pc))
+            record.append((error != ErrorCode.NONE, error, pc))
         for name, counter in tokens.items():
             m.d.sync += counter.eq(counter + sum(inc[name]) - sum(dec[name]))
 
         # ---- deadlock: nothing in flight, and every waiting head lacks a token ----
-        all_idle = Cat(*(idles[e] for e in Engine)).all()
-        heads_stuck = Cat(*((queues[e].level == 0) | blocked[e] for e in Engine)).all()
-        any_waiting = Cat(*(queues[e].level != 0 for e in Engine)).any()
+        all_idle = Cat(*(getattr(self, f"{e.name.lower()}_idle") for e in queues)).all()
+        heads_stuck = Cat(*((queues[e].level == 0) | blocked[e] for e in queues)).all()
+        any_waiting = Cat(*(queues[e].level != 0 for e in queues)).any()
         fetch_stuck = halted | decoder_stalled
         deadlock = running & all_idle & heads_stuck & any_waiting & fetch_stuck
         # Two cycles in a row, from registers (the idle and token logic stays out
@@ -337,6 +384,8 @@ class Controller(wiring.Component):
             "load_stall": running & stalls[Engine.LOAD],
             "compute_stall": running & stalls[Engine.COMPUTE],
             "store_stall": running & stalls[Engine.STORE],
+            "vector_active": self.vector_accept,
+            "vector_stall": running & stalls[Engine.VECTOR] if c.vpu else 0,
             "dma_read_bytes": self.dma_read_beat,
             "dma_write_bytes": self.dma_write_beat,
             "instructions": instr.valid & instr.ready & ok,

@@ -8,12 +8,17 @@ anything else as an illegal instruction. docs/isa.md has one table per
 instruction, generated from these classes (`field_table`).
 
 Engines and dependency tokens (as in VTA): LOAD runs on the load engine, LOADW
-and MATMUL on the compute engine, STORE on the store engine, and SYNC on the
-engine it names. The engines run concurrently; ordering between them is
-explicit. Each engine has a *prev* and a *next* neighbour (load -> compute ->
-store); ``pop_prev``/``pop_next`` wait for and take a token from that neighbour
-before the instruction starts, ``push_prev``/``push_next`` give it one after the
-instruction has completed.
+and MATMUL on the compute engine, STORE on the store engine, VECTOR on the
+vector engine (chips with ``config.vpu``), and SYNC on the engine it names. The
+engines run concurrently; ordering between them is explicit. Each engine has a
+*prev* and a *next* neighbour (load -> compute -> store);
+``pop_prev``/``pop_next`` wait for and take a token from that neighbour before
+the instruction starts, ``push_prev``/``push_next`` give it one after the
+instruction has completed. The vector engine sits between compute and store
+(its prev is compute, its next is store): a compute instruction with the
+``vector`` flag (flag bit 7, `VECTOR_LINK_BIT`) pops and pushes its *next*
+tokens from and to the vector engine instead of the store engine, and a store
+instruction with it its *prev* tokens (docs/isa.md).
 """
 
 from amaranth.lib import data, enum
@@ -22,8 +27,9 @@ from .fields import struct_layout, pack_fields, unpack_fields
 
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "Opcode", "Engine", "SeedMode", "Deps", "Header",
-    "DmaInstr", "LoadWInstr", "MatmulInstr", "SyncInstr", "HaltInstr", "LoopInstr", "INSTRUCTIONS",
-    "ENGINE_OF", "ErrorCode", "encode", "decode", "field_table",
+    "DmaInstr", "LoadWInstr", "MatmulInstr", "SyncInstr", "HaltInstr", "LoopInstr", "VpuOp",
+    "BMode", "BINARY_VPU_OPS", "TOKEN_LINKS", "engines_of", "VectorFlags", "VectorInstr", "Pushes", "VECTOR_LINK_BIT", "INSTRUCTIONS", "ENGINE_OF", "ErrorCode",
+    "encode", "decode", "field_table",
 ]
 
 INSTR_BITS = 128
@@ -40,6 +46,7 @@ class Opcode(enum.Enum, shape=4):
     MATMUL = 4   # compute engine: stream activation rows through the array
     SYNC = 5     # the named engine: only dependency tokens
     LOOP = 6     # the loop expander: repeat the next instructions with strides
+    VECTOR = 7   # vector engine: an element-wise op or row reduction on accumulator rows
     HALT = 15    # end of program, once every engine is idle
 
 
@@ -47,6 +54,7 @@ class Engine(enum.Enum, shape=2):
     LOAD = 0
     COMPUTE = 1
     STORE = 2
+    VECTOR = 3
 
 
 class SeedMode(enum.Enum, shape=2):
@@ -78,6 +86,37 @@ class Deps(data.Struct):
     push_next: 1
 
 
+VECTOR_LINK_BIT = 15
+"""Bit of the instruction word (flag bit 7) that links a compute instruction's
+*next* side, or a store instruction's *prev* side, to the vector engine."""
+
+
+def engines_of(config):
+    """The engines a chip has: load, compute, store, and vector with ``config.vpu``."""
+    return tuple(e for e in Engine if e is not Engine.VECTOR or config.vpu)
+
+
+TOKEN_LINKS = {
+    # (engine, side, vector link flag) -> (token counter it pushes, counter it pops)
+    (Engine.LOAD, "next", 0): ("l2c", "c2l"),
+    (Engine.COMPUTE, "prev", 0): ("c2l", "l2c"),
+    (Engine.COMPUTE, "next", 0): ("c2s", "s2c"),
+    (Engine.COMPUTE, "next", 1): ("c2v", "v2c"),
+    (Engine.VECTOR, "prev", 0): ("v2c", "c2v"),
+    (Engine.VECTOR, "next", 0): ("v2s", "s2v"),
+    (Engine.STORE, "prev", 0): ("s2c", "c2s"),
+    (Engine.STORE, "prev", 1): ("s2v", "v2s"),
+}
+"""The dependency-token counters between neighbouring engines (docs/isa.md)."""
+
+
+class Pushes(data.Struct):
+    """What an engine reports when an instruction completes: its push flags, and
+    whether its compute-next / store-prev side is linked to the vector engine."""
+    deps: Deps
+    vector: 1
+
+
 class Header(data.Struct):
     opcode: Opcode
     deps: Deps
@@ -88,7 +127,8 @@ class DmaFlags(data.Struct):
     space: 1        # 0 VMEM, 1 accumulator
     to_bf16: 1      # STORE from the accumulator: convert fp32 -> bf16 (RNE)
     relu: 1         # STORE: max(x, +0) before conversion
-    reserved: 5
+    reserved: 4
+    vector: 1       # STORE: the prev-side tokens are the vector engine's
 
 
 class DmaInstr(data.Struct):
@@ -104,7 +144,8 @@ class DmaInstr(data.Struct):
 
 
 class LoadWFlags(data.Struct):
-    reserved: 8
+    reserved: 7
+    vector: 1       # the next-side token (pop_next) is the vector engine's
 
 
 class LoadWInstr(data.Struct):
@@ -121,7 +162,8 @@ class LoadWInstr(data.Struct):
 class MatmulFlags(data.Struct):
     seed_mode: SeedMode
     new_weights: 1   # row 0 switches the array to the next staged weight tile
-    reserved: 5
+    reserved: 4
+    vector: 1        # the next-side tokens are the vector engine's
 
 
 class MatmulInstr(data.Struct):
@@ -138,7 +180,8 @@ class MatmulInstr(data.Struct):
 
 class SyncFlags(data.Struct):
     engine: Engine
-    reserved: 6
+    reserved: 5
+    vector: 1        # compute: next side, store: prev side linked to the vector engine
 
 
 class SyncInstr(data.Struct):
@@ -171,15 +214,64 @@ class LoopInstr(data.Struct):
     reserved: 64
 
 
+class VpuOp(enum.Enum, shape=4):
+    """Element operations of the vector unit: ``y = op(a, b)`` (docs/vpu.md)."""
+    ADD = 0      # a + b
+    SUB = 1      # a - b
+    MUL = 2      # a * b
+    MAX = 3      # max(a, b), NaN if either is, -0 < +0
+    MIN = 4      # min(a, b), likewise
+    EXP = 5      # vecmath.exp(a)
+    RECIP = 6    # vecmath.reciprocal(a)
+    RSQRT = 7    # vecmath.rsqrt(a)
+    PASS = 8     # a (a copy, e.g. for fp32 -> bf16 stores)
+    RSUM = 9     # the sum of row a's elements in tree order, in every lane (VectorAlu only)
+    RMAX = 10    # the maximum of row a's elements, likewise
+
+
+BINARY_VPU_OPS = (VpuOp.ADD, VpuOp.SUB, VpuOp.MUL, VpuOp.MAX, VpuOp.MIN)
+"""The ops that read ``b``."""
+
+
+class BMode(enum.Enum, shape=2):
+    """Where VECTOR's ``b`` operand of row i comes from (binary ops only)."""
+    ROW = 0          # accumulator row b_row + i
+    BROADCAST = 1    # accumulator row b_row, for every i
+    SCALAR = 2       # imm, in every lane
+
+
+class VectorFlags(data.Struct):
+    b_mode: BMode
+    to_vmem: 1       # write VMEM rows (fp32 -> bf16, RNE) instead of accumulator rows
+    transpose: 1     # with to_vmem: the result rows become VMEM columns
+    reserved: 4
+
+
+class VectorInstr(data.Struct):
+    """VECTOR: for i in 0..rows-1, dst[dst_row + i] = op(acc[a_row + i], b_i)
+    (docs/vpu.md). With ``transpose`` (rows <= vmem_row_elems), VMEM row
+    dst_row + j holds element j of every result row instead, row i in
+    element i."""
+    opcode: Opcode
+    deps: Deps
+    flags: VectorFlags
+    op: VpuOp
+    a_row: 20        # first accumulator row of a
+    b_row: 20        # first accumulator row of b (BMode.ROW / BROADCAST)
+    dst_row: 20      # first accumulator or VMEM row written
+    rows: 16         # number of rows, >= 1
+    imm: 32          # fp32 bit pattern of b (BMode.SCALAR)
+
+
 INSTRUCTIONS = {
     Opcode.LOAD: DmaInstr, Opcode.STORE: DmaInstr, Opcode.LOADW: LoadWInstr,
     Opcode.MATMUL: MatmulInstr, Opcode.SYNC: SyncInstr, Opcode.HALT: HaltInstr,
-    Opcode.LOOP: LoopInstr,
+    Opcode.LOOP: LoopInstr, Opcode.VECTOR: VectorInstr,
 }
 
 ENGINE_OF = {
     Opcode.LOAD: Engine.LOAD, Opcode.LOADW: Engine.COMPUTE, Opcode.MATMUL: Engine.COMPUTE,
-    Opcode.STORE: Engine.STORE,
+    Opcode.STORE: Engine.STORE, Opcode.VECTOR: Engine.VECTOR,
 }
 
 for _layout in (Header, *INSTRUCTIONS.values()):

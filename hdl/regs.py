@@ -25,7 +25,7 @@ __all__ = ["RegisterFile", "REG", "CHIP_ID", "HOST_ADDR_BITS", "COUNTERS"]
 
 # Performance counters, in register order: counter i is at ``REG["COUNTERS"] + 8 i``.
 COUNTERS = ("cycles", "array_active", "load_stall", "compute_stall", "store_stall",
-            "dma_read_bytes", "dma_write_bytes", "instructions")
+            "dma_read_bytes", "dma_write_bytes", "instructions", "vector_active", "vector_stall")
 
 CHIP_ID = 0x4D585531
 HOST_ADDR_BITS = 12

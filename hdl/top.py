@@ -2,8 +2,9 @@
 
 Inside: instruction fetch, the controller (decode, queues, tokens, status,
 counters), three engines -- load (a `Dma` for LOADs), compute (`ComputeEngine`
-on the `SystolicArray`), store (a second `Dma` for STOREs) -- the VMEM, the
-accumulator memory and the host register file. Outside: one AXI4 master to
+on the `SystolicArray`), store (a second `Dma` for STOREs) -- and with
+``config.vpu`` a fourth, vector (`VectorUnit`), the VMEM, the accumulator
+memory and the host register file. Outside: one AXI4 master to
 external memory, one AXI4-Lite slave for the host, and ``irq`` (= done).
 
 The load DMA uses AR/R with ID 0, the fetch unit AR/R with ID 1, and the store
@@ -28,6 +29,7 @@ from .slice import RegisterSlice
 from .trace import ChipTrace
 from .transfer import TransferEngine
 from .vmem import Vmem
+from .vpu import VectorUnit
 
 __all__ = ["MxuChip"]
 
@@ -39,9 +41,10 @@ _WRITE_FORWARD = ("awid", "awaddr", "awlen", "awsize", "awburst", "awlock", "awc
 class _ChipCore(wiring.Component):
     """Everything that a soft reset clears: all but the register file."""
 
-    def __init__(self, config, pe_module=None, trace=False):
+    def __init__(self, config, pe_module=None, trace=False, vpu_modules=None):
         self.config = config
         self.pe_module = pe_module
+        self.vpu_modules = vpu_modules
         self.trace_port = trace
         super().__init__({
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
@@ -101,7 +104,17 @@ class _ChipCore(wiring.Component):
             wiring.connect(m, source, stage.i)
             wiring.connect(m, stage.o, sink)
         m.d.comb += [outer.length.eq(self.prog_len), inner.length.eq(self.prog_len)]
-        for name, engine in (("load", load), ("compute", compute), ("store", store)):
+        engines = [("load", load), ("compute", compute), ("store", store)]
+        if c.vpu:
+            vector = VectorUnit(c, unit_modules=self.vpu_modules)
+            m.submodules.vector = ResetInserter(self.start)(vector)
+            engines.append(("vector", vector))
+            wiring.connect(m, vector.read_a, acc.vector_read_a)
+            wiring.connect(m, vector.read_b, acc.vector_read_b)
+            wiring.connect(m, vector.acc_write, acc.vector_write)
+            wiring.connect(m, vector.vmem_write, vmem.vector_write)
+            m.d.comb += ctrl.vector_accept.eq(vector.active)
+        for name, engine in engines:
             wiring.connect(m, getattr(ctrl, f"{name}_cmd"), engine.cmd)
             wiring.connect(m, engine.complete, getattr(ctrl, f"{name}_complete"))
             m.d.comb += [getattr(ctrl, f"{name}_error").eq(engine.error),
@@ -140,6 +153,7 @@ class _ChipCore(wiring.Component):
                 self.trace_events.load.eq(ctrl.engine_trace[0]),
                 self.trace_events.compute.eq(ctrl.engine_trace[1]),
                 self.trace_events.store.eq(ctrl.engine_trace[2]),
+                self.trace_events.vector.eq(ctrl.engine_trace[3]),
                 self.trace_events.loadw_done.eq(compute.loadw_done),
                 self.trace_events.array_accept.eq(compute.array_accept),
                 self.trace_events.running.eq(ctrl.busy),
@@ -193,6 +207,9 @@ class MxuChip(wiring.Component):
     pe_module : str or None
         See `SystolicArray`: instantiate this Verilog module for every PE
         (`mxu.sim.backends.verilog.chip_verilog` supplies it, so that generating Verilog costs one PE).
+    vpu_modules : dict or None
+        See `VectorAlu`'s ``unit_modules``: the vector lanes (and fp32 units) as
+        named Verilog modules generated once.
 
     Interface
     ---------
@@ -207,12 +224,13 @@ class MxuChip(wiring.Component):
         (`mxu.hdl.trace`): for the profiler of simulation builds.
     """
 
-    def __init__(self, config, *, pe_module=None, trace=False):
+    def __init__(self, config, *, pe_module=None, trace=False, vpu_modules=None):
         from .config import ChipConfig
         if not isinstance(config, ChipConfig):
             raise TypeError(f"MxuChip needs a ChipConfig, not {type(config).__name__}")
         self.config = config
         self.pe_module = pe_module
+        self.vpu_modules = vpu_modules
         self.trace_port = trace
         super().__init__({
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
@@ -225,7 +243,7 @@ class MxuChip(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.regs = regs = RegisterFile(self.config)
-        core = _ChipCore(self.config, self.pe_module, self.trace_port)
+        core = _ChipCore(self.config, self.pe_module, self.trace_port, self.vpu_modules)
         m.submodules.core = ResetInserter(regs.soft_reset)(core)
         wiring.connect(m, wiring.flipped(self.host), regs.bus)
         wiring.connect(m, core.axi, wiring.flipped(self.axi))

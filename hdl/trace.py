@@ -22,6 +22,7 @@ ChipTrace = data.StructLayout({
     "load": EngineTrace,
     "compute": EngineTrace,
     "store": EngineTrace,
+    "vector": EngineTrace,   # zero on a chip without the vector unit
     "loadw_done": 1,    # the compute engine has fed a LOADW's last weight row
     "array_accept": 1,  # an activation row entered the array
     "running": 1,       # a program runs (the cycles counter counts)

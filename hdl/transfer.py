@@ -1,11 +1,11 @@
 """The load and store engines: LOAD/STORE instructions become DMA descriptors."""
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .dma import DmaDir, DmaError, DmaSpace, dma_completion_layout, dma_descriptor_layout
-from .isa import Deps, DmaInstr, ErrorCode, Opcode
+from .isa import VECTOR_LINK_BIT, DmaInstr, ErrorCode, Opcode, Pushes
 
 __all__ = ["TransferEngine"]
 
@@ -23,7 +23,7 @@ class TransferEngine(wiring.Component):
     ---------
     cmd : In(stream.Signature(DmaInstr))
         Instructions in program order, tokens already taken.
-    complete : Out(stream.Signature(Deps), always ready)
+    complete : Out(stream.Signature(Pushes), always ready)
         The push flags of an instruction once its transfer has completed.
     error : Out(ErrorCode)
         DMA_DESCRIPTOR or AXI_ERROR from the DMA's completion; the engine then
@@ -38,7 +38,7 @@ class TransferEngine(wiring.Component):
         self.direction = DmaDir(direction)
         super().__init__({
             "cmd": In(stream.Signature(DmaInstr)),
-            "complete": Out(stream.Signature(Deps, always_ready=True)),
+            "complete": Out(stream.Signature(Pushes, always_ready=True)),
             "error": Out(ErrorCode),
             "idle": Out(1),
             "dma_cmd": Out(stream.Signature(dma_descriptor_layout(config))),
@@ -57,7 +57,7 @@ class TransferEngine(wiring.Component):
             d.space.eq(Mux(ins.flags.space, DmaSpace.ACC, DmaSpace.VMEM)),
             d.to_bf16.eq(ins.flags.to_bf16),
             d.relu.eq(ins.flags.relu),
-            d.tag.eq(ins.deps.as_value()),
+            d.tag.eq(Cat(ins.deps.as_value(), ins.as_value()[VECTOR_LINK_BIT])),
             d.rows.eq(ins.rows),
             d.row_bytes.eq(ins.row_bytes),
             d.chip_row.eq(ins.chip_row),
@@ -86,6 +86,7 @@ class TransferEngine(wiring.Component):
         m.d.comb += [
             self.complete.valid.eq((done & ok) | sync_done),
             self.complete.payload.as_value().eq(
-                Mux(sync_done, ins.deps.as_value(), self.dma_done.payload.tag[:4])),
+                Mux(sync_done, Cat(ins.deps.as_value(), ins.as_value()[VECTOR_LINK_BIT]),
+                    self.dma_done.payload.tag[:5])),
         ]
         return m

@@ -203,9 +203,11 @@ class Vmem(wiring.Component):
     dma_read : In(ReadPortSignature(addr, row))
         The DMA's read port for stores; waits while the array reads the same bank.
     dma_write : In(WritePortSignature(addr, row))
-        The DMA's write port for loads; the only writer, so never refused in
-        practice (``ready`` is kept in the signature for uniformity with the
-        accumulator memory).
+        The DMA's write port for loads; first in priority, so never refused
+        (``ready`` is kept in the signature for uniformity with the accumulator
+        memory).
+    vector_write : In(WritePortSignature(addr, row)), with ``config.vpu``
+        The vector engine's bf16 result rows; waits while the DMA writes its bank.
     """
 
     def __init__(self, config, *, weight_port=False):
@@ -220,6 +222,8 @@ class Vmem(wiring.Component):
         }
         if weight_port:
             members["weight_read"] = In(ReadPortSignature(self.addr_shape, row))
+        if config.vpu:
+            members["vector_write"] = In(WritePortSignature(self.addr_shape, row))
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -229,14 +233,16 @@ class Vmem(wiring.Component):
         reads = [True, False, False] if self.weight_port else [True, False]
         m.submodules.mem = mem = BankedRowMemory(width=16 * c.vmem_row_elems, depth=c.vmem_rows,
                                                  banks=c.vmem_banks, read_ports=reads,
-                                                 write_ports=[False])
+                                                 write_ports=[False] * (1 + c.vpu))
         _connect_read(m, self.array_read, mem.read[0])
         if self.weight_port:
             _connect_read(m, self.weight_read, mem.read[1])
         _connect_read(m, self.dma_read, mem.read[-1])
-        # The DMA is VMEM's only writer; its port stays refusable so that the DMA's
-        # code is the same for VMEM and the accumulator memory.
+        # The DMA's port stays refusable so that the DMA's code is the same for
+        # VMEM and the accumulator memory (and the vector engine may write too).
         _connect_write(m, self.dma_write, mem.write[0])
+        if c.vpu:
+            _connect_write(m, self.vector_write, mem.write[1])
         return m
 
 

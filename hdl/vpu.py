@@ -9,6 +9,8 @@ The pipelines come from `mxu.hdl.pipeline` (`PipelineOps`,
   their units, the functions starting at `function_offsets()`.
 * `VectorAlu`: ``cols`` lanes in lockstep on whole rows.
 * `RowTranspose`: accumulator rows to VMEM columns, in bf16.
+* `VectorUnit`: the vector engine of the chip, which runs VECTOR instructions
+  on a `VectorAlu`.
 
 For synthesis (`mxu synth --unit vpu`), the fp32 adder, the multiplier and the
 lane can each be generated once and instantiated by name (``unit_modules``), as
@@ -18,33 +20,20 @@ the array does with its PE.
 import itertools
 from collections import Counter
 
-from amaranth.hdl import Module, Mux, Signal
-from amaranth.lib import data, enum, stream, wiring
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from . import vecmath
 from .blackbox import black_box, signature_of
+from .accmem import acc_row_layout
+from .isa import BINARY_VPU_OPS, BMode, ErrorCode, Opcode, Pushes, VectorInstr, VpuOp
 from .numerics import Fp32ToBf16
 from .pipeline import LatencyOps, PipelineOps, SharedPipelineOps, UsageOps, Value
-from .vmem import vmem_row_layout
+from .vmem import ReadPortSignature, WritePortSignature, _addr_shape, vmem_row_layout
 
-__all__ = ["VpuOp", "VectorLane", "VectorAlu", "LaneInput", "RowTranspose", "lane_latency",
+__all__ = ["VpuOp", "VectorUnit", "VectorLane", "VectorAlu", "LaneInput", "RowTranspose", "lane_latency",
            "alu_latency", "function_offsets", "tree_levels"]
-
-
-class VpuOp(enum.Enum, shape=4):
-    """Element operations of the vector unit: ``y = op(a, b)`` (docs/vpu.md)."""
-    ADD = 0      # a + b
-    SUB = 1      # a - b
-    MUL = 2      # a * b
-    MAX = 3      # max(a, b), NaN if either is, -0 < +0
-    MIN = 4      # min(a, b), likewise
-    EXP = 5      # vecmath.exp(a)
-    RECIP = 6    # vecmath.reciprocal(a)
-    RSQRT = 7    # vecmath.rsqrt(a)
-    PASS = 8     # a (a copy, e.g. for fp32 -> bf16 stores)
-    RSUM = 9     # the sum of row a's elements in tree order, in every lane (VectorAlu only)
-    RMAX = 10    # the maximum of row a's elements, likewise
 
 
 _REDUCTIONS = {VpuOp.RSUM: ("fadd", 0x00000000), VpuOp.RMAX: ("fmax", 0xFF800000)}
@@ -369,3 +358,315 @@ class RowTranspose(wiring.Component):
                         m.d.sync += filled.eq(0)
                         m.next = "FILL"
         return m
+
+
+def _pow2_at_least(n):
+    return 1 << max(1, (n - 1).bit_length())
+
+
+class _WriteRanges(wiring.Component):
+    """The accumulator rows that VECTOR instructions in flight will write, in
+    order, and whether a new instruction's reads overlap any of them (its
+    read-after-write interlock: the pipeline is `alu_latency` deep, so an
+    instruction's reads would otherwise overtake the writes before it).
+
+    Interface: ``add``: In(stream of {lo, hi, acc}) (hi exclusive; ``acc`` 0
+    for an instruction that writes VMEM, which only holds its place);
+    ``retire``: In(1), the oldest instruction completed; ``probe_a``,
+    ``probe_b``: In({lo, hi, on}) read ranges; ``hit``: Out(1).
+    """
+
+    def __init__(self, depth, addr_bits):
+        self.depth = depth
+        self._entry = data.StructLayout({"lo": addr_bits + 1, "hi": addr_bits + 1, "acc": 1})
+        probe = data.StructLayout({"lo": addr_bits + 1, "hi": addr_bits + 1, "on": 1})
+        super().__init__({"add": In(stream.Signature(self._entry)), "retire": In(1),
+                          "probe_a": In(probe), "probe_b": In(probe), "hit": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.depth
+        entries = [Signal(self._entry, name=f"range{i}") for i in range(n)]
+        valid = Signal(n)
+        wp, rp = Signal(range(n)), Signal(range(n))
+        count = Signal(range(n + 1))
+        m.d.comb += self.add.ready.eq(count != n)
+        add = self.add.valid & self.add.ready
+        with m.If(add):
+            with m.Switch(wp):
+                for i in range(n):
+                    with m.Case(i):
+                        m.d.sync += entries[i].eq(self.add.payload)
+            m.d.sync += wp.eq(Mux(wp == n - 1, 0, wp + 1))
+        with m.If(self.retire):
+            m.d.sync += rp.eq(Mux(rp == n - 1, 0, rp + 1))
+        m.d.sync += count.eq(count + add - self.retire)
+        keep = Cat(*((rp != i) | ~self.retire for i in range(n)))
+        added = Cat(*(add & (wp == i) for i in range(n)))
+        m.d.sync += valid.eq((valid & keep) | added)
+        hits = []
+        for i, e in enumerate(entries):
+            for p in (self.probe_a, self.probe_b):
+                hits.append(valid[i] & e.acc & p.on & (p.lo < e.hi) & (e.lo < p.hi))
+        m.d.comb += self.hit.eq(Cat(*hits).any())
+        return m
+
+
+class VectorUnit(wiring.Component):
+    """The vector engine: runs VECTOR (and SYNC) instructions, one accumulator
+    row per cycle through a `VectorAlu` (docs/vpu.md).
+
+    For row i of a VECTOR, operand ``a`` is accumulator row ``a_row + i`` and
+    ``b`` (binary ops) accumulator row ``b_row + i`` (`BMode.ROW`), row
+    ``b_row`` (`BMode.BROADCAST`, read again for every row) or ``imm`` in
+    every lane (`BMode.SCALAR`). The result goes to accumulator row
+    ``dst_row + i``, or, with ``to_vmem``, rounded to bf16 into the first
+    ``cols`` elements of VMEM row ``dst_row + i`` (the rest +0); with
+    ``transpose`` as well (at most ``vmem_row_elems`` rows), the rows go
+    through `RowTranspose` and become the columns of VMEM rows ``dst_row ..
+    dst_row + cols - 1``. The decoder has checked the operands (docs/isa.md);
+    this engine never fails.
+
+    Operand reads run ahead of the ALU into small buffers, each port on its
+    own, so a bank conflict between ``a`` and ``b`` costs a cycle, not a
+    deadlock. An instruction starts once no instruction in flight writes an
+    accumulator row it reads (`_WriteRanges`); results leave in order, and an
+    instruction completes when its last row is written (after its last block
+    has drained, with ``transpose``), so completions are in program order.
+
+    Parameters
+    ----------
+    config : ChipConfig
+    unit_modules : dict or None
+        See `VectorAlu`.
+
+    Interface
+    ---------
+    cmd : In(stream.Signature(VectorInstr))
+        VECTOR or SYNC, tokens already popped; a SYNC is taken once the engine is idle.
+    complete : Out(stream.Signature(Pushes), always ready)
+    error : Out(ErrorCode)
+        Always NONE (for uniformity with the other engines).
+    idle : Out(1)
+    read_a, read_b : Out(ReadPortSignature(acc addr, acc row))
+    acc_write : Out(WritePortSignature(acc addr, acc row))
+    vmem_write : Out(WritePortSignature(vmem addr, vmem row))
+    active : Out(1)
+        A row entered the ALU this cycle (the ``vector_active`` counter).
+    """
+
+    BUFFER_DEPTH = 4
+    RANGES = 4
+
+    def __init__(self, config, unit_modules=None):
+        self.config = config
+        self.unit_modules = unit_modules
+        c = config
+        aaddr, vaddr = _addr_shape(c.acc_rows), _addr_shape(c.vmem_rows)
+        super().__init__({
+            "cmd": In(stream.Signature(VectorInstr)),
+            "complete": Out(stream.Signature(Pushes, always_ready=True)),
+            "error": Out(ErrorCode),
+            "idle": Out(1),
+            "read_a": Out(ReadPortSignature(aaddr, acc_row_layout(c))),
+            "read_b": Out(ReadPortSignature(aaddr, acc_row_layout(c))),
+            "acc_write": Out(WritePortSignature(aaddr, acc_row_layout(c))),
+            "vmem_write": Out(WritePortSignature(vaddr, vmem_row_layout(c))),
+            "active": Out(1),
+        })
+
+    def _row_meta(self):
+        c = self.config
+        return data.StructLayout({
+            "op": VpuOp, "b_source": 2,          # 0 none, 1 operand buffer, 2 imm
+            "imm": 32, "dst": max(_addr_shape(c.acc_rows).width, _addr_shape(c.vmem_rows).width),
+            "to_vmem": 1, "transpose": 1, "last": 1, "push": Pushes,
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.config
+        meta = self._row_meta()
+        m.submodules.alu = alu = VectorAlu(c, self.unit_modules)
+        m.submodules.transpose = tr = RowTranspose(c)
+        m.submodules.ranges = ranges = _WriteRanges(self.RANGES, _addr_shape(c.acc_rows).width)
+        row_bits = 32 * c.cols
+        m.submodules.buf_a = buf_a = fifo.SyncFIFO(width=row_bits + meta.size,
+                                                   depth=self.BUFFER_DEPTH)
+        m.submodules.buf_b = buf_b = fifo.SyncFIFO(width=row_bits, depth=self.BUFFER_DEPTH)
+        m.submodules.beside = beside = fifo.SyncFIFOBuffered(
+            width=meta.size, depth=_pow2_at_least(alu_latency(c) + 4))
+
+        issuing = self._intake(m, ranges)
+        self._issue(m, meta, buf_a, buf_b)
+        self._feed(m, meta, alu, buf_a, buf_b, beside)
+        draining = self._write(m, meta, alu, tr, beside, ranges)
+        m.d.comb += [
+            self.error.eq(ErrorCode.NONE),
+            self.idle.eq(~issuing & (buf_a.level == 0) & (buf_b.level == 0) & ~self._inflight
+                         & (beside.level == 0) & ~draining),
+        ]
+        return m
+
+    # ---- intake: the interlock, then the instruction moves into the issue stage --
+    def _intake(self, m, ranges):
+        ins = self.cmd.payload
+        is_sync = ins.opcode == Opcode.SYNC
+        self._cur = cur = Signal(VectorInstr)
+        self._cur_valid = cur_valid = Signal()
+        self._issue_done = Signal()
+        binary = Cat(*(ins.op == op for op in BINARY_VPU_OPS)).any()
+        reads_b = binary & (ins.flags.b_mode != BMode.SCALAR)
+        m.d.comb += [
+            ranges.probe_a.lo.eq(ins.a_row), ranges.probe_a.hi.eq(ins.a_row + ins.rows),
+            ranges.probe_a.on.eq(1),
+            ranges.probe_b.lo.eq(ins.b_row),
+            ranges.probe_b.hi.eq(ins.b_row + Mux(ins.flags.b_mode == BMode.ROW, ins.rows, 1)),
+            ranges.probe_b.on.eq(reads_b),
+            ranges.add.payload.lo.eq(ins.dst_row), ranges.add.payload.hi.eq(ins.dst_row + ins.rows),
+            ranges.add.payload.acc.eq(~ins.flags.to_vmem),
+        ]
+        free = ~cur_valid | self._issue_done
+        start = self.cmd.valid & ~is_sync & free & ~ranges.hit & ranges.add.ready
+        sync = self.cmd.valid & is_sync & self.idle
+        m.d.comb += [self.cmd.ready.eq(start | sync), ranges.add.valid.eq(start)]
+        with m.If(start):
+            m.d.sync += [cur.eq(ins), cur_valid.eq(1)]
+        with m.Elif(self._issue_done):
+            m.d.sync += cur_valid.eq(0)
+        self._sync_done = sync
+        return cur_valid
+
+    # ---- issue: operand reads, each port at its own pace -----------------------
+    def _issue(self, m, meta, buf_a, buf_b):
+        c = self.config
+        cur, cur_valid = self._cur, self._cur_valid
+        ia, ib = Signal(16), Signal(16)
+        binary = Cat(*(cur.op == op for op in BINARY_VPU_OPS)).any()
+        scalar = cur.flags.b_mode == BMode.SCALAR
+        reads_b = binary & ~scalar
+        credits_a = Signal(range(self.BUFFER_DEPTH + 1), init=self.BUFFER_DEPTH)
+        credits_b = Signal(range(self.BUFFER_DEPTH + 1), init=self.BUFFER_DEPTH)
+        a_left, b_left = ia != cur.rows, reads_b & (ib != cur.rows)
+        m.d.comb += [
+            self.read_a.req.valid.eq(cur_valid & a_left & (credits_a != 0)),
+            self.read_a.req.payload.eq(cur.a_row + ia),
+            self.read_b.req.valid.eq(cur_valid & b_left & (credits_b != 0)),
+            self.read_b.req.payload.eq(
+                cur.b_row + Mux(cur.flags.b_mode == BMode.ROW, ib, 0)),
+        ]
+        fire_a = self.read_a.req.valid & self.read_a.req.ready
+        fire_b = self.read_b.req.valid & self.read_b.req.ready
+        last = ia == cur.rows - 1
+        # `issue_done` ends the instruction in the stage a cycle after its last
+        # read; the counters are back at zero for the next one.
+        m.d.comb += self._issue_done.eq(cur_valid & ~a_left & ~b_left)
+        with m.If(self._issue_done):
+            m.d.sync += [ia.eq(0), ib.eq(0)]
+        with m.If(fire_a):
+            m.d.sync += ia.eq(ia + 1)
+        with m.If(fire_b):
+            m.d.sync += ib.eq(ib + 1)
+
+        row_meta = Signal(meta)
+        m.d.comb += [
+            row_meta.op.eq(cur.op),
+            row_meta.b_source.eq(Mux(binary, Mux(scalar, 2, 1), 0)),
+            row_meta.imm.eq(cur.imm),
+            row_meta.dst.eq(cur.dst_row + Mux(cur.flags.transpose, 0, ia)),
+            row_meta.to_vmem.eq(cur.flags.to_vmem),
+            row_meta.transpose.eq(cur.flags.transpose),
+            row_meta.last.eq(last),
+            row_meta.push.deps.eq(cur.deps),
+        ]
+        # Responses come a cycle after the request: the row's meta waits a cycle too.
+        inflight_a, inflight_b = Signal(), Signal()
+        meta_q = Signal(meta)
+        m.d.sync += [inflight_a.eq(fire_a), inflight_b.eq(fire_b),
+                     credits_a.eq(credits_a - fire_a + buf_a.r_en),
+                     credits_b.eq(credits_b - fire_b + buf_b.r_en)]
+        with m.If(fire_a):
+            m.d.sync += meta_q.eq(row_meta)
+        m.d.comb += [
+            buf_a.w_en.eq(inflight_a),
+            buf_a.w_data.eq(Cat(self.read_a.resp.payload, meta_q)),
+            buf_b.w_en.eq(inflight_b),
+            buf_b.w_data.eq(self.read_b.resp.payload),
+        ]
+        self._inflight = inflight_a | inflight_b
+
+    # ---- feed: buffered operands -> ALU, the row's meta beside it ---------------
+    def _feed(self, m, meta, alu, buf_a, buf_b, beside):
+        c = self.config
+        row_bits = 32 * c.cols
+        rm = meta(buf_a.r_data[row_bits:])
+        needs_b = rm.b_source == 1
+        go = buf_a.r_rdy & (~needs_b | buf_b.r_rdy) & beside.w_rdy
+        m.d.comb += [
+            alu.i.valid.eq(go),
+            alu.i.payload.op.eq(rm.op),
+            alu.i.payload.a.eq(buf_a.r_data[:row_bits]),
+            alu.i.payload.b.eq(Mux(rm.b_source == 2, Cat(*([rm.imm] * c.cols)),
+                                   Mux(needs_b, buf_b.r_data, 0))),
+        ]
+        fire = alu.i.valid & alu.i.ready
+        m.d.comb += [
+            buf_a.r_en.eq(fire), buf_b.r_en.eq(fire & needs_b),
+            beside.w_en.eq(fire), beside.w_data.eq(rm),
+            self.active.eq(fire),
+        ]
+
+    # ---- write: results -> accumulator, VMEM or the transpose path --------------
+    def _write(self, m, meta, alu, tr, beside, ranges):
+        c = self.config
+        rm = meta(beside.r_data)
+        draining = tr.o.valid
+        out = alu.o.valid & beside.r_rdy & ~draining
+        to_acc = ~rm.to_vmem
+        direct_vmem = rm.to_vmem & ~rm.transpose
+        bf16 = []
+        for j in range(c.cols):
+            m.submodules[f"to_bf16_{j}"] = conv = Fp32ToBf16()
+            m.d.comb += conv.x.eq(alu.o.payload[j])
+            bf16.append(conv.y.as_value())
+        m.d.comb += [
+            self.acc_write.payload.addr.eq(rm.dst),
+            self.acc_write.payload.data.eq(alu.o.payload),
+            tr.i.payload.row.eq(alu.o.payload),
+            tr.i.payload.last.eq(rm.last),
+        ]
+        taken = Signal()
+        with m.If(to_acc):
+            m.d.comb += [self.acc_write.valid.eq(out), taken.eq(out & self.acc_write.ready)]
+        with m.Elif(direct_vmem):
+            m.d.comb += taken.eq(out & self.vmem_write.ready)
+        with m.Else():
+            m.d.comb += [tr.i.valid.eq(out), taken.eq(out & tr.i.ready)]
+        m.d.comb += [alu.o.ready.eq(taken), beside.r_en.eq(taken)]
+
+        # The transposed block's VMEM rows: base and pushes latched with its last row.
+        t_base = Signal(len(rm.dst))
+        t_col = Signal(range(c.cols))
+        t_push = Signal(Pushes)
+        with m.If(taken & rm.transpose & rm.last):
+            m.d.sync += [t_base.eq(rm.dst), t_col.eq(0), t_push.eq(rm.push)]
+        t_fire = tr.o.valid & self.vmem_write.ready
+        with m.If(t_fire):
+            m.d.sync += t_col.eq(t_col + 1)
+        with m.If(draining):
+            m.d.comb += [self.vmem_write.valid.eq(1),
+                         self.vmem_write.payload.addr.eq(t_base + t_col),
+                         self.vmem_write.payload.data.eq(tr.o.payload),
+                         tr.o.ready.eq(self.vmem_write.ready)]
+        with m.Else():
+            m.d.comb += [self.vmem_write.valid.eq(out & direct_vmem),
+                         self.vmem_write.payload.addr.eq(rm.dst),
+                         self.vmem_write.payload.data.eq(Cat(*bf16))]
+        done = (taken & rm.last & ~rm.transpose) | (t_fire & (t_col == c.cols - 1))
+        push = Mux(draining, t_push, rm.push)
+        m.d.comb += [
+            ranges.retire.eq(done),
+            self.complete.valid.eq(done | self._sync_done),
+            self.complete.payload.eq(Mux(done, push, self.cmd.payload.deps.as_value())),
+        ]
+        return draining

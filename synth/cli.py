@@ -58,10 +58,12 @@ def _add_config_flags(parser):
     group.add_argument("--axi-data-bits", type=int, help="AXI4 master data width (64..512)")
     group.add_argument("--loop-body-instrs", type=int,
                        help="longest LOOP body each loop expander stores (1..4096)")
+    group.add_argument("--vpu", action="store_true", default=None,
+                       help="with the vector unit (ChipConfig.vpu)")
 
 
 _CONFIG_FLAGS = ("rows", "cols", "mac_stages", "vmem_bytes", "vmem_banks", "acc_bytes",
-                 "acc_banks", "axi_data_bits", "loop_body_instrs")
+                 "acc_banks", "axi_data_bits", "loop_body_instrs", "vpu")
 
 
 def config_from_args(args):
@@ -75,7 +77,7 @@ def _describe(config):
     return (f"{config.rows}x{config.cols}, mac_stages {config.mac_stages}, "
             f"VMEM {config.vmem_bytes // 1024} KiB in {config.vmem_banks} banks, "
             f"accumulator {config.acc_bytes // 1024} KiB in {config.acc_banks} banks, "
-            f"AXI {config.axi_data_bits} bits")
+            f"AXI {config.axi_data_bits} bits" + (", vector unit" if config.vpu else ""))
 
 
 def register(subparsers):

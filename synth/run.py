@@ -136,22 +136,30 @@ def design(unit, config, *, target):
         return Design(unit, config, component_verilog(top), "registered ports" if ffs else "none",
                       wrapper_ffs=ffs, pes=1 if unit == "pe" else 0)
     if unit == "vpu":
-        # The fp32 adder and multiplier once each, instantiated by name (like the PE).
-        units = {"fadd": "mxu_fp32_add", "fmul": "mxu_fp32_mul", "fscale": "mxu_fp32_scale"}
-        prelude = (component_verilog(Fp32Adder(), units["fadd"])
-                   + component_verilog(Fp32Multiplier(), units["fmul"])
-                   + component_verilog(Fp32Multiplier(power_of_two=True), units["fscale"])
-                   + component_verilog(VectorLane(units), "mxu_vpu_lane"))
-        alu = VectorAlu(config, unit_modules={**units, "lane": "mxu_vpu_lane"})
+        prelude, modules = _vpu_modules()
+        alu = VectorAlu(config, unit_modules=modules)
         return _wrapped(unit, config, alu, prelude, target, pes=0)
     # The PE once, instantiated by name: seconds to generate at any size.
     pe_name = pe_module_name(stages)
+    prelude = pe_module_verilog(stages)
     if unit == "array":
         inner = SystolicArray(config.rows, config.cols, stages, pe_module=pe_name)
     else:
-        inner = MxuChip(config, pe_module=pe_name)
-    return _wrapped(unit, config, inner, pe_module_verilog(stages), target,
-                    pes=config.rows * config.cols)
+        vpu_prelude, modules = _vpu_modules() if config.vpu else ("", None)
+        prelude += vpu_prelude
+        inner = MxuChip(config, pe_module=pe_name, vpu_modules=modules)
+    return _wrapped(unit, config, inner, prelude, target, pes=config.rows * config.cols)
+
+
+def _vpu_modules():
+    """(Verilog, unit_modules) of the vector unit's fp32 adder, multipliers and
+    lane, each generated once and instantiated by name (like the PE)."""
+    units = {"fadd": "mxu_fp32_add", "fmul": "mxu_fp32_mul", "fscale": "mxu_fp32_scale"}
+    prelude = (component_verilog(Fp32Adder(), units["fadd"])
+               + component_verilog(Fp32Multiplier(), units["fmul"])
+               + component_verilog(Fp32Multiplier(power_of_two=True), units["fscale"])
+               + component_verilog(VectorLane(units), "mxu_vpu_lane"))
+    return prelude, {**units, "lane": "mxu_vpu_lane"}
 
 
 def _wrapped(unit, config, inner, prelude, target, pes):

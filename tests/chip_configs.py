@@ -12,3 +12,9 @@ SHAPES = {
     "3x5": ChipConfig(rows=3, cols=5, **_SMALL_MEMORIES),
     "16x16": ChipConfig(),
 }
+
+# With the vector unit (docs/vpu.md): a square and a non-square shape.
+VPU_SHAPES = {
+    "4x4": TINY.replace(vpu=True),
+    "3x5": SHAPES["3x5"].replace(vpu=True),
+}

@@ -32,7 +32,7 @@ def test_values_that_do_not_fit_are_rejected():
     with pytest.raises(ValueError, match="'bogus' is not a field"):
         encode(Opcode.HALT, bogus=1)
     with pytest.raises(ValueError, match="illegal opcode"):
-        decode(7)
+        decode(8)
 
 
 def test_docs_tables_match_the_layouts():

@@ -49,7 +49,7 @@ def test_trace_totals_equal_the_counters(traced):
     _check_against_counters(trace)
     starts = [e.start for e in trace.events]
     assert starts == sorted(starts)
-    assert {e.track for e in trace.events} == set(TRACKS)
+    assert {e.track for e in trace.events} == set(trace.tracks) == set(TRACKS) - {"vector"}
 
 
 def test_several_programs_make_one_trace(traced):
@@ -70,7 +70,7 @@ def test_chrome_trace_json_has_the_format(traced, tmp_path):
     events = doc["traceEvents"]
     assert {e["ph"] for e in events} == {"M", "X", "C"}
     names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert set(TRACKS) <= set(names.values())
+    assert set(trace.tracks) <= set(names.values())
     last_end = {}
     for e in events:
         if e["ph"] != "X":
@@ -83,7 +83,7 @@ def test_chrome_trace_json_has_the_format(traced, tmp_path):
     for e in trace.events:
         by_track.setdefault(e.track, []).append(e)
     for tid, track in names.items():
-        if track not in TRACKS:
+        if track not in trace.tracks:
             continue
         slices = [e for e in events if e["ph"] == "X" and e["tid"] == tid]
         assert [s["ts"] + s["dur"] for s in slices] == [e.end for e in by_track[track]]

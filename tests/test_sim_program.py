@@ -10,7 +10,6 @@ from mxu.hdl.isa import ErrorCode
 from mxu.sim import Chip
 from mxu.sim import Program
 from mxu.verif import golden, programs
-from mxu.verif.isa_model import IsaModel
 
 SEED = 20261122
 CFG = TINY
@@ -21,17 +20,7 @@ def chip():
     return Chip(CFG)
 
 
-def _both(chip, program, image, base=0x80000):
-    """Run on the chip and on the functional model; return (chip result, model)."""
-    model = IsaModel(CFG)
-    for addr, data in image.items():
-        data = np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8)
-        model.ext[addr:addr + data.size] = data
-    code = program.to_bytes()
-    model.ext[base:base + len(code)] = np.frombuffer(code, np.uint8)
-    expected = model.run(code, base)
-    result = chip.run(program, image, base=base)
-    return result, model, expected
+_both = programs.run_both
 
 
 def _fresh(chip):

@@ -17,19 +17,13 @@ compute engine's row interlock). `races(config, program)` returns the unordered
 pairs; an empty list means the program's outcome cannot depend on timing.
 """
 
-from mxu.hdl.isa import Engine, Opcode, SeedMode
+from mxu.hdl.isa import TOKEN_LINKS, Engine, Opcode, SeedMode
 
-from .isa_model import _engine, check_instruction, expand_loops
+from .isa_model import _engine, check_instruction, expand_loops, token_counters, vector_accesses
 
 __all__ = ["races", "accesses"]
 
-_TOKENS = {  # (engine, side) -> (counter it pushes, counter it pops)
-    (Engine.LOAD, "next"): ("l2c", "c2l"),
-    (Engine.COMPUTE, "prev"): ("c2l", "l2c"),
-    (Engine.COMPUTE, "next"): ("c2s", "s2c"),
-    (Engine.STORE, "prev"): ("s2c", "c2s"),
-}
-_ENGINES = (Engine.LOAD, Engine.COMPUTE, Engine.STORE)
+_ENGINES = tuple(Engine)
 _CHAIN = {(e, phase): n for n, (e, phase) in
           enumerate((e, p) for e in _ENGINES for p in ("start", "complete"))}
 
@@ -51,9 +45,15 @@ def _issued(config, program):
     return out
 
 
-def accesses(opcode, f):
-    """[(kind "r" or "w", resource)] of one instruction."""
+def accesses(opcode, f, config=None):
+    """[(kind "r" or "w", resource)] of one instruction (VECTOR needs `config`)."""
     out = []
+    if opcode is Opcode.VECTOR:
+        a, b, dst, space = vector_accesses(config, f)
+        for r in (a, b):
+            if r is not None:
+                out += [("r", ("acc", i)) for i in range(*r)]
+        return out + [("w", (space, i)) for i in range(*dst)]
     if opcode in (Opcode.LOAD, Opcode.STORE):
         space = "acc" if f["flags"]["space"] else "vmem"
         chip = [(space, f["chip_row"] + i) for i in range(f["rows"])]
@@ -77,14 +77,14 @@ def accesses(opcode, f):
 
 
 def _clocks(per):
-    """Vector clocks of every instruction's start and completion (over the six
+    """Vector clocks of every instruction's start and completion (over the
     chains: each engine's starts and completions)."""
-    pushers = {name: [] for name in ("l2c", "c2l", "c2s", "s2c")}
+    pushers = {name: [] for pair in TOKEN_LINKS.values() for name in pair}
     for e in _ENGINES:
         for i, (_, _, f) in enumerate(per[e]):
             for side in ("prev", "next"):
                 if f["deps"][f"push_{side}"]:
-                    pushers[_TOKENS[(e, side)][0]].append((e, i))
+                    pushers[token_counters(e, side, f)[0]].append((e, i))
     popped = {name: 0 for name in pushers}
     start, done = {e: [] for e in _ENGINES}, {e: [] for e in _ENGINES}
     order, progress = [], True
@@ -97,7 +97,7 @@ def _clocks(per):
                 waits, take = [], {}
                 for side in ("prev", "next"):
                     if f["deps"][f"pop_{side}"]:
-                        counter = _TOKENS[(e, side)][1]
+                        counter = token_counters(e, side, f)[1]
                         k = popped[counter] + take.get(counter, 0)
                         take[counter] = take.get(counter, 0) + 1
                         if k >= len(pushers[counter]):
@@ -130,7 +130,7 @@ def races(config, program, limit=5):
     second opcode). Raises ValueError for illegal or deadlocking programs."""
     per = {e: [] for e in _ENGINES}
     for pc, opcode, f in _issued(config, program):
-        per[_engine(opcode, f)].append((pc, opcode, f))
+        per[_engine(opcode, f, config)].append((pc, opcode, f))
     start, order = _clocks(per)
 
     def before(x, y):   # x completes before y starts
@@ -140,7 +140,7 @@ def races(config, program, limit=5):
     last_write, last_read, found = {}, {}, []
     for e, i in order:
         pc, opcode, f = per[e][i]
-        for kind, key in accesses(opcode, f):
+        for kind, key in accesses(opcode, f, config):
             for other in _ENGINES:
                 if other is e:
                     continue

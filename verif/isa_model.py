@@ -15,18 +15,21 @@ import numpy as np
 
 from mxu.hdl import isa
 from mxu.hdl.dma import DmaDir, DmaError, DmaSpace
-from mxu.hdl.isa import Engine, ErrorCode, Opcode, SeedMode
+from mxu.hdl.isa import (BINARY_VPU_OPS, TOKEN_LINKS, BMode, Engine, ErrorCode, Opcode, SeedMode,
+                         VpuOp)
 from mxu.verif import golden
 from mxu.verif.dma_model import Descriptor, DmaModel
 
-__all__ = ["IsaModel", "ModelResult", "check_instruction", "expand_loops"]
+__all__ = ["IsaModel", "ModelResult", "check_instruction", "expand_loops", "token_counters",
+           "vector_accesses"]
 
-_TOKENS = {  # (engine, "prev"/"next") -> token counter name
-    (Engine.LOAD, "next"): ("l2c", "c2l"),      # push l2c, pop c2l
-    (Engine.COMPUTE, "prev"): ("c2l", "l2c"),
-    (Engine.COMPUTE, "next"): ("c2s", "s2c"),
-    (Engine.STORE, "prev"): ("s2c", "c2s"),
-}
+
+def token_counters(engine, side, f):
+    """(counter pushed, counter popped) on `side` of `engine` for an instruction
+    with fields `f` (its vector link flag picks the counters), or None."""
+    flags = f.get("flags")
+    link = flags.get("vector", 0) if isinstance(flags, dict) else 0
+    return TOKEN_LINKS.get((engine, side, link)) or TOKEN_LINKS.get((engine, side, 0))
 
 
 @dataclass
@@ -34,6 +37,7 @@ class ModelResult:
     error: ErrorCode
     pc: int                      # instruction index of the error (or of HALT)
     matmul_rows: int = 0         # activation rows streamed (for utilisation)
+    vector_rows: int = 0         # rows through the vector unit
     dma_bytes: dict = field(default_factory=lambda: {"read": 0, "written": 0})
 
 
@@ -45,17 +49,23 @@ def check_instruction(config, word):
     except ValueError:
         return ErrorCode.ILLEGAL_INSTR, None, None
     deps = f["deps"]
-    if _reserved_set(f):
+    if _reserved_set(f) or (opcode is Opcode.VECTOR and not config.vpu):
         return ErrorCode.ILLEGAL_INSTR, opcode, f
-    engine = _engine(opcode, f)
+    engine = _engine(opcode, f, config)
     if opcode is Opcode.HALT:
         bad = any(deps.values()) or f["flags"] != 0
     elif engine is None:
         bad = True
     else:
+        link = isinstance(f["flags"], dict) and f["flags"].get("vector", 0)
         bad = ((deps["pop_prev"] or deps["push_prev"]) and engine is Engine.LOAD) or \
               ((deps["pop_next"] or deps["push_next"]) and engine is Engine.STORE) or \
-              (opcode is Opcode.LOADW and (deps["push_prev"] or deps["push_next"]))
+              (opcode is Opcode.LOADW and (deps["push_prev"] or deps["push_next"])) or \
+              (link and not (config.vpu and engine in (Engine.COMPUTE, Engine.STORE)))
+        if opcode is Opcode.VECTOR:
+            fl = f["flags"]
+            bad = bad or f["op"] > VpuOp.RMAX.value or fl["b_mode"] > BMode.SCALAR.value \
+                or (fl["transpose"] and not fl["to_vmem"])
     if bad:
         return ErrorCode.ILLEGAL_INSTR, opcode, f
     if opcode is Opcode.LOADW:
@@ -72,7 +82,42 @@ def check_instruction(config, word):
         seed_end = f["seed_row"] + (m if mode == SeedMode.ACC.value else 1)
         if f["out_row"] + m > config.acc_rows or (mode != SeedMode.ZERO.value and seed_end > config.acc_rows):
             return ErrorCode.ACC_RANGE, opcode, f
+    if opcode is Opcode.VECTOR:
+        return _vector_error(config, f), opcode, f
     return ErrorCode.NONE, opcode, f
+
+
+def vector_accesses(config, f):
+    """The row ranges a legal VECTOR reads and writes: (a, b or None, dst, dst
+    space "acc" or "vmem"), each range a (first, end) pair."""
+    n, fl = f["rows"], f["flags"]
+    a = (f["a_row"], f["a_row"] + n)
+    b = None
+    if VpuOp(f["op"]) in BINARY_VPU_OPS and fl["b_mode"] != BMode.SCALAR.value:
+        b = (f["b_row"], f["b_row"] + (n if fl["b_mode"] == BMode.ROW.value else 1))
+    written = config.cols if fl["transpose"] else n
+    return a, b, (f["dst_row"], f["dst_row"] + written), "vmem" if fl["to_vmem"] else "acc"
+
+
+def _vector_error(config, f):
+    """VECTOR's static checks after the legality of its fields (docs/isa.md)."""
+    n = f["rows"]
+    if n == 0:
+        return ErrorCode.ILLEGAL_INSTR
+    if f["flags"]["transpose"] and n > config.vmem_row_elems:
+        return ErrorCode.ILLEGAL_INSTR
+    a, b, dst, space = vector_accesses(config, f)
+    if space == "acc":
+        # The rows written must be the rows read (in place) or apart from them.
+        for r in (a, b):
+            if r is not None and r[0] < dst[1] and dst[0] < r[1] and r != dst:
+                return ErrorCode.ILLEGAL_INSTR
+    if any(r is not None and r[1] > config.acc_rows for r in (a, b)) or \
+            (space == "acc" and dst[1] > config.acc_rows):
+        return ErrorCode.ACC_RANGE
+    if space == "vmem" and dst[1] > config.vmem_rows:
+        return ErrorCode.VMEM_RANGE
+    return ErrorCode.NONE
 
 
 def _reserved_set(fields):
@@ -85,10 +130,10 @@ def _reserved_set(fields):
     return False
 
 
-def _engine(opcode, f):
+def _engine(opcode, f, config):
     if opcode is Opcode.SYNC:
-        e = f["flags"]["engine"]
-        return Engine(e) if e <= Engine.STORE.value else None
+        e = Engine(f["flags"]["engine"])
+        return e if e in isa.engines_of(config) else None
     return isa.ENGINE_OF.get(opcode)
 
 
@@ -163,7 +208,7 @@ class IsaModel:
         if base % isa.INSTR_BYTES or base + len(program_bytes) > self.ext.size:
             return ModelResult(ErrorCode.FETCH_ERROR, 0)
         queues = {e: [] for e in Engine}
-        tokens = {"l2c": 0, "c2l": 0, "c2s": 0, "s2c": 0}
+        tokens = {name: 0 for pair in TOKEN_LINKS.values() for name in pair}
         result = ModelResult(ErrorCode.NONE, 0)
         stream = expand_loops(self.config, words)
         pc, word = next(stream)
@@ -180,20 +225,20 @@ class IsaModel:
                 if opcode is Opcode.HALT:
                     halted, result.pc, progress = True, pc, True
                 else:
-                    queue = queues[_engine(opcode, f)]
+                    queue = queues[_engine(opcode, f, self.config)]
                     if len(queue) < self.queue_depth:
                         queue.append((pc, opcode, f))
                         pc, word = next(stream)
                         progress = True
             for engine, queue in queues.items():
-                while queue and self._can_pop(engine, queue[0][2]["deps"], tokens):
+                while queue and self._can_pop(engine, queue[0][2], tokens):
                     ipc, opcode, f = queue.pop(0)
-                    self._pop(engine, f["deps"], tokens)
+                    self._tokens(engine, f, tokens, "pop", -1)
                     error = self._execute(opcode, f, result)
                     if error is not ErrorCode.NONE:
                         result.error, result.pc = error, ipc
                         return result
-                    self._push(engine, f["deps"], tokens)
+                    self._tokens(engine, f, tokens, "push", +1)
                     progress = True
             if halted and not any(queues.values()):
                 return result
@@ -202,23 +247,17 @@ class IsaModel:
                 return result
 
     @staticmethod
-    def _can_pop(engine, deps, tokens):
+    def _can_pop(engine, f, tokens):
         for side in ("prev", "next"):
-            if deps[f"pop_{side}"] and tokens[_TOKENS[(engine, side)][1]] == 0:
+            if f["deps"][f"pop_{side}"] and tokens[token_counters(engine, side, f)[1]] == 0:
                 return False
         return True
 
     @staticmethod
-    def _pop(engine, deps, tokens):
+    def _tokens(engine, f, tokens, kind, step):
         for side in ("prev", "next"):
-            if deps[f"pop_{side}"]:
-                tokens[_TOKENS[(engine, side)][1]] -= 1
-
-    @staticmethod
-    def _push(engine, deps, tokens):
-        for side in ("prev", "next"):
-            if deps[f"push_{side}"]:
-                tokens[_TOKENS[(engine, side)][0]] += 1
+            if f["deps"][f"{kind}_{side}"]:
+                tokens[token_counters(engine, side, f)[kind == "pop"]] += step
 
     def _execute(self, opcode, f, result):
         if opcode in (Opcode.LOAD, Opcode.STORE):
@@ -233,7 +272,35 @@ class IsaModel:
             self.staged.append(tile)
         elif opcode is Opcode.MATMUL:
             return self._matmul(f, result)
+        elif opcode is Opcode.VECTOR:
+            self._vector(f, result)
         return ErrorCode.NONE
+
+    def _vector(self, f, result):
+        """VECTOR through the golden vector unit (`mxu.verif.vpu.vector_alu`)."""
+        from mxu.verif.vpu import vector_alu
+        c = self.config
+        (a0, a1), b, (d0, d1), space = vector_accesses(c, f)
+        n = f["rows"]
+        acc = self.acc.view(np.uint32)
+        a = acc[a0:a1].copy()
+        if b is None:
+            bits = np.full((n, c.cols), f["imm"] if f["flags"]["b_mode"] == BMode.SCALAR.value
+                           else 0, np.uint32)
+        else:
+            bits = np.broadcast_to(acc[b[0]:b[1]], (n, c.cols)).copy()
+        out = vector_alu(np.full(n, f["op"]), a, bits)
+        result.vector_rows += n
+        if space == "acc":
+            acc[d0:d1] = out
+            return
+        bf = golden.fp32_to_bf16(out)
+        rows = np.zeros((d1 - d0, c.vmem_row_elems), np.uint16)
+        if f["flags"]["transpose"]:
+            rows[:, :n] = bf.T
+        else:
+            rows[:, :c.cols] = bf
+        self.vmem.view(np.uint16)[d0:d1] = rows
 
     def _dma(self, opcode, f, result):
         flags = f["flags"]

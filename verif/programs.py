@@ -3,15 +3,31 @@ cocotb testbench `tb_chip` run the same ones and compare with `IsaModel`."""
 
 import numpy as np
 
-from mxu.hdl.isa import ErrorCode, Opcode, encode
+from mxu.hdl.isa import BINARY_VPU_OPS, ErrorCode, Opcode, VpuOp, encode
 from mxu.sim import Program
 from mxu.verif import golden
 
 __all__ = ["every_instruction", "loop_program", "random_program", "random_image", "bf16_bits",
-           "error_programs", "EVERY_INSTRUCTION_OUTPUTS", "LOOP_OUTPUTS"]
+           "error_programs", "run_both", "vector_program", "vector_error_programs", "fp32_operands",
+           "EVERY_INSTRUCTION_OUTPUTS", "LOOP_OUTPUTS"]
 
 # External byte ranges `every_instruction` writes.
 EVERY_INSTRUCTION_OUTPUTS = [(0x1000, 0x1080), (0x2000, 0x2030), (0x3000, 0x3030)]
+
+
+def run_both(chip, program, image, base=0x80000):
+    """Run `program` with external memory `image` ({address: array}) on `chip`
+    (a `mxu.sim.Chip`) and on a fresh `IsaModel` of its config; returns (the
+    chip's result, the model, the model's `ModelResult`)."""
+    from mxu.verif.isa_model import IsaModel
+    model = IsaModel(chip.config)
+    for addr, data in image.items():
+        data = np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8)
+        model.ext[addr:addr + data.size] = data
+    code = program.to_bytes()
+    model.ext[base:base + len(code)] = np.frombuffer(code, np.uint8)
+    expected = model.run(code, base)
+    return chip.run(program, image, base=base), model, expected
 
 
 def bf16_bits(rng, shape):
@@ -145,7 +161,7 @@ def error_programs(config):
     program per error code the decoder and the engines raise on their own."""
     ok_load = dict(vmem_row=0, ext_addr=0, rows=1, row_bytes=8)
     cases = {}
-    cases["illegal opcode"] = (Program().raw(encode(Opcode.HALT) & ~0xF | 7).halt(),
+    cases["illegal opcode"] = (Program().raw(encode(Opcode.HALT) & ~0xF | 8).halt(),
                                ErrorCode.ILLEGAL_INSTR, 0)
     cases["reserved bits"] = (Program().load(**ok_load).raw(encode(Opcode.HALT) | 1 << 100),
                               ErrorCode.ILLEGAL_INSTR, 1)
@@ -182,3 +198,117 @@ def error_programs(config):
     cases["loop with flags"] = (Program().raw(encode(Opcode.LOOP, count=1, body=1, flags=1))
                                 .raw(one.words[0]).raw(0).halt(), ErrorCode.ILLEGAL_INSTR, 0)
     return cases
+
+
+_SPECIALS = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x00000001,
+                      0x807FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000, 0xC2B00000],
+                     np.uint32)
+
+
+def fp32_operands(rng, shape, specials=0.1):
+    """fp32 bit patterns: normal numbers of several magnitudes, and a share of
+    special values (signed zeros, infinities, NaN, subnormals, extremes)."""
+    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-6, 7, shape))).astype(np.float32)
+    bits = x.view(np.uint32).copy()
+    pick = rng.random(shape) < specials
+    bits[pick] = rng.choice(_SPECIALS, int(pick.sum()))
+    return bits
+
+
+def vector_program(config, rng, n=6):
+    """(program, image, outputs): every VECTOR op in every ``b`` mode, in place
+    and out of place, to the accumulator, to VMEM and transposed, back to back
+    (the engine's interlock), then a MATMUL whose weights are a transposed
+    VECTOR result and whose activations another (vector -> compute tokens),
+    all stored (vector -> store and compute -> store tokens). For any shape;
+    `outputs` are the external byte ranges written."""
+    c = config
+    assert c.vpu, "vector_program needs a chip with the vector unit"
+    acc_bytes, vmem_bytes = c.acc_row_bytes, c.vmem_row_bytes
+    a_bits, b_bits = fp32_operands(rng, (n, c.cols)), fp32_operands(rng, (n, c.cols))
+    image = {0x000: a_bits, 0x4000: b_bits}
+    p = Program()
+    p.load(acc_row=0, ext_addr=0x000, rows=n, row_bytes=acc_bytes)
+    p.load(acc_row=n, ext_addr=0x4000, rows=n, row_bytes=acc_bytes, push_next=True)
+    p.sync("compute", pop_prev=True, push_next=True, vector=True)
+    dst, first = 2 * n, True
+    for op in VpuOp:
+        modes = ([dict(b_row=n), dict(b_row=n + 1, broadcast=True), dict(scalar=-1.75)]
+                 if op in BINARY_VPU_OPS else [{}])
+        for mode in modes:
+            p.vector(op, a_row=0, rows=n, dst_row=dst, pop_prev=first, **mode)
+            first, dst = False, dst + n
+    # A chain through one block of rows: each instruction reads the last one's
+    # result (the interlock), in place, with the same rows as a and b.
+    chain = dst
+    p.vector("pass", a_row=0, rows=n, dst_row=chain)
+    p.vector("exp", a_row=chain, rows=n, dst_row=chain)
+    p.vector("mul", a_row=chain, b_row=chain, rows=n, dst_row=chain)
+    p.vector("rsum", a_row=chain, rows=n, dst_row=chain + n)
+    p.vector("recip", a_row=chain + n, rows=n, dst_row=chain + n)
+    p.vector("mul", a_row=chain, b_row=chain + n, rows=n, dst_row=chain)
+    acc_end = chain + 2 * n
+    # VMEM results: plain rows (the activations) and a transposed block (the weights).
+    p.vector("mul", a_row=0, rows=n, dst_row=0, scalar=0.5, to_vmem=True)
+    p.vector("add", a_row=n, rows=min(n, c.rows), dst_row=n, scalar=0.25, to_vmem=True,
+             transpose=True, push_prev=True, push_next=True)
+    p.loadw(vmem_row=n, k_rows=min(c.rows, c.cols), pop_next=True, vector=True)
+    p.matmul(act_row=0, m_rows=n, out_row=acc_end, new_weights=True, push_next=True)
+    p.store(acc_row=0, ext_addr=0x8000, rows=acc_end, row_bytes=acc_bytes, pop_prev=True,
+            vector=True)
+    p.store(acc_row=acc_end, ext_addr=0xC000, rows=n, row_bytes=acc_bytes, pop_prev=True)
+    p.store(vmem_row=0, ext_addr=0xE000, rows=n + c.cols, row_bytes=vmem_bytes)
+    p.halt()
+    outputs = [(0x8000, 0x8000 + acc_end * acc_bytes), (0xC000, 0xC000 + n * acc_bytes),
+               (0xE000, 0xE000 + (n + c.cols) * vmem_bytes)]
+    return p, image, outputs
+
+
+def vector_error_programs(config):
+    """name -> (program, expected ErrorCode, pc): the VECTOR instruction's static
+    errors and the vector link's, on a chip with the vector unit."""
+    c = config
+    word = Program().vector("add", a_row=0, b_row=8, rows=4, dst_row=16).words[0]
+    field = lambda name, value, base=word: _with_field(base, name, value)
+    cases = {
+        "unknown vector op": (field("op", 11), ErrorCode.ILLEGAL_INSTR),
+        "b mode 3": (field("flags.b_mode", 3), ErrorCode.ILLEGAL_INSTR),
+        "transpose to the accumulator": (field("flags.transpose", 1), ErrorCode.ILLEGAL_INSTR),
+        "vector reserved flag": (field("flags.reserved", 8), ErrorCode.ILLEGAL_INSTR),
+        "zero rows": (field("rows", 0), ErrorCode.ILLEGAL_INSTR),
+        "partial overlap with a": (field("dst_row", 2), ErrorCode.ILLEGAL_INSTR),
+        "partial overlap with b": (field("dst_row", 10), ErrorCode.ILLEGAL_INSTR),
+        "a beyond the accumulator": (field("a_row", c.acc_rows - 3), ErrorCode.ACC_RANGE),
+        "b beyond the accumulator": (field("b_row", c.acc_rows - 2), ErrorCode.ACC_RANGE),
+        "dst beyond the accumulator": (field("dst_row", c.acc_rows - 1), ErrorCode.ACC_RANGE),
+        "dst beyond VMEM": (Program().vector("pass", a_row=0, rows=4, dst_row=c.vmem_rows - 3,
+                                             to_vmem=True).words[0], ErrorCode.VMEM_RANGE),
+        "transpose beyond VMEM": (Program().vector("pass", a_row=0, rows=2, to_vmem=True,
+                                                   transpose=True,
+                                                   dst_row=c.vmem_rows - c.cols + 1).words[0],
+                                  ErrorCode.VMEM_RANGE),
+        "transpose taller than a VMEM row": (
+            Program().vector("pass", a_row=0, rows=c.vmem_row_elems + 1, to_vmem=True,
+                             transpose=True, dst_row=0).words[0], ErrorCode.ILLEGAL_INSTR),
+        "vector link on a load": (
+            Program().load(acc_row=0, ext_addr=0, rows=1, row_bytes=4).words[0] | 1 << 15,
+            ErrorCode.ILLEGAL_INSTR),
+        "vector link on a vector sync": (Program().sync("vector").words[0] | 1 << 15,
+                                         ErrorCode.ILLEGAL_INSTR),
+    }
+    ok = Program().vector("pass", a_row=0, rows=1, dst_row=1)
+    return {name: (Program().extend(ok).raw(w, name).halt(), code, 1)
+            for name, (w, code) in cases.items()}
+
+
+def _with_field(word, name, value):
+    """`word` (a VECTOR) with one field, dotted for flags, set to `value`."""
+    from mxu.hdl.isa import VectorInstr
+    from mxu.hdl.fields import struct_layout
+    layout, offset = VectorInstr.as_shape(), 0
+    for part in name.split("."):
+        field = layout[part]
+        offset += field.offset
+        layout = struct_layout(field.shape) or layout
+    mask = ((1 << field.width) - 1) << offset
+    return (word & ~mask) | (value << offset)

@@ -190,12 +190,14 @@ def _v(bits):
     return np.asarray(bits, _U32).view(_F32)
 
 
-def _tree(x, combine, pad):
+def _tree(x, combine, pad, lanes=1):
     """Reduce the last axis of uint32 words pairwise as `hostops.tree_sum` does:
-    pad with `pad` to a power of two, then combine the upper half onto the lower
-    half until one element is left (the last axis is kept, size 1)."""
+    pad with `pad` to a power of two (at least `lanes`), then combine the upper
+    half onto the lower half until one element is left (the last axis is kept,
+    size 1). A chip with a power-of-two number of columns reduces a row of
+    tiles in this order with ``lanes = cols`` (docs/vpu.md)."""
     n = x.shape[-1]
-    width = 1 << max(0, (n - 1).bit_length())
+    width = max(1 << max(0, (n - 1).bit_length()), 1 << max(0, (lanes - 1).bit_length()))
     if width != n:
         x = np.concatenate([x, np.full(x.shape[:-1] + (width - n,), pad, _U32)], axis=-1)
     while width > 1:
@@ -204,12 +206,12 @@ def _tree(x, combine, pad):
     return x
 
 
-def _sum_rows(x):
-    return _tree(x, fadd, 0)
+def _sum_rows(x, lanes=1):
+    return _tree(x, fadd, 0, lanes)
 
 
-def _max_rows(x):
-    return _tree(x, fmax, 0xFF800000)
+def _max_rows(x, lanes=1):
+    return _tree(x, fmax, 0xFF800000, lanes)
 
 
 def _word(value):
@@ -220,27 +222,28 @@ def _word(value):
 _NEG_INF, _FLT_MIN = 0xFF800000, 0x00800000
 
 
-def softmax(scores, mask):
+def softmax(scores, mask, lanes=1):
     """Softmax over the last axis, `mask` True where attending is allowed:
     ``x' = x + bias`` (bias 0 or -inf), ``m = max(tree_max(x'), -FLT_MAX)``,
     ``e = exp(x' - m)``, ``e * reciprocal(max(tree_sum(e), FLT_MIN))`` -- a row
-    with no allowed position is all zeros."""
+    with no allowed position is all zeros. `lanes`: see `_tree`."""
     x = _b(scores)
     bias = np.where(np.broadcast_to(mask, x.shape), _U32(0), _U32(_NEG_INF))
     x = fadd(x, bias)
-    m = fmax(_max_rows(x), _word(-np.finfo(np.float32).max))
+    m = fmax(_max_rows(x, lanes), _word(-np.finfo(np.float32).max))
     e = vpu_exp(fadd(x, fmul(m, _U32(0xBF800000))))
-    total = fmax(_sum_rows(e), _U32(_FLT_MIN))
+    total = fmax(_sum_rows(e, lanes), _U32(_FLT_MIN))
     return _v(fmul(e, vpu_reciprocal(total)))
 
 
-def layer_norm(x, gamma, beta, eps):
+def layer_norm(x, gamma, beta, eps, lanes=1):
     """LayerNorm over the last axis: ``d = x - tree_sum(x) * (1/n)``,
-    ``var = tree_sum(d*d) * (1/n)``, ``((d * rsqrt(var + eps)) * gamma) + beta``."""
+    ``var = tree_sum(d*d) * (1/n)``, ``((d * rsqrt(var + eps)) * gamma) + beta``.
+    `lanes`: see `_tree`."""
     x = _b(x)
     inv_n = _word(1 / x.shape[-1])
-    d = fadd(x, fmul(fmul(_sum_rows(x), inv_n), _U32(0xBF800000)))
-    var = fmul(_sum_rows(fmul(d, d)), inv_n)
+    d = fadd(x, fmul(fmul(_sum_rows(x, lanes), inv_n), _U32(0xBF800000)))
+    var = fmul(_sum_rows(fmul(d, d), lanes), inv_n)
     inv = vpu_rsqrt(fadd(var, _word(eps)))
     return _v(fadd(fmul(fmul(d, inv), _b(gamma)), _b(beta)))
 

@@ -10,8 +10,8 @@ from mxu.hdl.pe import ProcessingElement
 
 from .fast_pe import fast_pe_verilog
 
-__all__ = ["to_verilog", "lean_verilog", "pe_verilog", "array_verilog", "chip_verilog",
-           "dma_system_verilog"]
+__all__ = ["to_verilog", "lean_verilog", "pe_verilog", "vpu_lane_verilog", "array_verilog",
+           "chip_verilog", "dma_system_verilog"]
 
 
 def to_verilog(component, name="top"):
@@ -64,12 +64,25 @@ def pe_verilog(stages):
     """(module name, Verilog) of ``ProcessingElement(stages)``, for designs that
     instantiate the PE by name (``SystolicArray(..., pe_module=name)``)."""
     pe_name = f"mxu_pe_s{stages}"
-    pe = to_verilog(ProcessingElement(stages), name=pe_name)
     # Keep the PE a module of its own in Verilator: one C++ class instantiated
     # rows*cols times instead of rows*cols inlined copies. Measured on 16x16:
     # build 124 s instead of 327 s, and the model runs slightly faster.
-    head = pe.index(");", pe.index(f"module {pe_name}(")) + 2
-    return pe_name, pe[:head] + "\n  /*verilator no_inline_module*/" + pe[head:]
+    return pe_name, _not_inlined(to_verilog(ProcessingElement(stages), name=pe_name), pe_name)
+
+
+@functools.lru_cache(maxsize=None)
+def vpu_lane_verilog():
+    """(module name, Verilog) of `VectorLane`, for designs that instantiate the
+    lane by name (``VectorAlu(..., unit_modules={"lane": name})``): one C++
+    class in Verilator however many lanes, as for the PE."""
+    from mxu.hdl.vpu import VectorLane
+    name = "mxu_vpu_lane"
+    return name, _not_inlined(to_verilog(VectorLane(), name=name), name)
+
+
+def _not_inlined(text, module):
+    head = text.index(");", text.index(f"module {module}(")) + 2
+    return text[:head] + "\n  /*verilator no_inline_module*/" + text[head:]
 
 
 @functools.lru_cache(maxsize=8)
@@ -87,4 +100,8 @@ def chip_verilog(config, fast_mac=False, trace=False):
     (`mxu.sim.backends.fast_pe`). `trace` adds the profiler's trace port."""
     from mxu.hdl.top import MxuChip
     pe_name, pe = (fast_pe_verilog if fast_mac else pe_verilog)(config.mac_stages)
-    return pe + lean_verilog(MxuChip(config, pe_module=pe_name, trace=trace))
+    # With the vector unit, its lane is a module of its own too.
+    lane_name, lane = vpu_lane_verilog() if config.vpu else (None, "")
+    chip = MxuChip(config, pe_module=pe_name, trace=trace,
+                   vpu_modules={"lane": lane_name} if config.vpu else None)
+    return pe + lane + lean_verilog(chip)

@@ -11,13 +11,20 @@
 Encodings come from `mxu.hdl.isa`, the single definition the decoder also uses.
 Dependency flags are keyword arguments on every method: ``pop_prev``,
 ``pop_next``, ``push_prev``, ``push_next`` (see docs/isa.md for the engines'
-neighbours).
+neighbours). On a chip with the vector unit, ``vector=True`` on a compute
+instruction (LOADW, MATMUL, SYNC "compute") takes its *next* tokens from and
+gives them to the vector engine instead of the store engine, and on a store
+instruction (STORE, SYNC "store") its *prev* tokens:
+
+>>> p.matmul(act_row=0, m_rows=16, out_row=0, push_next=True, vector=True)
+>>> p.vector("exp", a_row=0, rows=16, dst_row=0, pop_prev=True, push_next=True)
+>>> p.store(acc_row=0, ext_addr=0x8000, rows=16, row_bytes=64, pop_prev=True, vector=True)
 """
 
 import numpy as np
 
 from mxu.hdl import isa
-from mxu.hdl.isa import Engine, Opcode, SeedMode
+from mxu.hdl.isa import BMode, Engine, Opcode, SeedMode, VpuOp
 
 __all__ = ["Program"]
 
@@ -54,31 +61,55 @@ class Program:
                           chip_row=row, rows=rows, row_bytes=row_bytes)
 
     def store(self, *, ext_addr, rows, row_bytes, ext_stride=None, vmem_row=None, acc_row=None,
-              to_bf16=False, relu=False, **deps):
+              to_bf16=False, relu=False, vector=False, **deps):
         """STORE rows on-chip rows to external memory (fp32 -> bf16 and ReLU optional)."""
         space, row = self._space(vmem_row, acc_row)
         return self._emit(Opcode.STORE, deps,
-                          flags={"space": space, "to_bf16": int(to_bf16), "relu": int(relu)},
+                          flags={"space": space, "to_bf16": int(to_bf16), "relu": int(relu),
+                                 "vector": int(vector)},
                           ext_addr=ext_addr,
                           ext_stride=row_bytes if ext_stride is None else ext_stride,
                           chip_row=row, rows=rows, row_bytes=row_bytes)
 
-    def loadw(self, *, vmem_row, k_rows, **deps):
+    def loadw(self, *, vmem_row, k_rows, vector=False, **deps):
         """LOADW: stage the weight tile in VMEM rows vmem_row..vmem_row+k_rows-1."""
-        return self._emit(Opcode.LOADW, deps, vmem_row=vmem_row, k_rows=k_rows)
+        return self._emit(Opcode.LOADW, deps, flags={"vector": int(vector)}, vmem_row=vmem_row,
+                          k_rows=k_rows)
 
     def matmul(self, *, act_row, m_rows, out_row, seed=SeedMode.ZERO, seed_row=0,
-               new_weights=False, **deps):
+               new_weights=False, vector=False, **deps):
         """MATMUL m_rows activation rows into accumulator rows out_row.. (see docs/isa.md)."""
         seed = SeedMode[seed.upper()] if isinstance(seed, str) else SeedMode(seed)
         return self._emit(Opcode.MATMUL, deps,
-                          flags={"seed_mode": seed, "new_weights": int(new_weights)},
+                          flags={"seed_mode": seed, "new_weights": int(new_weights),
+                                 "vector": int(vector)},
                           act_row=act_row, m_rows=m_rows, out_row=out_row, seed_row=seed_row)
 
-    def sync(self, engine, **deps):
-        """SYNC on `engine` ("load", "compute" or "store"): tokens only."""
+    def sync(self, engine, vector=False, **deps):
+        """SYNC on `engine` ("load", "compute", "store" or "vector"): tokens only."""
         engine = Engine[engine.upper()] if isinstance(engine, str) else Engine(engine)
-        return self._emit(Opcode.SYNC, deps, flags={"engine": engine})
+        return self._emit(Opcode.SYNC, deps, flags={"engine": engine, "vector": int(vector)})
+
+    def vector(self, op, *, a_row, rows, dst_row, b_row=None, broadcast=False, scalar=None,
+               to_vmem=False, transpose=False, **deps):
+        """VECTOR: ``dst[dst_row + i] = op(acc[a_row + i], b_i)`` for i < rows
+        (docs/vpu.md). `op` is a `VpuOp` or its name ("add", "exp", "rsum", ...).
+        ``b_i`` is accumulator row ``b_row + i``, or row `b_row` for every i with
+        `broadcast`, or the fp32 number `scalar` in every lane; unary ops take
+        none. `to_vmem` writes bf16 VMEM rows, `transpose` their columns."""
+        op = VpuOp[op.upper()] if isinstance(op, str) else VpuOp(op)
+        if scalar is not None and b_row is not None:
+            raise TypeError("give at most one of b_row and scalar")
+        if broadcast and b_row is None:
+            raise TypeError("broadcast needs b_row")
+        mode = BMode.SCALAR if scalar is not None else (
+            BMode.BROADCAST if broadcast else BMode.ROW)
+        imm = 0 if scalar is None else int(np.float32(scalar).view(np.uint32))
+        return self._emit(Opcode.VECTOR, deps,
+                          flags={"b_mode": mode, "to_vmem": int(to_vmem),
+                                 "transpose": int(transpose)},
+                          op=op, a_row=a_row, b_row=b_row or 0, dst_row=dst_row, rows=rows,
+                          imm=imm)
 
     def halt(self):
         return self._emit(Opcode.HALT, {})

@@ -23,12 +23,14 @@ from ..driver.trace import ENGINES
 __all__ = ["Trace", "TraceEvent", "TRACKS"]
 
 # Display tracks: the compute engine's weight loader runs beside its array.
-TRACKS = ("load", "compute: weights", "compute: array", "store")
+TRACKS = ("load", "compute: weights", "compute: array", "vector", "store")
 _WAITED_FOR = {
     ("compute", "pop_prev"): "the load->compute token (its weights or activations were loading)",
     ("compute", "pop_next"): "the store->compute token (its output buffer was being stored)",
     ("load", "pop_next"): "the compute->load token (the buffer it refills was in use)",
     ("store", "pop_prev"): "the compute->store token (its results were being computed)",
+    ("vector", "pop_prev"): "the compute->vector token (its operands were being computed)",
+    ("vector", "pop_next"): "the store->vector token (its output rows were being stored)",
 }
 
 
@@ -92,7 +94,7 @@ class Trace:
                                      offset + int(end) + 1, int(f[f"{engine}.waited"][i]),
                                      program_index))
 
-        for engine in ("load", "store"):
+        for engine in ("load", "store", "vector"):
             takes = np.flatnonzero(f[f"{engine}.take"])
             ends = t[np.flatnonzero(f[f"{engine}.complete"])]
             for i, end in _pairs(takes, ends, f"{engine} instructions"):
@@ -132,6 +134,17 @@ class Trace:
         self.programs += other.programs
         return self
 
+    @property
+    def engines(self):
+        """The engines shown: the vector engine only when it ran something (a
+        chip without the vector unit has none)."""
+        ran_vector = any(e.engine == "vector" for e in self.events)
+        return tuple(e for e in ENGINES if e != "vector" or ran_vector)
+
+    @property
+    def tracks(self):
+        return tuple(t for t in TRACKS if t != "vector" or "vector" in self.engines)
+
     # ---- where the cycles went ------------------------------------------------------
     def totals(self):
         """{engine: {"busy", "stall", "idle", "instructions"}}: busy is the union of
@@ -139,7 +152,7 @@ class Trace:
         waited for a token (the chip's ``<engine>_stall`` counter), idle the
         rest of the run."""
         out = {}
-        for engine in ENGINES:
+        for engine in self.engines:
             mine = [e for e in self.events if e.engine == engine]
             busy = _union([(e.start, e.end) for e in mine])
             waits = _union([(e.start - e.waited, e.start) for e in mine])
@@ -189,7 +202,7 @@ class Trace:
         slice starts at its instruction's start or at the end of the track's
         previous slice, whichever is later (pipelined MATMULs overlap)."""
         out = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "mxu chip"}}]
-        tracks = list(TRACKS) + [f"{e} waits" for e in ENGINES]
+        tracks = list(self.tracks) + [f"{e} waits" for e in self.engines]
         for tid, name in enumerate(tracks):
             out.append({"ph": "M", "pid": 0, "tid": tid, "name": "thread_name",
                         "args": {"name": name}})
@@ -233,10 +246,10 @@ class Trace:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         colours = {"LOAD": "tab:blue", "LOADW": "tab:orange", "MATMUL": "tab:green",
-                   "STORE": "tab:purple", "SYNC": "tab:gray"}
+                   "STORE": "tab:purple", "SYNC": "tab:gray", "VECTOR": "tab:red"}
         fig, (ax, au) = plt.subplots(2, 1, figsize=(12, 4.5), sharex=True,
                                      gridspec_kw={"height_ratios": [3, 1]})
-        for lane, track in enumerate(TRACKS):
+        for lane, track in enumerate(self.tracks):
             spans = defaultdict(list)
             for e in self.events:
                 if e.track == track:
@@ -244,7 +257,7 @@ class Trace:
             for opcode, bars in spans.items():
                 ax.broken_barh(bars, (lane - 0.4, 0.8), color=colours.get(opcode, "black"),
                                label=opcode)
-        ax.set_yticks(range(len(TRACKS)), TRACKS)
+        ax.set_yticks(range(len(self.tracks)), self.tracks)
         ax.invert_yaxis()
         handles, labels = ax.get_legend_handles_labels()
         unique = dict(zip(labels, handles))

@@ -1,0 +1,146 @@
+"""The vector engine on the whole chip (fast native path): every VECTOR op and
+operand mode, its tokens with compute and store, its interlock, and every
+static error it reports, against the ISA's functional model, on a square and a
+non-square chip with the vector unit (docs/vpu.md)."""
+
+import numpy as np
+import pytest
+
+from chip_configs import TINY, VPU_SHAPES
+from mxu.hdl.isa import ErrorCode
+from mxu.sim import Chip, Program
+from mxu.verif import golden, programs
+
+SEED = 20261123
+
+
+@pytest.fixture(scope="module", params=sorted(VPU_SHAPES))
+def chip(request):
+    return Chip(VPU_SHAPES[request.param])
+
+
+def _fresh(chip):
+    chip.clear_errors()
+    chip.soft_reset()
+    chip.memory[:] = 0
+
+
+def test_every_vector_op_against_the_model(chip):
+    _fresh(chip)
+    p, image, outputs = programs.vector_program(chip.config, np.random.default_rng(SEED))
+    result, model, expected = programs.run_both(chip, p, image)
+    assert expected.error is ErrorCode.NONE
+    assert result.error is ErrorCode.NONE, result.error
+    for lo, hi in outputs:
+        golden.assert_bits_equal(result.memory[lo:hi], model.ext[lo:hi], f"bytes {lo:#x}")
+    assert result.counters["vector_active"] == expected.vector_rows
+    assert result.counters["instructions"] == len(p)
+
+
+def test_vector_errors_then_a_good_program(chip):
+    cases = programs.vector_error_programs(chip.config)
+    good, image, outputs = programs.vector_program(chip.config, np.random.default_rng(SEED + 1))
+    for name, (program, code, pc) in cases.items():
+        _fresh(chip)
+        result, _, expected = programs.run_both(chip, program, {})
+        assert (expected.error, expected.pc) == (code, pc), name
+        assert (result.error, result.error_pc) == (code, pc), name
+    _fresh(chip)
+    result, model, expected = programs.run_both(chip, good, image)
+    assert result.error is ErrorCode.NONE
+    for lo, hi in outputs:
+        golden.assert_bits_equal(result.memory[lo:hi], model.ext[lo:hi], f"bytes {lo:#x}")
+
+
+def test_vector_instructions_are_illegal_without_the_vector_unit():
+    chip = Chip(TINY)
+    for program in (Program().vector("exp", a_row=0, rows=1, dst_row=1).halt(),
+                    Program().sync("vector").halt(),
+                    Program().matmul(act_row=0, m_rows=1, out_row=0, vector=True).halt()):
+        _fresh(chip)
+        result = chip.run(program, {})
+        assert (result.error, result.error_pc) == (ErrorCode.ILLEGAL_INSTR, 0)
+
+
+def _load_tiles(p, x_addr, tiles, **deps):
+    """LOAD an (m, n) fp32 matrix stored row-major at `x_addr` as `tiles`."""
+    c = tiles.cols
+    for t in range(tiles.count):
+        width = min(c, tiles.n - t * c)
+        p.load(acc_row=tiles.tile(t), ext_addr=x_addr + 4 * t * c, rows=tiles.m,
+               row_bytes=4 * width, ext_stride=4 * tiles.n,
+               **(deps if t == tiles.count - 1 else {}))
+
+
+def _store_tiles(p, y_addr, tiles, **deps):
+    c = tiles.cols
+    for t in range(tiles.count):
+        width = min(c, tiles.n - t * c)
+        p.store(acc_row=tiles.tile(t), ext_addr=y_addr + 4 * t * c, rows=tiles.m,
+                row_bytes=4 * width, ext_stride=4 * tiles.n, **(deps if t == 0 else {}))
+
+
+def _padded_row(values, count, cols, pad):
+    row = np.full(count * cols, pad, np.float32)
+    row[:len(values)] = values
+    return row
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layer_norm", "gelu"])
+def test_layer_programs_against_the_vpu_form(chip, kind):
+    """Each layer op as a VECTOR program on accumulator tiles equals the golden
+    VPU form of the layer (`mxu.verif.vpu`, rows reduced with lanes = cols) bit
+    for bit, on widths with partial tiles, a power of two of tiles and fewer
+    columns than lanes."""
+    from mxu.sim.compiler.vector import Tiles, VectorEmitter
+    from mxu.verif import vpu
+    cfg = chip.config
+    if cfg.cols & (cfg.cols - 1):
+        pytest.skip(f"the layer programs need a power-of-two number of columns, not {cfg.cols}")
+    rng = np.random.default_rng(SEED + 7)
+    for n in ((3, 8, 12, 20) if kind != "layer_norm" else (4, 12, 20)):
+        m = 5
+        x = (rng.standard_normal((m, n)) * 3).astype(np.float32)
+        x[0, 0] = 0.0
+        xt = Tiles(0, m, n, cfg.cols)
+        scratch = [xt.like(xt.end * (i + 1) + 8) for i in range(4)]
+        spare = scratch[-1].end + 8
+        one = Tiles(spare + 2 * m, 1, n, cfg.cols)          # a one-row matrix (bias, gamma)
+        two = one.like(one.end)
+        p, image = Program(), {0x0: x}
+        _load_tiles(p, 0x0, xt)
+        emit = VectorEmitter(p, cfg)
+        if kind == "softmax":
+            mask = rng.random(n) < 0.7
+            mask[0] = True
+            image[0x8000] = _padded_row(np.where(mask, 0, -np.inf), one.count, cfg.cols, -np.inf)
+            p.load(acc_row=one.base, ext_addr=0x8000, rows=one.count, row_bytes=4 * cfg.cols,
+                   push_next=True)
+            p.sync("compute", pop_prev=True, push_next=True, vector=True)
+            emit.begin(pop_prev=True).softmax(xt, one, xt, scratch[0], spare).end(push_next=True)
+            expected = vpu.softmax(x, mask, lanes=cfg.cols)
+        elif kind == "layer_norm":
+            gamma, beta = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+            image[0x8000] = _padded_row(gamma, one.count, cfg.cols, 0)
+            image[0x9000] = _padded_row(beta, two.count, cfg.cols, 0)
+            p.load(acc_row=one.base, ext_addr=0x8000, rows=one.count, row_bytes=4 * cfg.cols)
+            p.load(acc_row=two.base, ext_addr=0x9000, rows=two.count, row_bytes=4 * cfg.cols,
+                   push_next=True)
+            p.sync("compute", pop_prev=True, push_next=True, vector=True)
+            emit.begin(pop_prev=True).layer_norm(xt, one, two, 1e-12, xt, scratch[:2], spare)
+            emit.end(push_next=True)
+            expected = vpu.layer_norm(x, gamma, beta, 1e-12, lanes=cfg.cols)
+        else:
+            p.sync("load", push_next=True)
+            p.sync("compute", pop_prev=True, push_next=True, vector=True)
+            emit.begin(pop_prev=True).gelu(xt, xt, scratch).end(push_next=True)
+            expected = vpu.gelu(x)
+        _store_tiles(p, 0x10000, xt, pop_prev=True, vector=True)
+        p.halt()
+        _fresh(chip)
+        result, model, want = programs.run_both(chip, p, image)
+        assert result.error is ErrorCode.NONE and want.error is ErrorCode.NONE
+        out = result.memory[0x10000:0x10000 + 4 * m * n].view(np.uint32).reshape(m, n)
+        golden.assert_bits_equal(out, expected.view(np.uint32), f"{kind}, n={n}")
+        golden.assert_bits_equal(out, model.ext[0x10000:0x10000 + 4 * m * n].view(np.uint32)
+                                 .reshape(m, n), f"{kind}, n={n}, ISA model")

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from chip_configs import SHAPES
+from chip_configs import SHAPES, VPU_SHAPES
 from mxu.sim import Chip
 from mxu.sim.models import SentenceEncoder
 from mxu.sim.models.sentence import bucket_length
@@ -52,6 +52,42 @@ def test_random_encoder_is_bit_exact_against_the_golden_transformer(shape):
     again, again_stats = encoder(ids, mask)
     golden.assert_bits_equal(again, tokens, "replay")
     assert again_stats.cache_hits == again_stats.programs      # static shapes: all cached
+
+
+@pytest.mark.parametrize("shape", sorted(VPU_SHAPES))
+def test_random_encoder_on_the_vector_unit_is_bit_exact(shape):
+    """``vector_ops="chip"``: every layer op on the vector unit, one program per
+    layer, bit-exact against the golden transformer in its VPU form (rows
+    reduced in the chip's lane order) and within cosine 0.9999 of float32."""
+    chip = Chip(VPU_SHAPES[shape])
+    cfg = chip.config
+    weights = EncoderWeights.random(TINY_ENCODER, seed=SEED)
+    rng = np.random.default_rng(SEED)
+    lengths = [5, 16, 11]
+    ids, mask = _batch(rng, lengths, 16, TINY_ENCODER.vocab)
+    encoder = Encoder(chip, weights, vector_ops="chip")
+    free = chip.free_bytes
+    tokens, stats = encoder(ids, mask)
+    want = golden_forward(weights, ids, mask, rows=cfg.rows, vector_ops="vpu", lanes=cfg.cols)
+    golden.assert_bits_equal(tokens, want, f"encoder on the vector unit of {shape}", seed=SEED)
+    assert stats.programs == TINY_ENCODER.layers          # one program per layer
+    assert stats.vector_active_cycles > 0 and chip.free_bytes == free
+    for i, n in enumerate(lengths):
+        ref = reference_forward(weights, ids[i, :n])
+        for got, exp in zip(tokens[i, :n], ref):
+            assert _cosine(got, exp) > 0.9999
+    again, again_stats = encoder(ids, mask)
+    golden.assert_bits_equal(again, tokens, "replay")
+    assert again_stats.cache_hits == again_stats.programs
+
+
+def test_chip_vector_ops_need_the_vector_unit():
+    with pytest.raises(ValueError, match="vector unit"):
+        Encoder(Chip(SHAPES["4x4"]), EncoderWeights.random(TINY_ENCODER, seed=SEED),
+                vector_ops="chip")
+    with pytest.raises(ValueError, match="vector_ops must be one of"):
+        Encoder(Chip(SHAPES["4x4"]), EncoderWeights.random(TINY_ENCODER, seed=SEED),
+                vector_ops="gpu")
 
 
 def test_host_operations_follow_their_documented_order():

@@ -91,22 +91,20 @@ def test_layer_programs_against_the_vpu_form(chip, kind):
     """Each layer op as a VECTOR program on accumulator tiles equals the golden
     VPU form of the layer (`mxu.verif.vpu`, rows reduced with lanes = cols) bit
     for bit, on widths with partial tiles, a power of two of tiles and fewer
-    columns than lanes."""
+    columns than lanes, on a power-of-two and a non-power-of-two lane count."""
     from mxu.sim.compiler.vector import Tiles, VectorEmitter
     from mxu.verif import vpu
     cfg = chip.config
-    if cfg.cols & (cfg.cols - 1):
-        pytest.skip(f"the layer programs need a power-of-two number of columns, not {cfg.cols}")
     rng = np.random.default_rng(SEED + 7)
-    for n in ((3, 8, 12, 20) if kind != "layer_norm" else (4, 12, 20)):
+    for n in (3, 8, 12, 20):
         m = 5
         x = (rng.standard_normal((m, n)) * 3).astype(np.float32)
         x[0, 0] = 0.0
         xt = Tiles(0, m, n, cfg.cols)
         scratch = [xt.like(xt.end * (i + 1) + 8) for i in range(4)]
         spare = scratch[-1].end + 8
-        one = Tiles(spare + 2 * m, 1, n, cfg.cols)          # a one-row matrix (bias, gamma)
-        two = one.like(one.end)
+        one = Tiles(spare + 2 * m, 1, n, cfg.cols)          # one-row matrices (bias, gamma, ...)
+        two, three = one.like(one.end), one.like(one.end + one.count)
         p, image = Program(), {0x0: x}
         _load_tiles(p, 0x0, xt)
         emit = VectorEmitter(p, cfg)
@@ -123,11 +121,13 @@ def test_layer_programs_against_the_vpu_form(chip, kind):
             gamma, beta = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
             image[0x8000] = _padded_row(gamma, one.count, cfg.cols, 0)
             image[0x9000] = _padded_row(beta, two.count, cfg.cols, 0)
-            p.load(acc_row=one.base, ext_addr=0x8000, rows=one.count, row_bytes=4 * cfg.cols)
-            p.load(acc_row=two.base, ext_addr=0x9000, rows=two.count, row_bytes=4 * cfg.cols,
-                   push_next=True)
+            image[0xA000] = _padded_row(np.ones(n), three.count, cfg.cols, 0)
+            for row, addr in ((one, 0x8000), (two, 0x9000), (three, 0xA000)):
+                p.load(acc_row=row.base, ext_addr=addr, rows=row.count, row_bytes=4 * cfg.cols,
+                       push_next=row is three)
             p.sync("compute", pop_prev=True, push_next=True, vector=True)
-            emit.begin(pop_prev=True).layer_norm(xt, one, two, 1e-12, xt, scratch[:2], spare)
+            emit.begin(pop_prev=True).layer_norm(xt, one, two, 1e-12, xt, scratch[:2], spare,
+                                                 three)
             emit.end(push_next=True)
             expected = vpu.layer_norm(x, gamma, beta, 1e-12, lanes=cfg.cols)
         else:
@@ -144,3 +144,72 @@ def test_layer_programs_against_the_vpu_form(chip, kind):
         golden.assert_bits_equal(out, expected.view(np.uint32), f"{kind}, n={n}")
         golden.assert_bits_equal(out, model.ext[0x10000:0x10000 + 4 * m * n].view(np.uint32)
                                  .reshape(m, n), f"{kind}, n={n}, ISA model")
+
+
+def test_chip_vector_ops_in_a_recording(chip):
+    """`Chip.vector`: every kind on device tensors, alone and recorded into one
+    program with matmuls, bit-exact to the golden VPU form."""
+    from mxu.hdl.dtypes import bfloat16
+    from mxu.sim.runtime.vector import layer_norm_params, softmax_bias
+    from mxu.verif import vpu
+    cfg = chip.config
+    _fresh(chip)
+    rng = np.random.default_rng(SEED + 11)
+    R, n = 12, 7
+    x = (rng.standard_normal((R, n)) * 2).astype(np.float32)
+    X = chip.upload(x)
+    bf = lambda a: golden.fp32_to_bf16(np.asarray(a, np.float32).view(np.uint32))
+
+    out, out_b = chip.empty((R, n)), chip.empty((R, n), bfloat16)
+    chip.vector("gelu", X, out=out, out_bf16=out_b)
+    golden.assert_bits_equal(out.numpy(), vpu.gelu(x), "gelu")
+    golden.assert_bits_equal(out_b.numpy().view(np.uint16), bf(vpu.gelu(x)), "gelu bf16")
+
+    mask = rng.random((3, n)) < 0.6
+    mask[:, 1] = True
+    soft = chip.vector("softmax", X, out=chip.empty((R, n)), other=softmax_bias(chip, mask),
+                       group=4, scale=0.25)
+    want = vpu.softmax(vpu.scale(x, 0.25).reshape(3, 4, n), mask[:, None], lanes=cfg.cols)
+    golden.assert_bits_equal(soft.numpy(), want.reshape(R, n), "softmax")
+
+    y, g, b = (rng.standard_normal(s).astype(np.float32) for s in ((R, n), n, n))
+    ln = chip.vector("add_layer_norm", X, out=chip.empty((R, n)), other=chip.upload(y),
+                     params=layer_norm_params(chip, g, b), eps=1e-5)
+    golden.assert_bits_equal(ln.numpy(), vpu.layer_norm(vpu.add(x, y), g, b, 1e-5, lanes=cfg.cols),
+                             "add_layer_norm")
+
+    copy, t = chip.vector("copy", X, out_bf16=chip.empty((R, n), bfloat16),
+                          out_t=chip.empty((n, R), bfloat16))
+    golden.assert_bits_equal(copy.numpy().view(np.uint16), bf(x), "copy")
+    golden.assert_bits_equal(t.numpy().view(np.uint16), np.ascontiguousarray(bf(x).T), "transpose")
+
+    w1 = rng.standard_normal((n, 9)).astype(np.float32)
+    w2 = rng.standard_normal((9, 5)).astype(np.float32)
+    W1, W2 = chip.upload(w1, dtype=bfloat16), chip.upload(w2, dtype=bfloat16)
+    h, hb = chip.empty((R, 9)), chip.empty((R, 9), bfloat16)
+    with chip.record() as rec:
+        chip.matmul(chip.upload(x, dtype=bfloat16), W1, out=h)
+        chip.vector("gelu", h, out_bf16=hb)
+        z = chip.matmul(hb, W2, keep=True)
+    assert rec.stats.programs == 1 and rec.stats.vector_active_cycles > 0
+    hh = golden.matmul(golden.as_bf16(x), golden.as_bf16(w1), rows=cfg.rows)
+    want = golden.matmul(bf(vpu.gelu(hh)).view(bfloat16), golden.as_bf16(w2), rows=cfg.rows)
+    golden.assert_bits_equal(z.numpy(), want, "matmul -> gelu -> matmul in one program")
+
+
+def test_chip_vector_rejects_bad_input(chip):
+    from mxu.hdl.dtypes import bfloat16
+    X = chip.upload(np.zeros((4, 6), np.float32))
+    with pytest.raises(ValueError, match="kind must be one of"):
+        chip.vector("tanh", X, out=chip.empty((4, 6)))
+    with pytest.raises(TypeError, match="x must be a float32 device tensor"):
+        chip.vector("gelu", chip.upload(np.zeros((4, 6), np.float32), dtype=bfloat16))
+    with pytest.raises(ValueError, match="out must have shape"):
+        chip.vector("gelu", X, out=chip.empty((4, 5)))
+    with pytest.raises(ValueError, match="needs an output"):
+        chip.vector("gelu", X)
+    with pytest.raises(ValueError, match="group"):
+        chip.vector("softmax", X, out=chip.empty((4, 6)),
+                    other=chip.upload(np.zeros((3, 8), np.float32)), group=3)
+    with pytest.raises(ValueError, match="no vector unit"):
+        Chip(TINY).vector("gelu", X)

@@ -14,7 +14,9 @@ matmuls and no bf16 rounding, one sequence at a time, no padding.
 docs/vpu.md), the forward the chip computes once the layer runs on its VPU.
 """
 
+import functools
 import math
+import types
 
 import numpy as np
 
@@ -27,11 +29,19 @@ from . import golden, vpu
 VECTOR_OPS = {"host": hostops, "vpu": vpu}
 
 
-def _vector_ops(name):
+def _vector_ops(name, lanes=1):
+    """The layer operations of backend `name`; for "vpu" with the row reductions
+    in the order of a chip with `lanes` columns (`mxu.verif.vpu`)."""
     try:
-        return VECTOR_OPS[name]
+        ops = VECTOR_OPS[name]
     except KeyError:
         raise ValueError(f"vector_ops must be one of {sorted(VECTOR_OPS)}, not {name!r}") from None
+    if name != "vpu" or lanes == 1:
+        return ops
+    return types.SimpleNamespace(
+        softmax=functools.partial(vpu.softmax, lanes=lanes),
+        layer_norm=functools.partial(vpu.layer_norm, lanes=lanes),
+        gelu=vpu.gelu, scale=vpu.scale, add=vpu.add)
 
 __all__ = ["golden_forward", "reference_forward", "embeddings"]
 
@@ -49,9 +59,9 @@ def _linear(x, w, b, rows):
     return golden.matmul(golden.as_bf16(x), golden.as_bf16(w), seed=seed, rows=rows)
 
 
-def embeddings(weights, ids, vector_ops="host"):
+def embeddings(weights, ids, vector_ops="host", lanes=1):
     w, cfg = weights, weights.config
-    return _vector_ops(vector_ops).layer_norm(
+    return _vector_ops(vector_ops, lanes).layer_norm(
         hostops.embed(ids, w.word, w.position, w.token_type), w.emb_gamma, w.emb_beta, cfg.eps)
 
 
@@ -77,13 +87,15 @@ def _attention(w, cfg, x, mask, rows, ops):
     return _linear(context, w.wo, w.bo, rows)
 
 
-def golden_forward(weights, ids, mask, rows, vector_ops="host"):
+def golden_forward(weights, ids, mask, rows, vector_ops="host", lanes=1):
     """Token vectors (B, L, hidden) of padded ids (B, L) with `mask`, computed as
-    the chip does with a ``rows``-deep array."""
-    ops = _vector_ops(vector_ops)
+    the chip does with a ``rows``-deep array; with ``vector_ops="vpu"`` and
+    ``lanes=cols``, as a chip with the vector unit does
+    (``Encoder(..., vector_ops="chip")``)."""
+    ops = _vector_ops(vector_ops, lanes)
     cfg = weights.config
     B, L = ids.shape
-    x = embeddings(weights, ids, vector_ops).reshape(B * L, cfg.hidden)
+    x = embeddings(weights, ids, vector_ops, lanes).reshape(B * L, cfg.hidden)
     for w in weights.layers:
         x1 = ops.layer_norm(ops.add(x, _attention(w, cfg, x, mask, rows, ops)),
                             w.ln1_gamma, w.ln1_beta, cfg.eps)

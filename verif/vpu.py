@@ -190,20 +190,40 @@ def _v(bits):
     return np.asarray(bits, _U32).view(_F32)
 
 
-def _tree(x, combine, pad, lanes=1):
-    """Reduce the last axis of uint32 words pairwise as `hostops.tree_sum` does:
-    pad with `pad` to a power of two (at least `lanes`), then combine the upper
-    half onto the lower half until one element is left (the last axis is kept,
-    size 1). A chip with a power-of-two number of columns reduces a row of
-    tiles in this order with ``lanes = cols`` (docs/vpu.md)."""
+def _pow2(n):
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _flat_tree(x, combine, pad):
+    """Pad the last axis with `pad` to a power of two, then combine the upper
+    half onto the lower half until one element is left."""
     n = x.shape[-1]
-    width = max(1 << max(0, (n - 1).bit_length()), 1 << max(0, (lanes - 1).bit_length()))
+    width = _pow2(n)
     if width != n:
         x = np.concatenate([x, np.full(x.shape[:-1] + (width - n,), pad, _U32)], axis=-1)
     while width > 1:
         width //= 2
         x = combine(x[..., :width], x[..., width:])
     return x
+
+
+def _tree(x, combine, pad, lanes=1):
+    """Reduce the last axis of uint32 words in the order of a chip with `lanes`
+    columns (docs/vpu.md): the row cut into tiles of `lanes` elements (the
+    last one padded with `pad`), the tiles padded with whole `pad` tiles to a
+    power of two and combined upper half onto lower half until one tile is
+    left, then that tile reduced as `_flat_tree` does. With ``lanes = 1`` (or
+    a power of two) this is `hostops.tree_sum`'s order on the row padded to
+    ``max(pow2(n), lanes)`` elements. The last axis is kept, size 1."""
+    n = x.shape[-1]
+    tiles = _pow2(-(-n // lanes))
+    if tiles * lanes != n:
+        x = np.concatenate([x, np.full(x.shape[:-1] + (tiles * lanes - n,), pad, _U32)], axis=-1)
+    x = x.reshape(x.shape[:-1] + (tiles, lanes))
+    while tiles > 1:
+        tiles //= 2
+        x = combine(x[..., :tiles, :], x[..., tiles:, :])
+    return _flat_tree(x[..., 0, :], combine, pad)
 
 
 def _sum_rows(x, lanes=1):

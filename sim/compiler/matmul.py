@@ -40,6 +40,7 @@ from mxu.hdl.isa import INSTR_BITS, SeedMode
 from .operands import MatmulOp
 from .plan import RING_SLOTS, ceil_div, plan_op
 from .program import Program
+from .vector import VectorOp, emit_vector_op
 
 __all__ = ["CompiledProgram", "compile_matmuls", "plan_segments"]
 
@@ -86,7 +87,8 @@ class CompiledProgram:
 
     @property
     def macs(self):
-        return sum(plan.M * plan.K * plan.N for seg in self.segments for _, plan in seg)
+        return sum(plan.M * plan.K * plan.N for seg in self.segments for _, plan in seg
+                   if plan is not None)
 
 
 def plan_segments(config, ops):
@@ -307,18 +309,32 @@ def _emit_runs(prog, units, loops, body_limit):
 
 
 def compile_matmuls(config, ops, *, loops=True):
-    """One `Program` for `ops` (a sequence of `MatmulOp`), in order; with `loops`
-    False every step is spelled out (the reference the loops are tested against)."""
+    """One `Program` for `ops` (a sequence of `MatmulOp` and, on a chip with the
+    vector unit, `VectorOp`), in order; with `loops` False every step is spelled
+    out (the reference the loops are tested against). A `VectorOp` is a
+    segment of its own (`emit_vector_op`), with barriers around it."""
     ops = list(ops)
     if not ops:
         raise ValueError("compile_matmuls needs at least one op")
-    segments = plan_segments(config, ops)
+    runs, segments = [], []           # runs: (first op index, [ops]) of one kind
+    for i, op in enumerate(ops):
+        if isinstance(op, VectorOp) or not runs or isinstance(runs[-1][1][-1], VectorOp):
+            runs.append((i, []))
+        runs[-1][1].append(op)
+    for first, run in runs:
+        if isinstance(run[0], VectorOp):
+            segments.append([(first, run[0])])
+        else:
+            segments += [[(first + i, p) for i, p in placed] for placed in plan_segments(config, run)]
     prog = Program()
     steps = 0
     for k, placed in enumerate(segments):
+        if isinstance(placed[0][1], VectorOp):
+            emit_vector_op(config, placed[0][1], prog)
+            continue
         seg = _Segment(config, [p for _, p in placed], last=k == len(segments) - 1)
         seg.emit(prog, loops)
         steps += seg.steps
     prog.halt()
-    return CompiledProgram(prog, tuple(tuple((i, p.plan) for i, p in placed) for placed in segments),
-                           steps)
+    return CompiledProgram(prog, tuple(tuple((i, getattr(p, "plan", None)) for i, p in placed)
+                                       for placed in segments), steps)

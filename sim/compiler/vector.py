@@ -9,12 +9,16 @@ its N tiles are written one after another. Each op below is the sequence of
 whole tiles. Row reductions follow that module's tree order with ``lanes =
 cols``: tiles ``T/2 .. T-1`` are added onto tiles ``0 .. T/2-1`` (``T`` the
 padded power of two; a missing tile is the pad, +0 or -inf, given as a
-scalar operand) until one tile is left, which RSUM or RMAX reduces in the row.
-That is the order of the flat tree only when ``cols`` is a power of two, so
-these programs require one.
+scalar operand) until one tile is left, which RSUM or RMAX reduces in the row
+(its lanes padded to a power of two in the hardware's tree).
 
-The emitters do not place tokens: ``first`` and ``last`` are dependency flags
-for the first and the last instruction a call emits.
+The emitters do not place tokens: `VectorEmitter.begin` and `VectorEmitter.end`
+put dependency flags on the first and the last instruction of a call.
+
+`VectorOp` is a layer op on tensors in external memory, as the runtime records
+it beside its matmuls; `emit_vector_op` compiles it in chunks of rows: LOAD
+the chunk's tiles into the accumulator, run the VECTORs, STORE the results,
+then a barrier (docs/vpu.md, "Layer programs").
 """
 
 from dataclasses import dataclass
@@ -23,7 +27,11 @@ import numpy as np
 
 from mxu.hdl.isa import VpuOp
 
-__all__ = ["Tiles", "VectorEmitter"]
+from .operands import Operand
+
+__all__ = ["Tiles", "VectorEmitter", "VectorOp", "emit_vector_op", "VECTOR_KINDS"]
+
+VECTOR_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu", "copy")
 
 _NEG_INF = float("-inf")
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -73,12 +81,14 @@ class VectorEmitter:
     def __init__(self, program, config):
         if not config.vpu:
             raise ValueError("the layer programs need a chip with the vector unit (vpu=True)")
-        if config.cols & (config.cols - 1):
-            raise ValueError(f"the layer programs reduce rows in the tree order of a power-of-two "
-                             f"number of columns, not {config.cols}")
         self.program, self.config = program, config
         self._deps = {}
         self._last = None
+
+    @property
+    def emitted(self):
+        """Whether an instruction has been emitted."""
+        return self._last is not None
 
     # ---- one instruction, with the caller's first/last flags ----------------------
     def op(self, op, a_row, rows, dst_row, **operands):
@@ -94,13 +104,7 @@ class VectorEmitter:
 
     def end(self, **deps):
         """Set flags (e.g. ``push_next=True``) on the last instruction emitted."""
-        from mxu.hdl.isa import Deps
-        word = self.program.words[self._last]
-        for name, value in deps.items():
-            bit = 4 + list(Deps.as_shape().members).index(name)
-            word = word | (int(bool(value)) << bit)
-        self.program.words[self._last] = word
-        self.program.text[self._last] += f" [{' '.join(k for k, v in deps.items() if v)}]"
+        _flag(self.program, self._last, **deps)
         return self
 
     # ---- building blocks ------------------------------------------------------------
@@ -152,13 +156,13 @@ class VectorEmitter:
         self.op(VpuOp.RECIP, row, x.m, row)
         return self.per_tile(VpuOp.MUL, x, r, dst)
 
-    def layer_norm(self, x, gamma, beta, eps, dst, scratch, rows):
+    def layer_norm(self, x, gamma, beta, eps, dst, scratch, rows, ones=None):
         """`mxu.verif.vpu.layer_norm` of `x` into `dst` (may be `x`); `gamma`,
         `beta`: one-row matrices; `scratch`: two matrices of x's shape, the
-        second free from `dst`; `rows`: m spare rows. Needs ``n % cols == 0``
-        (a partial tile's spare lanes would enter the variance)."""
-        if x.n % x.cols:
-            raise ValueError(f"layer_norm on the chip needs n ({x.n}) a multiple of cols ({x.cols})")
+        second free from `dst`; `rows`: m spare rows. When n is not a multiple
+        of cols, `ones` (a one-row matrix of 1.0, its last tile's spare lanes
+        +0) zeroes the spare lanes of ``x - mean`` before they enter the
+        variance."""
         d, sq = scratch
         r = Tiles(rows, x.m, x.cols, x.cols)
         inv_n = float(np.float32(1 / x.n))
@@ -166,6 +170,10 @@ class VectorEmitter:
         self.op(VpuOp.MUL, rows, x.m, rows, scalar=inv_n)
         self.op(VpuOp.MUL, rows, x.m, rows, scalar=-1.0)
         self.per_tile(VpuOp.ADD, x, r, d)
+        if x.n % x.cols:
+            last = x.count - 1
+            self.op(VpuOp.MUL, d.tile(last), x.m, d.tile(last), b_row=ones.tile(last),
+                    broadcast=True)
         self.map(VpuOp.MUL, d, sq, b_row=d.base)
         self.reduce("sum", sq, rows, sq)
         self.op(VpuOp.MUL, rows, x.m, rows, scalar=inv_n)
@@ -199,3 +207,175 @@ class VectorEmitter:
         self.map(VpuOp.MUL, ax, ax, b_row=poly.base)
         self.map(VpuOp.MAX, x, a, scalar=0.0)
         return self.map(VpuOp.ADD, a, dst, b_row=ax.base)
+
+
+@dataclass(frozen=True)
+class VectorOp:
+    """A layer op on the vector unit, on fp32 ``(R, n)`` tensors in external memory.
+
+    kind : "softmax" (``softmax(x * scale, mask)``, the multiply always done;
+        `other` holds the bias rows,
+        0 or -inf, ``count*cols`` wide with -inf past n, row ``i // group`` for x
+        row i), "layer_norm" (`other`: gamma and beta, two rows), "add_layer_norm"
+        (``layer_norm(x + y)``: `other` is y, `params` gamma and beta), "gelu",
+        "copy" (x itself: with `out_bf16` a bf16 copy, with `out_t` also the
+        bf16 transpose).
+    out : fp32 result (may be x), or None; out_bf16 : its bf16 copy, or None.
+    out_t : "copy" only: ``x.T`` in bf16 (n, R).
+    """
+    kind: str
+    x: Operand
+    out: Operand = None
+    out_bf16: Operand = None
+    out_t: Operand = None
+    other: Operand = None
+    params: Operand = None
+    group: int = 1
+    scale: float = 1.0
+    eps: float = 0.0
+
+    @property
+    def rows(self):
+        return self.x.rows
+
+    def check(self, config):
+        if self.kind not in VECTOR_KINDS:
+            raise ValueError(f"VectorOp kind must be one of {VECTOR_KINDS}, not {self.kind!r}")
+        for name in ("x", "out", "out_bf16", "out_t", "other", "params"):
+            operand = getattr(self, name)
+            if operand is not None:
+                operand.check(name, config.ext_mem_bytes)
+        if self.x.dtype != "fp32" or (self.out is not None and self.out.dtype != "fp32"):
+            raise ValueError("a VectorOp's x and out are fp32")
+        if self.out is None and self.out_bf16 is None and self.out_t is None:
+            raise ValueError("a VectorOp needs an output")
+
+
+_REGIONS = {"softmax": 2, "layer_norm": 3, "add_layer_norm": 4, "gelu": 5, "copy": 1}
+
+
+def _chunk_rows(config, op, count):
+    """Rows per chunk: the op's (m, n) regions, m spare rows and the parameter
+    rows fit the accumulator (and a transpose's blocks VMEM); for softmax a
+    divisor of the bias group, for a transpose a multiple of vmem_row_elems."""
+    c = config
+    limit = max(1, (c.acc_rows - 3 * count - 8) // (count * _REGIONS[op.kind] + 1))
+    if op.kind == "softmax":
+        return max(d for d in range(1, min(op.group, limit) + 1) if op.group % d == 0)
+    if op.out_t is not None:
+        E = c.vmem_row_elems
+        limit = min(limit, c.vmem_rows // (count * c.cols) * E)
+        if limit < E:
+            raise ValueError(f"a transpose of {op.x.cols} columns does not fit this chip")
+        limit -= limit % E
+    return min(limit, op.rows)
+
+
+def _move_tiles(prog, kind, operand, r0, m, tiles, first_deps, *, to_bf16=False, **flags):
+    """LOAD ("load") or STORE ("store") rows r0 .. r0+m-1 of `operand` as `tiles`
+    (its columns cut into tiles of cols); `first_deps` on the first instruction."""
+    cols, elem = tiles.cols, operand.elem
+    emitted = []
+    for t in range(tiles.count):
+        width = min(cols, operand.cols - t * cols)
+        args = dict(acc_row=tiles.tile(t), ext_addr=operand.addr + r0 * operand.stride + t * cols * elem,
+                    rows=m, row_bytes=width * elem, ext_stride=operand.stride,
+                    **(first_deps if t == 0 else {}))
+        if kind == "load":
+            prog.load(**args)
+        else:
+            prog.store(to_bf16=to_bf16, **args, **flags)
+        emitted.append(len(prog.words) - 1)
+    return emitted
+
+
+def emit_vector_op(config, op, prog):
+    """Append `op`'s chunks to `prog`; each chunk ends with a barrier (all its
+    stores done before anything after it loads)."""
+    op.check(config)
+    c = config
+    count = -(-op.x.cols // c.cols)
+    m = _chunk_rows(c, op, count)
+    for r0 in range(0, op.rows, m):
+        _emit_chunk(c, op, prog, r0, min(m, op.rows - r0), count, m)
+
+
+def _emit_chunk(c, op, prog, r0, m, count, m_max):
+    x = Tiles(0, m, op.x.cols, c.cols)
+    region = count * m_max
+    scratch = [x.like(region * (i + 1)) for i in range(4)]
+    spare = region * _REGIONS[op.kind]
+    params = Tiles(spare + m_max, 1, op.x.cols, c.cols)
+    loads = _move_tiles(prog, "load", op.x, r0, m, x, {})
+    if op.kind == "softmax":
+        bias = Tiles(params.base, 1, count * c.cols, c.cols)
+        prog.load(acc_row=bias.base, ext_addr=op.other.addr + (r0 // op.group) * op.other.stride,
+                  rows=count, row_bytes=4 * c.cols, ext_stride=4 * c.cols)
+        loads.append(len(prog.words) - 1)
+    elif op.kind in ("layer_norm", "add_layer_norm"):
+        pair = op.other if op.kind == "layer_norm" else op.params
+        for i in range(3):
+            row = Operand(pair.addr + i * pair.stride, 1, pair.cols, pair.stride, "fp32")
+            loads += _move_tiles(prog, "load", row, 0, 1, params.like(params.base + i * count), {})
+        if op.kind == "add_layer_norm":
+            loads += _move_tiles(prog, "load", op.other, r0, m, scratch[2], {})
+    _flag(prog, loads[-1], push_next=True)
+    prog.sync("compute", pop_prev=True, push_next=True, vector=True)
+    emit = VectorEmitter(prog, c).begin(pop_prev=True)
+    result = x
+    if op.kind == "softmax":
+        emit.map(VpuOp.MUL, x, x, scalar=op.scale)
+        emit.softmax(x, Tiles(params.base, 1, op.x.cols, c.cols), x, scratch[0], spare)
+    elif op.kind in ("layer_norm", "add_layer_norm"):
+        if op.kind == "add_layer_norm":
+            emit.map(VpuOp.ADD, x, x, b_row=scratch[2].base)
+        gamma, beta, ones = (params.like(params.base + i * count) for i in range(3))
+        emit.layer_norm(x, gamma, beta, op.eps, x, scratch[:2], spare, ones)
+    elif op.kind == "gelu":
+        emit.gelu(x, x, scratch)
+    if op.out_t is not None:
+        _transpose(emit, op, x, m)
+    if emit.emitted:
+        emit.end(push_next=True)
+    else:                                   # a plain copy: the tokens pass through
+        prog.sync("vector", pop_prev=True, push_next=True)
+    first = dict(pop_prev=True, vector=True)
+    for target, bf16 in ((op.out, False), (op.out_bf16, True)):
+        if target is not None:
+            _move_tiles(prog, "store", target, r0, m, result, first, to_bf16=bf16)
+            first = {}
+    if op.out_t is not None:
+        blocks = -(-m // c.vmem_row_elems)
+        for t in range(count):
+            for blk in range(blocks):
+                width = min(c.vmem_row_elems, m - blk * c.vmem_row_elems)
+                rows = min(c.cols, op.x.cols - t * c.cols)
+                prog.store(vmem_row=(t * blocks + blk) * c.cols, rows=rows, row_bytes=2 * width,
+                           ext_addr=op.out_t.addr + t * c.cols * op.out_t.stride
+                           + 2 * (r0 + blk * c.vmem_row_elems),
+                           ext_stride=op.out_t.stride, **first)
+                first = {}
+    prog.sync("store", push_prev=True)
+    prog.sync("compute", pop_next=True, push_prev=True)
+    prog.sync("load", pop_next=True)
+
+
+def _transpose(emit, op, x, m):
+    """VECTOR transposes of every (vmem_row_elems x cols) block of the chunk to
+    VMEM: tile t's block b lands in VMEM rows (t*blocks + b)*cols."""
+    c = emit.config
+    blocks = -(-m // c.vmem_row_elems)
+    for t in range(x.count):
+        for blk in range(blocks):
+            height = min(c.vmem_row_elems, m - blk * c.vmem_row_elems)
+            emit.op(VpuOp.PASS, x.tile(t) + blk * c.vmem_row_elems, height,
+                    (t * blocks + blk) * c.cols, to_vmem=True, transpose=True)
+
+
+def _flag(prog, index, **deps):
+    """Set dependency flags on instruction `index` of `prog`."""
+    from mxu.hdl.isa import Deps
+    names = list(Deps.as_shape().members)
+    for name, value in deps.items():
+        prog.words[index] |= int(bool(value)) << (4 + names.index(name))
+    prog.text[index] += f" [{' '.join(k for k, v in deps.items() if v)}]"

@@ -28,6 +28,7 @@ from .memory import Allocator
 from .profile import Trace
 from .stats import RunStats
 from .tensor import DTYPES, DeviceTensor
+from .vector import prepare_vector
 
 __all__ = ["Chip", "Recording", "Profile", "PROGRAM_CACHE_SIZE"]
 
@@ -74,7 +75,8 @@ class Recording:
                 self.run()
         finally:
             for call in self.calls:
-                call.out._pending = None
+                for out in _outputs(call):
+                    out._pending = None
         return False
 
     @property
@@ -89,6 +91,25 @@ class Recording:
             call.check_alive()
         self.stats = self.chip._execute(self.calls)
         return self.stats
+
+
+def _outputs(call):
+    return getattr(call, "outputs", [call.out])
+
+
+def _operand_bytes(op):
+    operands = [getattr(op, name, None) for name in ("a", "b", "c", "x", "out", "out_bf16",
+                                                      "out_t", "other")]
+    return sum(o.rows * o.row_bytes for o in operands if o is not None)
+
+
+def _vector_cycles(config, op):
+    """About the cycles of a `VectorOp` (none for a matmul): its row passes."""
+    x = getattr(op, "x", None)
+    if x is None:
+        return 0
+    passes = {"softmax": 10, "layer_norm": 12, "add_layer_norm": 13, "gelu": 24, "copy": 2}
+    return passes[op.kind] * x.rows * -(-x.cols // config.cols)
 
 
 class Chip:
@@ -236,6 +257,24 @@ class Chip:
         call.out.free()
         return result
 
+    def vector(self, kind, x, **operands):
+        """A transformer layer op on the vector unit (``ChipConfig(vpu=True)``),
+        on fp32 device tensors, bit-exact to its VPU form in
+        `mxu.verif.vpu` with ``lanes=config.cols`` (docs/vpu.md). `kind` and
+        the operands are those of `mxu.sim.compiler.vector.VectorOp`
+        (``out``, ``out_bf16``, ``out_t``, ``other``, ``params``, ``group``,
+        ``scale``, ``eps``). Runs at once, or as part of the recording's
+        program inside ``with chip.record():``; returns the output tensors."""
+        start = time.perf_counter()
+        call = prepare_vector(self, kind, x, **operands)
+        if self._recording is not None:
+            self._recording.calls.append(call)
+            for out in call.outputs:
+                out._pending = self._recording
+        else:
+            self._execute([call], host_start=start)
+        return call.outputs[0] if len(call.outputs) == 1 else tuple(call.outputs)
+
     def _compile(self, ops):
         key = tuple(ops)
         if key in self._programs:
@@ -256,8 +295,8 @@ class Chip:
         code = compiled.program.to_bytes()
         block = self._allocator.alloc(len(code), "the program", top=True)
         ideal = compiled.macs / (self.config.rows * self.config.cols)
-        operand_bytes = sum(op.a.rows * op.a.row_bytes + op.b.rows * op.b.row_bytes
-                            + op.c.rows * op.c.row_bytes for op in ops)
+        ideal += sum(_vector_cycles(self.config, op) for op in ops)
+        operand_bytes = sum(_operand_bytes(op) for op in ops)
         try:
             result = self.device.run(code, base=block.addr, expected_cycles=int(1.2 * ideal) + 10_000,
                                      max_cycles=int(10 * ideal + 20 * operand_bytes + 1_000_000))

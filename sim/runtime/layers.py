@@ -1,10 +1,12 @@
 """Transformer layers on the chip (docs/transformer.md).
 
 Every matmul runs on the chip -- the projections, the per-head scores and P.V
-alike -- on weights uploaded once and kept resident. Softmax, LayerNorm, GELU,
-the scaling and the residual adds run on the host (`hostops`). Activations are
-rounded to bf16 where a matmul reads them, as on a TPU; what the chip writes
-for the host is fp32.
+alike -- on weights uploaded once and kept resident. With ``vector_ops="host"``
+softmax, LayerNorm, GELU, the scaling and the residual adds run on the host
+(`hostops`); with ``vector_ops="chip"`` they run on the chip's vector unit
+(`Chip.vector`) and a whole layer is one program (`ChipEncoderLayer`).
+Activations are rounded to bf16 where a matmul reads them, as on a TPU; what
+the chip writes for the host is fp32.
 
 Shapes are static: a batch of B sequences padded to L tokens is one (B*L, H)
 activation with a (B, L) mask, so each distinct (B, L) compiles its programs
@@ -22,7 +24,10 @@ from . import hostops
 from .stats import RunStats
 
 __all__ = ["EncoderConfig", "LayerWeights", "EncoderWeights", "Linear", "MultiHeadAttention",
-           "FeedForward", "EncoderLayer", "Encoder", "model_macs"]
+           "FeedForward", "EncoderLayer", "ChipEncoderLayer", "Encoder", "model_macs",
+           "VECTOR_BACKENDS"]
+
+VECTOR_BACKENDS = ("host", "chip")
 
 
 @dataclass(frozen=True)
@@ -216,12 +221,96 @@ class EncoderLayer:
                                   w.ln2_gamma, w.ln2_beta, eps)
 
 
-class Encoder:
-    """A BERT-style encoder on `chip`: weights uploaded once, at construction."""
+class ChipEncoderLayer:
+    """One encoder layer as one chip program: every matmul on the array, every
+    layer op on the vector unit, the activations in device tensors between
+    them (docs/vpu.md, "The encoder layer on the chip"). Bit-exact to
+    `mxu.verif.transformer.golden_forward` with ``vector_ops="vpu"`` and
+    ``lanes=cols``."""
 
-    def __init__(self, chip, weights):
+    PROGRAMS = 1
+
+    def __init__(self, chip, config, w):
+        self.chip, self.config = chip, config
+        self.attention = MultiHeadAttention(chip, config, w)
+        self.ffn = FeedForward(chip, w)
+        from .vector import layer_norm_params
+        self.ln1 = layer_norm_params(chip, w.ln1_gamma, w.ln1_beta)
+        self.ln2 = layer_norm_params(chip, w.ln2_gamma, w.ln2_beta)
+
+    def __call__(self, x, xb, bias, B, L, before=None):
+        """`x`, `xb`: the (B*L, hidden) fp32 and bf16 device tensors of the
+        layer's input; `bias`: the softmax bias rows (`softmax_bias`) of the
+        (B, L) mask; `before`: a function that records ops ahead of the layer's
+        own (the embedding LayerNorm that writes x and xb). Returns the output
+        (fp32 and bf16 tensors) and the program's `RunStats`."""
+        chip, cfg = self.chip, self.config
+        H, heads, d, R = cfg.hidden, cfg.heads, cfg.head_dim, B * L
+        f32, bf = np.float32, bfloat16
+        qkv, qkvb, kt = chip.empty((R, 3 * H)), chip.empty((R, 3 * H), bf), chip.empty((H, R), bf)
+        scores, probs = chip.empty((B * heads * L, L)), chip.empty((B * heads * L, L), bf)
+        context, att = chip.empty((R, H), bf), chip.empty((R, H), f32)
+        x1, x1b = chip.empty((R, H)), chip.empty((R, H), bf)
+        hidden, hb = chip.empty((R, cfg.ffn)), chip.empty((R, cfg.ffn), bf)
+        f, out, outb = chip.empty((R, H)), chip.empty((R, H)), chip.empty((R, H), bf)
+        temps = [qkv, qkvb, kt, scores, probs, context, att, x1, x1b, hidden, hb, f]
+        try:
+            with chip.record() as rec:
+                if before is not None:
+                    before()
+                self.attention.qkv(xb, out=qkv)
+                chip.vector("copy", qkv, out_bf16=qkvb)
+                chip.vector("copy", qkv[:, H:2 * H], out_t=kt)
+                for b in range(B):
+                    for h in range(heads):
+                        rows = slice((b * heads + h) * L, (b * heads + h + 1) * L)
+                        chip.matmul(qkvb[b * L:(b + 1) * L, h * d:(h + 1) * d],
+                                    kt[h * d:(h + 1) * d, b * L:(b + 1) * L], out=scores[rows])
+                chip.vector("softmax", scores, out_bf16=probs, other=bias, group=heads * L,
+                            scale=1 / math.sqrt(d))
+                for b in range(B):
+                    for h in range(heads):
+                        rows = slice((b * heads + h) * L, (b * heads + h + 1) * L)
+                        v = qkvb[b * L:(b + 1) * L, 2 * H + h * d:2 * H + (h + 1) * d]
+                        chip.matmul(probs[rows], v, out_dtype=bf,
+                                    out=context[b * L:(b + 1) * L, h * d:(h + 1) * d])
+                self.attention.out(context, out=att)
+                chip.vector("add_layer_norm", x, out=x1, out_bf16=x1b, other=att, params=self.ln1,
+                            eps=cfg.eps)
+                self.ffn.up(x1b, out=hidden)
+                chip.vector("gelu", hidden, out_bf16=hb)
+                self.ffn.down(hb, out=f)
+                chip.vector("add_layer_norm", x1, out=out, out_bf16=outb, other=f,
+                            params=self.ln2, eps=cfg.eps)
+        finally:
+            for t in temps:
+                t.free()
+        return out, outb, rec.stats
+
+
+class Encoder:
+    """A BERT-style encoder on `chip`: weights uploaded once, at construction.
+    `vector_ops`: "host" (layer ops on the host, `hostops`) or "chip" (on the
+    chip's vector unit, one program per layer; the chip needs ``vpu=True``)."""
+
+    def __init__(self, chip, weights, vector_ops="host"):
+        if vector_ops not in VECTOR_BACKENDS:
+            raise ValueError(f"vector_ops must be one of {VECTOR_BACKENDS}, not {vector_ops!r}")
+        if vector_ops == "chip" and not chip.config.vpu:
+            raise ValueError("vector_ops='chip' needs a chip with the vector unit: "
+                             "Chip(ChipConfig(..., vpu=True))")
         self.chip, self.weights, self.config = chip, weights, weights.config
-        self.layers = [EncoderLayer(chip, self.config, w) for w in weights.layers]
+        self.vector_ops = vector_ops
+        layer = ChipEncoderLayer if vector_ops == "chip" else EncoderLayer
+        self.layers = [layer(chip, self.config, w) for w in weights.layers]
+        if vector_ops == "chip":
+            w = weights
+            from .vector import layer_norm_params
+            self.emb_ln = layer_norm_params(chip, w.emb_gamma, w.emb_beta)
+
+    @property
+    def programs_per_layer(self):
+        return self.layers[0].PROGRAMS
 
     def embeddings(self, ids):
         """The (B*L, hidden) input activations of padded token ids (B, L) (host)."""
@@ -238,8 +327,39 @@ class Encoder:
         """Token vectors (B, L, hidden) float32 of padded token ids (B, L) and
         their mask, and the `RunStats` of every program run."""
         B, L = ids.shape
+        if self.vector_ops == "chip":
+            return self._on_chip(ids, mask, progress)
         x = self.embeddings(ids)
         steps = _Steps(self.chip, progress)
         for layer in self.layers:
             x = layer(x, mask, steps)
         return x.reshape(B, L, self.config.hidden), steps.stats
+
+    def _on_chip(self, ids, mask, progress):
+        """The embedding lookup on the host, its LayerNorm in the first layer's
+        program, every layer one program."""
+        from .vector import softmax_bias
+        chip, cfg, w = self.chip, self.config, self.weights
+        B, L = ids.shape
+        emb = chip.upload(hostops.embed(ids, w.word, w.position, w.token_type)
+                          .reshape(B * L, cfg.hidden).astype(np.float32))
+        bias = softmax_bias(chip, mask)
+        x, xb = chip.empty((B * L, cfg.hidden)), chip.empty((B * L, cfg.hidden), bfloat16)
+        steps = _Steps(chip, progress)
+
+        def embedding_norm():
+            chip.vector("layer_norm", emb, out=x, out_bf16=xb, other=self.emb_ln, eps=cfg.eps)
+
+        try:
+            for i, layer in enumerate(self.layers):
+                out, outb, stats = layer(x, xb, bias, B, L,
+                                         before=embedding_norm if i == 0 else None)
+                x.free()
+                xb.free()
+                x, xb = out, outb
+                steps.add(stats)
+            return x.numpy().reshape(B, L, cfg.hidden), steps.stats
+        finally:
+            for t in (emb, bias, x, xb):
+                if not t.freed:
+                    t.free()

@@ -22,6 +22,7 @@ class RunStats:
     macs: int = 0                # multiply-adds the array was asked for (padding excluded)
     model_macs: int = 0          # the model's own MACs (for MFU); defaults to `macs`
     array_active_cycles: int = 0
+    vector_active_cycles: int = 0  # rows the vector unit took (one per cycle at most)
     dma_read_bytes: int = 0
     dma_write_bytes: int = 0
     stall_cycles: dict = field(default_factory=lambda: {"load": 0, "compute": 0, "store": 0})
@@ -49,6 +50,11 @@ class RunStats:
         return work / (self.cycles * self.rows * self.cols) if self.cycles else 0.0
 
     @property
+    def vector_busy(self):
+        """The vector unit's busy share: rows it took over cycles."""
+        return self.vector_active_cycles / self.cycles if self.cycles else 0.0
+
+    @property
     def wall_seconds(self):
         return self.sim_seconds + self.host_seconds
 
@@ -60,6 +66,7 @@ class RunStats:
         """Add one program run's chip counters and its simulation wall time."""
         self.cycles += counters["cycles"]
         self.array_active_cycles += counters["array_active"]
+        self.vector_active_cycles += counters["vector_active"]
         self.dma_read_bytes += counters["dma_read_bytes"]
         self.dma_write_bytes += counters["dma_write_bytes"]
         for engine in self.stall_cycles:

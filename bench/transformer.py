@@ -1,12 +1,15 @@
 """all-MiniLM-L6-v2 on the simulated 16x16 chip: one 128-token input and a batch
-of eight short sentences, with the fast MAC model and all-RTL.
+of eight short sentences, with the layer ops on the host or on the chip's
+vector unit, with the fast MAC model and all-RTL.
 
-    .venv/bin/python bench/transformer.py [--no-rtl]
+    .venv/bin/python bench/transformer.py [--no-rtl] [--vector-ops host,chip]
 
 Prints chip cycles, utilization and MFU (model MACs / (cycles * 256): padding
-is not model work) by the chip's own counters, wall seconds, simulated MAC/s,
-and the share of wall time spent in host operations (softmax, LayerNorm, GELU,
-residual adds, transposes, uploads and read-backs).
+is not model work, and the cycles include the vector unit's on a "chip" run)
+by the chip's own counters, the vector unit's busy share (rows it took over
+cycles), the programs run, wall seconds, simulated MAC/s, and the share of wall
+time spent on the host (layer ops on a "host" run, transposes, uploads and
+read-backs, compiling).
 """
 
 import argparse
@@ -36,21 +39,32 @@ def inputs(encoder):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-rtl", action="store_true", help="skip the all-RTL runs")
+    parser.add_argument("--vector-ops", default="host,chip",
+                        help="comma-separated backends of the layer ops: host, chip")
+    parser.add_argument("--only-long", action="store_true", help="only the 128-token input")
     args = parser.parse_args()
     rows = []
-    for fast in (True,) if args.no_rtl else (True, False):
-        encoder = SentenceEncoder("all-MiniLM-L6-v2", chip=Chip(ChipConfig(), fast_mac=fast))
-        long_ids, short_ids = inputs(encoder)
-        for name, ids in (("1 x 128 tokens", long_ids), ("8 short sentences", short_ids)):
-            encoder.encode_tokens(ids, show_progress_bar=False)
-            s = encoder.last_stats
-            rows.append([name, "fast MAC" if fast else "RTL", f"{s.model_macs / 1e9:.3f}",
-                         f"{s.cycles:,}", f"{100 * s.utilization:.1f} %", f"{100 * s.mfu:.1f} %",
-                         f"{s.wall_seconds:.1f}", f"{s.macs / s.sim_seconds / 1e6:.1f}",
-                         f"{100 * s.host_seconds / s.wall_seconds:.1f} %"])
+    for backend in args.vector_ops.split(","):
+        for fast in (True,) if args.no_rtl else (True, False):
+            chip = Chip(ChipConfig(vpu=backend == "chip"), fast_mac=fast)
+            encoder = SentenceEncoder("all-MiniLM-L6-v2", chip=chip, vector_ops=backend)
+            long_ids, short_ids = inputs(encoder)
+            cases = [("1 x 128 tokens", long_ids)]
+            if not args.only_long:
+                cases.append(("8 short sentences", short_ids))
+            for name, ids in cases:
+                encoder.encode_tokens(ids, show_progress_bar=False)
+                s = encoder.last_stats
+                rows.append([name, backend, "fast MAC" if fast else "RTL",
+                             f"{s.model_macs / 1e9:.3f}", f"{s.cycles:,}",
+                             f"{100 * s.utilization:.1f} %", f"{100 * s.mfu:.1f} %",
+                             f"{100 * s.vector_busy:.1f} %", f"{s.programs}",
+                             f"{s.wall_seconds:.1f}", f"{s.macs / s.sim_seconds / 1e6:.1f}",
+                             f"{100 * s.host_seconds / s.wall_seconds:.1f} %"])
     print("all-MiniLM-L6-v2 on the 16x16 chip (chip counters; MFU counts real tokens only)")
-    print(format_table(["input", "PEs", "model GMAC", "chip cycles", "utilization", "MFU",
-                        "wall s", "sim M MAC/s", "host share"], rows))
+    print(format_table(["input", "layer ops", "PEs", "model GMAC", "chip cycles", "utilization",
+                        "MFU", "VPU busy", "programs", "wall s", "sim M MAC/s", "host share"],
+                       rows))
 
 
 if __name__ == "__main__":

@@ -539,7 +539,6 @@ class VectorUnit(wiring.Component):
 
     # ---- issue: operand reads, each port at its own pace -----------------------
     def _issue(self, m, meta, buf_a, buf_b):
-        c = self.config
         cur, cur_valid = self._cur, self._cur_valid
         ia, ib = Signal(16), Signal(16)
         binary = Cat(*(cur.op == op for op in BINARY_VPU_OPS)).any()

@@ -19,7 +19,6 @@ and maps the memories to DP16KD block RAM.
 
 import json
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from mxu.hdl.top import MxuChip
 from mxu.hdl.numerics import Fp32Adder, Fp32Multiplier
 from mxu.hdl.vpu import VectorAlu, VectorLane
 
-from .flow import Phases, ToolError, run_tool
+from .flow import Phases, run_tool
 from .report import format_table, lut4_equivalent, parse_nextpnr_log, readable_cell, yosys_cells
 from .verilog import component_verilog, pe_module_name, pe_module_verilog
 from .wrap import RegisteredPorts, SerialPorts

@@ -10,6 +10,7 @@ from chip_configs import TINY, VPU_SHAPES
 from mxu.hdl.isa import ErrorCode
 from mxu.sim import Chip, Program
 from mxu.verif import golden, programs
+from mxu.verif.hazards import races
 
 SEED = 20261123
 
@@ -28,6 +29,7 @@ def _fresh(chip):
 def test_every_vector_op_against_the_model(chip):
     _fresh(chip)
     p, image, outputs = programs.vector_program(chip.config, np.random.default_rng(SEED))
+    assert not races(chip.config, p)
     result, model, expected = programs.run_both(chip, p, image)
     assert expected.error is ErrorCode.NONE
     assert result.error is ErrorCode.NONE, result.error
@@ -137,6 +139,7 @@ def test_layer_programs_against_the_vpu_form(chip, kind):
             expected = vpu.gelu(x)
         _store_tiles(p, 0x10000, xt, pop_prev=True, vector=True)
         p.halt()
+        assert not races(cfg, p)
         _fresh(chip)
         result, model, want = programs.run_both(chip, p, image)
         assert result.error is ErrorCode.NONE and want.error is ErrorCode.NONE
@@ -213,3 +216,56 @@ def test_chip_vector_rejects_bad_input(chip):
                     other=chip.upload(np.zeros((3, 8), np.float32)), group=3)
     with pytest.raises(ValueError, match="no vector unit"):
         Chip(TINY).vector("gelu", X)
+
+
+@pytest.mark.parametrize("pause", [0, 50])
+def test_cocotb_vector_programs(pause, tmp_path):
+    """The vector programs and errors through cocotb, with cocotbext-axi's
+    AxiRam as memory (random pauses on every AXI channel at pause=50), on the
+    4x4 chip with the vector unit (Verilator)."""
+    import dataclasses
+    import json
+
+    from mxu.sim.backends.cocotb import cocotb_build, cocotb_test
+    from mxu.sim.backends.verilog import chip_verilog
+    cfg = VPU_SHAPES["4x4"]
+    build = cocotb_build(chip_verilog(cfg), "top", "verilator", name="chip4x4_vpu")
+    args = {"config": dataclasses.asdict(cfg), "pause": pause, "seed": SEED}
+    cocotb_test(build, "top", "mxu.verif.tb_vector", "verilator", test_dir=tmp_path,
+                extra_env={"MXU_TB_ARGS": json.dumps(args)})
+
+
+def test_fast_lanes_give_the_same_results_and_cycles():
+    """The fast vector lane (`mxu.sim.backends.fast_vpu`, C generated from
+    `mxu.hdl.vecmath`) against the RTL lane on the chip: the vector program and
+    the functions over operands that cover every exponent: same bits, same cycles."""
+    cfg = VPU_SHAPES["4x4"]
+    rtl, fast = Chip(cfg), Chip(cfg, fast_mac=True)
+    p, image, outputs = programs.vector_program(cfg, np.random.default_rng(SEED + 3))
+    rng = np.random.default_rng(SEED + 4)
+    # Every sign and exponent field once (mantissa 0), then random and special words.
+    sweep = np.arange(0, 1 << 32, 1 << 23, dtype=np.uint64).astype(np.uint32)
+    sweep = np.concatenate([sweep, programs.fp32_operands(rng, (64,))]).reshape(-1, 4)
+    results = []
+    for chip in (rtl, fast):
+        _fresh(chip)
+        result, model, _ = programs.run_both(chip, p, image)
+        for lo, hi in outputs:
+            golden.assert_bits_equal(result.memory[lo:hi], model.ext[lo:hi], f"bytes {lo:#x}")
+        funcs = Program().load(acc_row=0, ext_addr=0, rows=len(sweep), row_bytes=16,
+                               push_next=True)
+        funcs.sync("compute", pop_prev=True, push_next=True, vector=True)
+        for k, op in enumerate(("exp", "recip", "rsqrt", "mul")):
+            funcs.vector(op, a_row=0, rows=len(sweep), dst_row=(k + 1) * len(sweep),
+                         b_row=0 if op == "mul" else None, pop_prev=k == 0, push_next=k == 3)
+        funcs.store(acc_row=len(sweep), ext_addr=0x20000, rows=4 * len(sweep), row_bytes=16,
+                    pop_prev=True, vector=True).halt()
+        assert not races(cfg, funcs)
+        done, fmodel, _ = programs.run_both(chip, funcs, {0: sweep})
+        n = 4 * len(sweep) * 16
+        golden.assert_bits_equal(done.memory[0x20000:0x20000 + n], fmodel.ext[0x20000:0x20000 + n],
+                                 "functions over every exponent")
+        results.append((result.counters["cycles"], done.counters["cycles"],
+                        done.memory[0x20000:0x20000 + n].copy()))
+    assert results[0][:2] == results[1][:2]
+    np.testing.assert_array_equal(results[0][2], results[1][2])

@@ -109,7 +109,7 @@ def reference_forward(weights, ids):
     """Token vectors (n, hidden) of one unpadded sequence, float32 throughout
     (the host operations)."""
     cfg = weights.config
-    H, heads, d = cfg.hidden, cfg.heads, cfg.head_dim
+    heads, d = cfg.heads, cfg.head_dim
     x = embeddings(weights, np.asarray(ids)[None])[0]
     mask = np.ones(len(ids), bool)
     for w in weights.layers:

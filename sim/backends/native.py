@@ -18,7 +18,7 @@ CSRC = Path(__file__).parent / "csrc"
 # What generates a simulation model's Verilog: the HDL package and the backend
 # modules that turn it into Verilog (docs/cache.md).
 HDL_SOURCES = Path(__file__).resolve().parent.parent.parent / "hdl"
-_GENERATORS = ("verilog.py", "fast_pe.py", "harness.py", "units.py")
+_GENERATORS = ("verilog.py", "fast_pe.py", "fast_vpu.py", "harness.py", "units.py")
 
 # -O3 in the generated model, no tracing, no assertions: the run path is for speed;
 # cocotb builds are the ones that carry debug visibility.
@@ -43,14 +43,15 @@ def _run(cmd, log, what, cwd=None):
         raise RuntimeError(f"{what} failed; see {log}:\n" + (result.stdout + result.stderr)[-3000:])
 
 
-def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=()):
+def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=(), extra_cpp=None):
     """``lib<name>.so``: the Verilog from `verilog()` (module ``top``) compiled
     with the C++ file `harness` from ``sim/backends/csrc`` (which may include any
     header there, e.g. ``axi_mem.h``). Cached under `key`
     (a sequence of strings that, with the generator sources, the harness and the
     flags, determines the Verilog); `verilog` is called only to build. Returns
     the library's path. `make_vars` are extra ``make`` variable assignments
-    (e.g. ``LDLIBS=-lz``)."""
+    (e.g. ``LDLIBS=-lz``); `extra_cpp`, if given, is called for a generated C++
+    source compiled in too (its generator is one of the keyed sources)."""
     setup_environment()
     flags = _FLAGS + tuple(extra_flags)
     library = f"lib{name}.so"
@@ -60,11 +61,15 @@ def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=()):
         (directory / "top.v").write_text(verilog())
         log = directory / "build.log"
         obj = directory / "obj"
+        sources = [str(directory / "top.v"), str(CSRC / harness)]
+        if extra_cpp is not None:
+            (directory / "generated.cpp").write_text(extra_cpp())
+            sources.append(str(directory / "generated.cpp"))
         status("Verilator: Verilog to C++")
         # The include path is not part of the key: clones at other paths share builds.
         _run(["verilator", *flags, "-Mdir", str(obj), "-CFLAGS", f"-fPIC -O2 -I{CSRC} -I{CSRC / 'lz4'}",
-              "-LDFLAGS", "-shared", "-o", str(directory / library),
-              str(directory / "top.v"), str(CSRC / harness)], log, f"Verilator on {name}")
+              "-LDFLAGS", "-shared", "-o", str(directory / library), *sources],
+             log, f"Verilator on {name}")
         status("compiling C++")
         _run(["make", "-j", "2", "-C", str(obj), "-f", "Vtop.mk", *make_vars], log,
              f"compiling {name}")

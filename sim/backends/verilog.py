@@ -9,6 +9,7 @@ from mxu.hdl.array import SystolicArray
 from mxu.hdl.pe import ProcessingElement
 
 from .fast_pe import fast_pe_verilog
+from .fast_vpu import fast_vpu_lane_verilog
 
 __all__ = ["to_verilog", "lean_verilog", "pe_verilog", "vpu_lane_verilog", "array_verilog",
            "chip_verilog", "dma_system_verilog"]
@@ -100,8 +101,10 @@ def chip_verilog(config, fast_mac=False, trace=False):
     (`mxu.sim.backends.fast_pe`). `trace` adds the profiler's trace port."""
     from mxu.hdl.top import MxuChip
     pe_name, pe = (fast_pe_verilog if fast_mac else pe_verilog)(config.mac_stages)
-    # With the vector unit, its lane is a module of its own too.
-    lane_name, lane = vpu_lane_verilog() if config.vpu else (None, "")
+    # With the vector unit, its lane is a module of its own too (with `fast_mac`
+    # the stand-in whose element op is a C call, `mxu.sim.backends.fast_vpu`).
+    lane_name, lane = ((fast_vpu_lane_verilog if fast_mac else vpu_lane_verilog)()
+                       if config.vpu else (None, ""))
     chip = MxuChip(config, pe_module=pe_name, trace=trace,
                    vpu_modules={"lane": lane_name} if config.vpu else None)
     return pe + lane + lean_verilog(chip)

@@ -23,9 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from mxu.hdl.config import ChipConfig
+
 from ..runtime import hostops
 from ..runtime.chip import Chip
-from ..runtime.layers import Encoder, EncoderConfig, EncoderWeights, LayerWeights, model_macs
+from ..runtime.layers import (VECTOR_BACKENDS, Encoder, EncoderConfig, EncoderWeights,
+                              LayerWeights, model_macs)
 from ..runtime.stats import RunStats
 
 __all__ = ["SentenceEncoder", "MODELS", "load_minilm", "bucket_length"]
@@ -129,9 +132,14 @@ class SentenceEncoder:
         (the same results and cycles as the all-RTL PEs, several times faster).
     batch_size : int
         Texts per padded batch.
+    vector_ops : str
+        Where softmax, LayerNorm, GELU, the scaling and the residual adds run:
+        "host" (NumPy, `hostops`) or "chip" (the chip's vector unit, one
+        program per layer; the chip needs ``vpu=True``, and None makes the
+        default 16x16 chip with it).
     """
 
-    def __init__(self, name="all-MiniLM-L6-v2", chip=None, batch_size=32):
+    def __init__(self, name="all-MiniLM-L6-v2", chip=None, batch_size=32, vector_ops="host"):
         if not isinstance(name, str):
             raise TypeError(f"name must be a model name (str), not {type(name).__name__}")
         key = _ALIASES.get(name, name)
@@ -143,8 +151,11 @@ class SentenceEncoder:
             raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
         self.name, self.batch_size = key, batch_size
         self.weights, self.tokenizer, self.max_seq_length = MODELS[key]()
-        self.chip = chip or Chip(fast_mac=True)
-        self.encoder = Encoder(self.chip, self.weights)     # uploads the weights once
+        if vector_ops not in VECTOR_BACKENDS:
+            raise ValueError(f"vector_ops must be one of {VECTOR_BACKENDS}, not {vector_ops!r}")
+        self.vector_ops = vector_ops
+        self.chip = chip or Chip(ChipConfig(vpu=vector_ops == "chip"), fast_mac=True)
+        self.encoder = Encoder(self.chip, self.weights, vector_ops)   # uploads the weights once
         self.last_stats = None
 
     @property
@@ -202,7 +213,8 @@ class SentenceEncoder:
                                  f"{self.max_seq_length}")
         batches = list(self.batches(token_ids))
         show = sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
-        progress = _Progress(len(batches) * self.weights.config.layers * 5, show)
+        progress = _Progress(len(batches) * self.weights.config.layers
+                             * self.encoder.programs_per_layer, show)
         out = np.zeros((len(token_ids), self.dimension), np.float32)
         total = RunStats(rows=self.chip.config.rows, cols=self.chip.config.cols)
         try:

@@ -105,6 +105,11 @@ def test_bucket_lengths():
     assert [bucket_length(n, 256) for n in (1, 16, 17, 100, 129, 300)] == [16, 16, 32, 128, 256, 256]
 
 
+BATCH_TEXTS = ["Hello!", "The quick brown fox jumps over the lazy dog.",
+               "Systolic arrays multiply matrices with a grid of processing elements, "
+               "each doing one multiply-add per cycle.", "bf16 in, fp32 out."]
+
+
 @pytest.fixture(scope="module")
 def minilm():
     return SentenceEncoder("all-MiniLM-L6-v2", chip=Chip(fast_mac=True))
@@ -124,8 +129,10 @@ def test_bad_input_is_a_clear_error(minilm):
 def _check_minilm(minilm, texts):
     emb = minilm.encode(texts, show_progress_bar=False)
     token_ids = minilm.tokenize(texts)
+    cfg = minilm.chip.config
+    vpu_form = dict(vector_ops="vpu", lanes=cfg.cols) if minilm.vector_ops == "chip" else {}
     for where, ids, mask in minilm.batches(token_ids):
-        want_tokens = golden_forward(minilm.weights, ids, mask, rows=minilm.chip.config.rows)
+        want_tokens = golden_forward(minilm.weights, ids, mask, rows=cfg.rows, **vpu_form)
         want = hostops.l2_normalize(hostops.mean_pool(want_tokens, mask))
         golden.assert_bits_equal(emb[where.start:where.stop], want, "MiniLM vs golden", seed=SEED)
     cosines = []
@@ -144,12 +151,30 @@ def test_minilm_one_sentence(minilm):
     assert emb.shape == (1, 384) and s.programs == 30 and 0 < s.mfu <= s.utilization <= 1
 
 
+@pytest.fixture(scope="module")
+def minilm_vpu():
+    return SentenceEncoder("all-MiniLM-L6-v2", vector_ops="chip")
+
+
+def test_minilm_one_sentence_on_the_vector_unit(minilm_vpu):
+    """``vector_ops="chip"`` (the default 16x16 chip with the vector unit, fast
+    lanes): bit-exact against the golden transformer in its VPU form, cosine
+    >= 0.9999 to float32, one program per layer."""
+    emb, _ = _check_minilm(minilm_vpu, ["A TPU-style matrix unit runs a sentence encoder."])
+    s = minilm_vpu.last_stats
+    assert emb.shape == (1, 384) and s.programs == 6 and 0 < s.mfu <= s.utilization <= 1
+    assert s.vector_active_cycles > 0
+
+
+@pytest.mark.slow
+def test_minilm_batched_on_the_vector_unit(minilm_vpu):
+    emb, _ = _check_minilm(minilm_vpu, BATCH_TEXTS)
+    assert emb.shape == (4, 384)
+
+
 @pytest.mark.slow
 def test_minilm_batched_sentences_of_different_lengths(minilm):
-    texts = ["Hello!", "The quick brown fox jumps over the lazy dog.",
-             "Systolic arrays multiply matrices with a grid of processing elements, "
-             "each doing one multiply-add per cycle.", "bf16 in, fp32 out."]
-    emb, cosines = _check_minilm(minilm, texts)
+    emb, cosines = _check_minilm(minilm, BATCH_TEXTS)
     assert emb.shape == (4, 384)
     sims = emb @ emb.T
     assert sims[1, 2] < 0.9

@@ -26,9 +26,13 @@ def cocotb_runtime_key(simulator):
     return [str(libs), digest, sys.version]
 
 
-def cocotb_build(verilog_text, toplevel, simulator="verilator", *, name=None, build_args=()):
+def cocotb_build(verilog_text, toplevel, simulator="verilator", *, name=None, build_args=(),
+                 cpp_text=None):
     """Build `verilog_text` for cocotb on `simulator` ("verilator" or "icarus"),
-    once per distinct input; returns the build directory."""
+    once per distinct input; returns the build directory. `cpp_text`: C++
+    compiled into the model too (DPI functions; Verilator only)."""
+    if cpp_text is not None and simulator != "verilator":
+        raise ValueError("C++ sources (cpp_text) need the Verilator simulator")
     from cocotb_tools.runner import get_runner
 
     setup_environment()
@@ -40,13 +44,17 @@ def cocotb_build(verilog_text, toplevel, simulator="verilator", *, name=None, bu
         status(f"cocotb build on {simulator}")
         source = directory / f"{toplevel}.v"
         source.write_text(verilog_text)
+        args = list(build_args)
+        if cpp_text is not None:          # the runner takes HDL sources only: C++ goes as an argument
+            (directory / "generated.cpp").write_text(cpp_text)
+            args.append(str(directory / "generated.cpp"))
         get_runner(simulator).build(sources=[source], hdl_toplevel=toplevel, build_dir=directory,
-                                    build_args=list(build_args), timescale=("1ns", "1ps"),
+                                    build_args=args, timescale=("1ns", "1ps"),
                                     log_file=directory / "build.log")
 
     # A Verilator test runs only the executable; Icarus needs the whole build.
     artifacts = [toplevel] if simulator == "verilator" else ["sim.vvp"]
-    key = [verilog_text, toplevel, *build_args, *cocotb_runtime_key(simulator)]
+    key = [verilog_text, cpp_text or "", toplevel, *build_args, *cocotb_runtime_key(simulator)]
     return cached_build(f"cocotb-{simulator}", name or toplevel, key, build, artifacts=artifacts,
                         prune=simulator == "verilator",
                         what=f"{name or toplevel} (cocotb, {simulator})")

@@ -94,16 +94,18 @@ def dma_system_verilog(config):
 
 
 @functools.lru_cache(maxsize=4)
-def chip_verilog(config, fast_mac=False, trace=False):
+def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None):
     """Verilog (module ``top``) of ``MxuChip(config)`` for simulation: the PE is a
     separate module instantiated rows*cols times -- the RTL `ProcessingElement`
     (`pe_verilog`), or with `fast_mac` its stand-in whose multiply-add is a C call
     (`mxu.sim.backends.fast_pe`). `trace` adds the profiler's trace port."""
     from mxu.hdl.top import MxuChip
     pe_name, pe = (fast_pe_verilog if fast_mac else pe_verilog)(config.mac_stages)
-    # With the vector unit, its lane is a module of its own too (with `fast_mac`
-    # the stand-in whose element op is a C call, `mxu.sim.backends.fast_vpu`).
-    lane_name, lane = ((fast_vpu_lane_verilog if fast_mac else vpu_lane_verilog)()
+    # With the vector unit, its lane is a module of its own too (with
+    # `fast_lanes`, default `fast_mac`, the stand-in whose element op is a C
+    # call, `mxu.sim.backends.fast_vpu`).
+    fast_lanes = fast_mac if fast_lanes is None else fast_lanes
+    lane_name, lane = ((fast_vpu_lane_verilog if fast_lanes else vpu_lane_verilog)()
                        if config.vpu else (None, ""))
     chip = MxuChip(config, pe_module=pe_name, trace=trace,
                    vpu_modules={"lane": lane_name} if config.vpu else None)

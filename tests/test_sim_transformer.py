@@ -36,22 +36,36 @@ def _cosine(a, b):
 @pytest.mark.parametrize("shape", ["4x4", "3x5"])
 def test_random_encoder_is_bit_exact_against_the_golden_transformer(shape):
     chip = Chip(SHAPES[shape])
+    stats = _check_tiny_encoder(chip, "host", min_cosine=0.999)
+    assert stats.programs == 5 * TINY_ENCODER.layers
+
+
+def _check_tiny_encoder(chip, vector_ops, min_cosine):
+    """The random tiny encoder on `chip`: bit-exact against the golden
+    transformer (its VPU form for ``vector_ops="chip"``), within `min_cosine`
+    of float32 per token, and replayed from the compile cache (static shapes).
+    Returns the first run's `RunStats`."""
+    cfg = chip.config
     weights = EncoderWeights.random(TINY_ENCODER, seed=SEED)
     rng = np.random.default_rng(SEED)
     lengths = [5, 16, 11]
     ids, mask = _batch(rng, lengths, 16, TINY_ENCODER.vocab)
-    encoder = Encoder(chip, weights)
+    encoder = Encoder(chip, weights, vector_ops=vector_ops)
+    free = chip.free_bytes
     tokens, stats = encoder(ids, mask)
-    want = golden_forward(weights, ids, mask, rows=chip.config.rows)
-    golden.assert_bits_equal(tokens, want, f"encoder on {shape}", seed=SEED)
-    assert stats.programs == 5 * TINY_ENCODER.layers
+    vpu_form = dict(vector_ops="vpu", lanes=cfg.cols) if vector_ops == "chip" else {}
+    want = golden_forward(weights, ids, mask, rows=cfg.rows, **vpu_form)
+    golden.assert_bits_equal(tokens, want, f"encoder ({vector_ops} ops) on {cfg.rows}x{cfg.cols}",
+                             seed=SEED)
+    assert chip.free_bytes == free
     for i, n in enumerate(lengths):
         ref = reference_forward(weights, ids[i, :n])
         for got, exp in zip(tokens[i, :n], ref):
-            assert _cosine(got, exp) > 0.999
+            assert _cosine(got, exp) > min_cosine
     again, again_stats = encoder(ids, mask)
     golden.assert_bits_equal(again, tokens, "replay")
     assert again_stats.cache_hits == again_stats.programs      # static shapes: all cached
+    return stats
 
 
 @pytest.mark.parametrize("shape", sorted(VPU_SHAPES))
@@ -61,25 +75,9 @@ def test_random_encoder_on_the_vector_unit_is_bit_exact(shape):
     reduced in the chip's lane order) and within cosine 0.9999 of float32.
     Fast lanes (held to the RTL lanes by tests/test_sim_vector.py)."""
     chip = Chip(VPU_SHAPES[shape], fast_mac=True)
-    cfg = chip.config
-    weights = EncoderWeights.random(TINY_ENCODER, seed=SEED)
-    rng = np.random.default_rng(SEED)
-    lengths = [5, 16, 11]
-    ids, mask = _batch(rng, lengths, 16, TINY_ENCODER.vocab)
-    encoder = Encoder(chip, weights, vector_ops="chip")
-    free = chip.free_bytes
-    tokens, stats = encoder(ids, mask)
-    want = golden_forward(weights, ids, mask, rows=cfg.rows, vector_ops="vpu", lanes=cfg.cols)
-    golden.assert_bits_equal(tokens, want, f"encoder on the vector unit of {shape}", seed=SEED)
+    stats = _check_tiny_encoder(chip, "chip", min_cosine=0.9999)
     assert stats.programs == TINY_ENCODER.layers          # one program per layer
-    assert stats.vector_active_cycles > 0 and chip.free_bytes == free
-    for i, n in enumerate(lengths):
-        ref = reference_forward(weights, ids[i, :n])
-        for got, exp in zip(tokens[i, :n], ref):
-            assert _cosine(got, exp) > 0.9999
-    again, again_stats = encoder(ids, mask)
-    golden.assert_bits_equal(again, tokens, "replay")
-    assert again_stats.cache_hits == again_stats.programs
+    assert stats.vector_active_cycles > 0
 
 
 def test_chip_vector_ops_need_the_vector_unit():

@@ -5,7 +5,7 @@ A matrix of ``m`` rows and ``n`` fp32 columns lives in the accumulator as
 `Tiles`: ``ceil(n / cols)`` tiles of ``cols`` columns, tile ``t`` in rows
 ``base + t*m .. base + t*m + m - 1`` -- the layout of a MATMUL's output when
 its N tiles are written one after another. Each op below is the sequence of
-`mxu.verif.vpu` (the golden VPU form of the layer) emitted as VECTORs over
+the golden VPU form of the layer (docs/vpu.md) emitted as VECTORs over
 whole tiles. Row reductions follow that module's tree order with ``lanes =
 cols``: tiles ``T/2 .. T-1`` are added onto tiles ``0 .. T/2-1`` (``T`` the
 padded power of two; a missing tile is the pad, +0 or -inf, given as a
@@ -123,7 +123,7 @@ class VectorEmitter:
 
     def reduce(self, kind, x, dst, scratch):
         """Row reduction ("sum" or "max") of `x` into the m rows at `dst` (every
-        lane holds the row's result), in the tree order of `mxu.verif.vpu`;
+        lane holds the row's result), in the golden VPU form's tree order;
         `scratch` holds up to ``x.count`` tiles."""
         combine, pad = (VpuOp.ADD, 0.0) if kind == "sum" else (VpuOp.MAX, _NEG_INF)
         real, count = x.count, 1 << max(0, (x.count - 1).bit_length())
@@ -141,7 +141,7 @@ class VectorEmitter:
 
     # ---- the layer ops ----------------------------------------------------------------
     def softmax(self, x, bias, dst, scratch, row):
-        """`mxu.verif.vpu.softmax` of `x` into `dst` (may be `x`). `bias`: a
+        """The VPU-form softmax of `x` into `dst` (may be `x`). `bias`: a
         one-row matrix, 0 where attending is allowed and -inf elsewhere (and in
         the lanes past n); `scratch`: ``x.count`` tiles; `row`: m spare rows."""
         r = Tiles(row, x.m, x.cols, x.cols)
@@ -157,7 +157,7 @@ class VectorEmitter:
         return self.per_tile(VpuOp.MUL, x, r, dst)
 
     def layer_norm(self, x, gamma, beta, eps, dst, scratch, rows, ones=None):
-        """`mxu.verif.vpu.layer_norm` of `x` into `dst` (may be `x`); `gamma`,
+        """The VPU-form LayerNorm of `x` into `dst` (may be `x`); `gamma`,
         `beta`: one-row matrices; `scratch`: two matrices of x's shape, the
         second free from `dst`; `rows`: m spare rows. When n is not a multiple
         of cols, `ones` (a one-row matrix of 1.0, its last tile's spare lanes
@@ -184,7 +184,7 @@ class VectorEmitter:
         return self.per_tile(VpuOp.ADD, d, beta, dst, broadcast=True)
 
     def gelu(self, x, dst, scratch):
-        """`mxu.verif.vpu.gelu` of `x` into `dst` (may be `x`); `scratch`: four
+        """The VPU-form GELU of `x` into `dst` (may be `x`); `scratch`: four
         matrices of x's shape."""
         ax, a, t, poly = scratch
         self.map(VpuOp.MUL, x, ax, scalar=-1.0)

@@ -260,7 +260,7 @@ class Chip:
     def vector(self, kind, x, **operands):
         """A transformer layer op on the vector unit (``ChipConfig(vpu=True)``),
         on fp32 device tensors, bit-exact to its VPU form in
-        `mxu.verif.vpu` with ``lanes=config.cols`` (docs/vpu.md). `kind` and
+        the golden VPU form with the chip's lane order (docs/vpu.md). `kind` and
         the operands are those of `mxu.sim.compiler.vector.VectorOp`
         (``out``, ``out_bf16``, ``out_t``, ``other``, ``params``, ``group``,
         ``scale``, ``eps``). Runs at once, or as part of the recording's

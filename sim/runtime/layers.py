@@ -225,8 +225,8 @@ class ChipEncoderLayer:
     """One encoder layer as one chip program: every matmul on the array, every
     layer op on the vector unit, the activations in device tensors between
     them (docs/vpu.md, "The encoder layer on the chip"). Bit-exact to
-    `mxu.verif.transformer.golden_forward` with ``vector_ops="vpu"`` and
-    ``lanes=cols``."""
+    the golden transformer in its VPU form with the chip's lane order
+    (docs/vpu.md, docs/transformer.md)."""
 
     PROGRAMS = 1
 
@@ -320,6 +320,9 @@ class Encoder:
 
     def run_layer(self, i, x, mask, progress=None):
         """Layer i on (B*L, hidden) activations: (its output, its `RunStats`)."""
+        if self.vector_ops == "chip":
+            raise ValueError("run_layer runs the host-ops layer; with vector_ops='chip' a layer "
+                             "is one program inside the forward (call the encoder)")
         steps = _Steps(self.chip, progress)
         return self.layers[i](x, mask, steps), steps.stats
 

@@ -32,19 +32,34 @@ program's size grows with the number of M blocks, not with M*K*N.
 """
 
 import bisect
+import collections
 import math
 from dataclasses import dataclass
 
-from mxu.hdl.isa import INSTR_BITS, SeedMode
+from mxu.hdl.isa import INSTR_BITS, Opcode, SeedMode, decode
 
 from .operands import MatmulOp
 from .plan import RING_SLOTS, ceil_div, plan_op
 from .program import Program
-from .vector import VectorOp, emit_vector_op
+from .vector import (Tiles, VectorOp, emit_epilogue, emit_vector_op, epilogue_param_loads,
+                     flag_instruction, tile_moves)
 
 __all__ = ["CompiledProgram", "compile_matmuls", "plan_segments"]
 
 _MASK = (1 << INSTR_BITS) - 1
+
+
+@dataclass(frozen=True)
+class _Ring:
+    """The accumulator rows a fused segment's ops share: `buffers` output
+    slots of `slot` rows (and as many residual slots of `res_slot` rows), used
+    by the segment's groups in turn, and the vector unit's working rows."""
+    buffers: int
+    slot: int
+    res_base: int
+    res_slot: int
+    scratch_base: int
+    rows: int            # all of it
 
 
 @dataclass(frozen=True)
@@ -53,8 +68,10 @@ class _Placed:
     op: MatmulOp
     plan: object
     a_base: int          # VMEM row of its activation buffers
-    out_base: int        # accumulator row of its output buffers
+    out_base: int        # accumulator row of its output buffers (a fused segment's ring)
     bias_base: int       # accumulator row of its bias blocks or bias rows
+    ep_base: int         # accumulator row of its epilogue's parameters
+    ring: _Ring = None   # a fused segment's shared rows
 
 
 @dataclass(frozen=True)
@@ -93,33 +110,77 @@ class CompiledProgram:
 
 def plan_segments(config, ops):
     """[(segment, [placed op])]: ops in order, cut into segments of ops whose
-    regions fit side by side and that do not read each other's results."""
-    segments, current, vmem, acc = [], [], RING_SLOTS * config.rows, 0
+    regions fit side by side and that do not read each other's results. Ops
+    with an epilogue (fused) and without never share a segment."""
+    segments, current = [], []
     for i, op in enumerate(ops):
         op.check(config)
-        plan = plan_op(config, op.M, op.K, op.N, op.bias_kind)
+        ep = op.epilogue
+        plan = plan_op(config, op.M, op.K, op.N, op.bias_kind, epilogue=ep and ep.kind)
         if plan is None:
             KT, room = ceil_div(op.K, config.rows), config.vmem_rows - RING_SLOTS * config.rows
             why = (f"one activation row needs {KT} VMEM rows and {room} are free beside the "
                    f"weight ring; split K" if KT > room else
-                   f"its output and bias buffers need more than the {config.acc_rows} "
+                   f"an add_layer_norm epilogue needs more than {RING_SLOTS} steps (K tiles x N "
+                   f"tiles) per group" if ep and ep.kind == "add_layer_norm"
+                   and KT * ceil_div(op.N, config.cols) <= RING_SLOTS else
+                   f"its output, bias and epilogue buffers need more than the {config.acc_rows} "
                    f"accumulator rows")
             raise ValueError(f"op {i}: a {op.M}x{op.K} @ {op.K}x{op.N} matmul does not fit the "
                              f"chip: {why}")
-        depends = any(op.a.overlaps(p.op.c) or op.b.overlaps(p.op.c)
-                      or (op.bias is not None and op.bias.overlaps(p.op.c)) for _, p in current)
-        fits = (vmem + plan.vmem_rows <= config.vmem_rows
-                and acc + plan.acc_rows <= config.acc_rows)
-        if current and (depends or not fits):
-            segments.append(current)
-            current, vmem, acc = [], RING_SLOTS * config.rows, 0
-        bias_base = acc + plan.out_rows
-        current.append((i, _Placed(op, plan, vmem, acc, bias_base)))
-        vmem += plan.vmem_rows
-        acc += plan.acc_rows
+        depends = any(r.overlaps(w) for _, o, _ in current for w in o.writes for r in op.reads)
+        if current and (depends or (ep is None) != (current[0][1].epilogue is None)
+                        or not _place(config, current + [(i, op, plan)])):
+            segments.append(_place(config, current))
+            current = []
+        current.append((i, op, plan))
     if current:
-        segments.append(current)
+        segments.append(_place(config, current))
     return segments
+
+
+def _place(config, items):
+    """[(op index, _Placed)] of (op index, op, plan) items side by side, or
+    None if they do not fit. Plain ops get regions of their own; a fused
+    segment's ops share a `_Ring` of output, residual and working rows."""
+    vmem = RING_SLOTS * config.rows + sum(plan.vmem_rows for _, _, plan in items)
+    if items[0][1].epilogue is None:
+        placed, acc, a_base = [], 0, RING_SLOTS * config.rows
+        for i, op, plan in items:
+            placed.append((i, _Placed(op, plan, a_base, acc, acc + plan.out_rows, 0)))
+            acc += plan.acc_rows
+            a_base += plan.vmem_rows
+    else:
+        plans = [plan for _, _, plan in items]
+        buffers = min(p.out_buffers for p in plans)
+        slot = max(p.G * p.Mb for p in plans)
+        res_slot = max(p.residual_rows for p in plans)
+        res_base = buffers * slot
+        scratch_base = res_base + buffers * res_slot
+        acc = scratch_base + max(p.scratch_rows for p in plans)
+        ring = _Ring(buffers, slot, res_base, res_slot, scratch_base, acc)
+        placed, a_base = [], RING_SLOTS * config.rows
+        for i, op, plan in items:
+            bias_rows = plan.NT if plan.bias == "row" else 0
+            placed.append((i, _Placed(op, plan, a_base, 0, acc, acc + bias_rows, ring)))
+            acc += bias_rows + plan.param_rows
+            a_base += plan.vmem_rows
+    return placed if vmem <= config.vmem_rows and acc <= config.acc_rows else None
+
+
+class _Pending:
+    """A group's epilogue instructions on their way into the program: due
+    between steps `first` and `last`, in proportion to their rows."""
+
+    def __init__(self, program, first, last):
+        self.words, self.text = program.words, program.text
+        self.first, self.last, self.done = first, last, 0
+        self.cumulative, total = [], 0
+        for word in self.words:
+            opcode, fields = decode(word)
+            total += fields["rows"] if opcode == Opcode.VECTOR else 0
+            self.cumulative.append(total)
+        self.total = total
 
 
 class _Segment:
@@ -144,6 +205,12 @@ class _Segment:
         self.starts = [grp.start for grp in self.groups]
         self.steps = self.groups[-1].end
         self.W = min(RING_SLOTS, self.steps)
+        self.ring = placed[0].ring
+        self.fused = self.ring is not None
+        self.buffers = self.ring.buffers if self.fused else 2   # output buffers in flight
+        # Each fused group's VECTORs and STOREs, waiting to be spread over the
+        # next group's steps.
+        self.pending = collections.deque()
 
     # ---- where step n is --------------------------------------------------------------
     def locate(self, n):
@@ -158,6 +225,8 @@ class _Segment:
 
     def out_row(self, grp, jj):
         p = self.placed[grp.op]
+        if self.fused:
+            return self.ring.slot * (grp.index % self.buffers) + jj * p.plan.Mb
         return p.out_base + ((grp.g % 2) * p.plan.G + jj) * p.plan.Mb
 
     def bias_block_row(self, grp, jj):
@@ -181,6 +250,11 @@ class _Segment:
             if op.N % c:
                 loads.append(dict(acc_row=p.bias_base + full, ext_addr=op.bias.addr + 4 * c * full,
                                   rows=1, row_bytes=4 * (op.N % c)))
+        ep = op.epilogue
+        if ep is not None and grp.first_of_op and t == 0 and jj == 0:
+            loads += epilogue_param_loads(ep, p.ep_base, c)
+        if ep is not None and ep.kind == "add_layer_norm":
+            loads += self.residual_loads(n)
         if grp.first_of_block and jj == 0:
             loads.append(dict(vmem_row=self.a_row(grp, t),
                               ext_addr=op.a.addr + grp.m0 * op.a.stride + 2 * t * r,
@@ -194,6 +268,80 @@ class _Segment:
                           rows=k_rows, row_bytes=2 * ncols, ext_stride=op.b.stride))
         for i, load in enumerate(loads):
             prog.load(**load, pop_next=(i == 0 and n >= self.W), push_next=(i == len(loads) - 1))
+
+    def residual_loads(self, n):
+        """The residual rows an add_layer_norm epilogue loads with step n's
+        batch: group i's with its first step while i < buffers; else with
+        step ``start + W``, whose loads wait for i's first MATMUL, which waits
+        for the stores of group i - buffers, the last reader of that slot."""
+        loads = []
+        for m in (n, n - self.W):
+            if m < 0:
+                continue
+            grp, _, _ = self.locate(m)
+            ep = self.placed[grp.op].op.epilogue
+            early = grp.index < self.buffers
+            if m != grp.start or ep.kind != "add_layer_norm" or (m == n) != early:
+                continue
+            if n >= grp.end:
+                raise AssertionError("a residual load lands after its group (plan_op prevents this)")
+            loads += tile_moves(ep.other, grp.m0, grp.mrows,
+                                self.epilogue_tiles(grp).like(self.residual_row(grp)))
+        return loads
+
+    def residual_row(self, grp):
+        return self.ring.res_base + self.ring.res_slot * (grp.index % self.buffers)
+
+    def epilogue_tiles(self, grp):
+        """The group's output buffer as `Tiles` (tile stride Mb: a short last
+        block computes its spare rows too, and stores only its own)."""
+        p = self.placed[grp.op]
+        n = p.op.N if p.op.epilogue.row_wise else grp.size * self.config.cols
+        return Tiles(self.out_row(grp, 0), p.plan.Mb, n, self.config.cols)
+
+    def epilogue_program(self, grp, push_store):
+        """Group `grp`'s epilogue: its VECTORs (the first pops the compute
+        token, the last pushes the store's), then its STOREs, then the store
+        token that frees the buffer (`push_store`)."""
+        cfg, p = self.config, self.placed[grp.op]
+        op, c = p.op, cfg.cols
+        x = self.epilogue_tiles(grp)
+        ep_prog = Program()
+        emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, self.ring.scratch_base,
+                      self.residual_row(grp), pop_prev=True)
+        flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
+        first = dict(pop_prev=True, vector=True)
+        for out in op.writes:
+            for jj in range(grp.size):
+                j = grp.j0 + jj
+                ep_prog.store(acc_row=x.tile(jj), ext_addr=out.addr + grp.m0 * out.stride + out.elem * j * c,
+                              rows=grp.mrows, row_bytes=out.elem * min(c, op.N - j * c),
+                              ext_stride=out.stride, to_bf16=out.dtype == "bf16", **first)
+                first = {}
+        if push_store:
+            ep_prog.sync("store", push_prev=True)
+        return ep_prog
+
+    def drain(self, prog, n=None):
+        """Emit the pending epilogue instructions due by step n (all with
+        None). A group's instructions are spread over the next group's steps
+        in proportion to their rows, so that the vector engine's queue holds
+        about the work the array does meanwhile: the chip issues in program
+        order, and a full queue would hold up the array's instructions."""
+        while self.pending:
+            entry = self.pending[0]
+            if n is None or n >= entry.last:
+                due = len(entry.words)
+            else:
+                share = entry.total * (n - entry.first + 1) / (entry.last - entry.first + 1)
+                due = bisect.bisect_right(entry.cumulative, share)
+            if due > entry.done:
+                prog.words += entry.words[entry.done:due]
+                prog.text += entry.text[entry.done:due]
+                entry.done = due
+            if entry.done < len(entry.words):
+                return
+            self.pending.popleft()
 
     def step(self, prog, n):
         """Step n's LOADW and MATMUL, its STORE after the last K tile, and the
@@ -213,22 +361,33 @@ class _Segment:
         else:
             seed, seed_row = SeedMode.ZERO, 0
         last_t = t == plan.KT - 1
+        fused = op.epilogue is not None
         prog.matmul(act_row=self.a_row(grp, t), m_rows=grp.mrows, out_row=self.out_row(grp, jj),
                     seed=seed, seed_row=seed_row, new_weights=True,
-                    pop_next=(t == 0 and jj == 0 and grp.index >= 2),
-                    push_prev=(n + self.W < self.steps), push_next=last_t)
-        if last_t:
+                    pop_next=(t == 0 and jj == 0 and grp.index >= self.buffers),
+                    push_prev=(n + self.W < self.steps), push_next=last_t and not fused)
+        last_of_group = jj == grp.size - 1
+        if fused and last_t and last_of_group:
+            prog.sync("compute", push_next=True, vector=True)
+            barrier = not self.last and grp.index == len(self.groups) - 1
+            ep_prog = self.epilogue_program(grp, grp.index + self.buffers < len(self.groups)
+                                            or barrier)
+            nxt = self.groups[grp.index + 1] if grp.index + 1 < len(self.groups) else grp
+            self.pending.append(_Pending(ep_prog, n, nxt.end - 1))
+        elif last_t and not fused:
+            self.drain(prog)
             esize = op.c.elem
-            last_of_group = jj == grp.size - 1
             barrier = not self.last and grp.index == len(self.groups) - 1 and last_of_group
             prog.store(acc_row=self.out_row(grp, jj),
                        ext_addr=op.c.addr + grp.m0 * op.c.stride + esize * j * c,
                        rows=grp.mrows, row_bytes=esize * min(c, op.N - j * c),
                        ext_stride=op.c.stride, to_bf16=op.c.dtype == "bf16", relu=op.relu,
                        pop_prev=True,
-                       push_prev=(last_of_group and grp.index + 2 < len(self.groups)) or barrier)
+                       push_prev=(last_of_group and grp.index + self.buffers < len(self.groups))
+                       or barrier)
         if n + self.W < self.steps:
             self.batch(prog, n + self.W)
+        self.drain(prog, n)
 
     # ---- emission with loops ---------------------------------------------------------
     def steps_program(self, lo, hi):
@@ -266,8 +425,11 @@ class _Segment:
     def emit(self, prog, loops):
         for n in range(self.W):
             self.batch(prog, n)
+        # Fused epilogues interleave with the next group's steps: no loops.
+        loops = loops and not self.fused
         units = [self.group_program(grp, loops) for grp in self.groups]
         _emit_runs(prog, units, loops, self.config.loop_body_instrs)
+        self.drain(prog)
         if not self.last:
             prog.sync("compute", pop_next=True, push_prev=True)
             prog.sync("load", pop_next=True)

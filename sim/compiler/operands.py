@@ -63,12 +63,27 @@ class MatmulOp:
     """``c = relu?(a @ b + bias)``: a (M x K) and b (K x N) bf16, c (M x N) fp32 or
     bf16 (rounded to nearest even), bias fp32: None, one row (1 x N, "row") or
     M x N ("matrix"). A matrix bias may be c itself (read, then overwritten:
-    how the runtime chains the chunks of a split K)."""
+    how the runtime chains the chunks of a split K). With an `epilogue` (an
+    `Epilogue`, chips with the vector unit) c receives the epilogue's result
+    instead, and the matmul's own fp32 result never leaves the chip."""
     a: Operand
     b: Operand
     c: Operand
     bias: Operand = None
     relu: bool = False
+    epilogue: object = None
+
+    @property
+    def reads(self):
+        """The operands the op reads."""
+        extra = () if self.epilogue is None else self.epilogue.reads
+        return (self.a, self.b) + ((self.bias,) if self.bias is not None else ()) + extra
+
+    @property
+    def writes(self):
+        """The operands the op writes."""
+        extra = self.epilogue.extra if self.epilogue is not None else None
+        return (self.c,) + ((extra,) if extra is not None else ())
 
     @property
     def M(self):
@@ -112,3 +127,11 @@ class MatmulOp:
         for name in ("a", "b") + (("bias",) if self.bias not in (None, self.c) else ()):
             if getattr(self, name).overlaps(self.c):
                 raise ValueError(f"the output c overlaps the input {name}")
+        if self.epilogue is not None:
+            if self.relu:
+                raise ValueError("a matmul with an epilogue takes no relu")
+            self.epilogue.check(config, self.M, self.N)
+            for out in self.writes:
+                for read in self.reads:
+                    if out.overlaps(read):
+                        raise ValueError("an output of the epilogue overlaps one of its inputs")

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 from mxu.hdl.isa import DmaInstr, MatmulInstr
 
+from .vector import (EPILOGUE_BUFFERS, epilogue_param_rows, epilogue_residual_rows,
+                     epilogue_scratch)
+
 __all__ = ["RING_SLOTS", "MAX_GROUP", "OpPlan", "plan_op", "max_k_tiles", "ceil_div"]
 
 RING_SLOTS = 4
@@ -38,6 +41,7 @@ class OpPlan:
     G: int           # N tiles per group
     a_buffers: int   # activation block buffers, used in turn (1 when M is one block)
     bias: str        # "none", "row" or "matrix"
+    epilogue: str = None   # the kind of a fused `Epilogue`, or None
 
     @property
     def blocks(self):
@@ -49,6 +53,8 @@ class OpPlan:
         by then, so one tile per group is enough, and the tiles finish one by
         one, which spreads their stores (the last group's stores are the run's
         tail). Tiny K keeps G (a matrix bias buffer must last the ring's steps)."""
+        if self.epilogue is not None:
+            return self.G       # an epilogue's buffers and scratch are laid out for G tiles
         return 1 if self.KT >= RING_SLOTS else self.G
 
     def groups_of_block(self):
@@ -73,23 +79,50 @@ class OpPlan:
         return self.a_buffers * self.Mb * self.KT
 
     @property
+    def out_buffers(self):
+        """Output buffers (groups) in flight: two, or an epilogue's own count."""
+        return 2 if self.epilogue is None else EPILOGUE_BUFFERS[self.epilogue]
+
+    @property
     def out_rows(self):
-        return 2 * self.G * self.Mb
+        return self.out_buffers * self.G * self.Mb
 
     @property
     def acc_rows(self):
         bias = {"none": 0, "row": self.NT, "matrix": 2 * self.G * self.Mb}[self.bias]
-        return self.out_rows + bias
+        return self.out_rows + bias + self.epilogue_rows
+
+    @property
+    def scratch_rows(self):
+        """The vector unit's working rows (shared by a fused segment)."""
+        if self.epilogue is None:
+            return 0
+        return epilogue_scratch(self.epilogue, self.NT, self.G, self.Mb)[1]
+
+    @property
+    def residual_rows(self):
+        """Rows of one residual buffer (one per output buffer)."""
+        return 0 if self.epilogue is None else epilogue_residual_rows(self.epilogue, self.NT, self.Mb)
+
+    @property
+    def param_rows(self):
+        return 0 if self.epilogue is None else epilogue_param_rows(self.epilogue, self.NT)
+
+    @property
+    def epilogue_rows(self):
+        return self.scratch_rows + self.param_rows + self.out_buffers * self.residual_rows
 
 
 def _pow2_floor(n):
     return 1 << (n.bit_length() - 1)
 
 
-def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RING_SLOTS):
+def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RING_SLOTS,
+            epilogue=None):
     """The largest M block (then the widest group) whose buffers fit in
     `vmem_rows` VMEM rows (after the weight ring) and `acc_rows` accumulator
-    rows; None if even one activation row does not fit."""
+    rows; None if even one activation row does not fit. `epilogue`: the kind
+    of a fused `Epilogue`; a row-wise one needs every N tile in one group."""
     r, c = config.rows, config.cols
     vmem_rows = config.vmem_rows - ring * r if vmem_rows is None else vmem_rows
     acc_rows = config.acc_rows if acc_rows is None else acc_rows
@@ -98,14 +131,19 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
     w_beats = r * ceil_div(2 * c, bb)
 
     def plan(Mb, G):
+        if epilogue is not None and bias == "matrix":
+            return None      # an epilogue's buffers take the place of the bias blocks
         blocks = ceil_div(M, Mb)
         # Activation buffers in a ring: a buffer is refilled `a_buffers` blocks
         # later, which must be at least `ring` steps on (two buffers unless the
         # blocks are shorter than that).
         buffers = 1 if blocks == 1 else min(blocks, max(2, ceil_div(ring, KT * NT) + 1))
-        p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias)
+        p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias, epilogue)
         fits = p.vmem_rows <= vmem_rows and p.acc_rows <= acc_rows
-        return p if fits and _spaced(p, ring) else None
+        # A residual buffer is refilled by the loads of the step `ring` after
+        # its group's first (docs/vpu.md, "Fused epilogues").
+        short = epilogue == "add_layer_norm" and KT * G <= ring
+        return p if fits and not short and _spaced(p, ring) else None
 
     # Start from the largest block whose activations can fit at all.
     Mb = min(M, _MAX_ROWS, max(1, vmem_rows // KT if M <= vmem_rows // KT else vmem_rows // (2 * KT)))
@@ -117,7 +155,14 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         # tiles needs that), so both are tried before the block shrinks.
         act_beats = Mb * ceil_div(2 * r, bb)
         want = min(NT, MAX_GROUP, ceil_div(act_beats, max(1, Mb - w_beats)))
-        for G in _group_sizes(min(NT, MAX_GROUP, 1 << (want - 1).bit_length()), NT):
+        if epilogue is None:
+            sizes = _group_sizes(min(NT, MAX_GROUP, 1 << (want - 1).bit_length()), NT)
+        elif epilogue == "gelu":
+            # Wide groups: fewer, longer VECTORs (each pays the pipeline's latency once).
+            sizes = _group_sizes(min(NT, MAX_GROUP, max(4, 1 << (want - 1).bit_length())), NT)
+        else:
+            sizes = [NT]
+        for G in sizes:
             p = plan(Mb, G)
             if p:
                 # Blocks of equal size: a short last block would stream below

@@ -29,9 +29,13 @@ from mxu.hdl.isa import VpuOp
 
 from .operands import Operand
 
-__all__ = ["Tiles", "VectorEmitter", "VectorOp", "emit_vector_op", "VECTOR_KINDS"]
+__all__ = ["Tiles", "VectorEmitter", "VectorOp", "emit_vector_op", "VECTOR_KINDS", "Epilogue",
+           "EPILOGUE_KINDS", "EPILOGUE_BUFFERS", "epilogue_scratch", "epilogue_param_rows",
+           "epilogue_residual_rows", "emit_epilogue", "epilogue_param_loads",
+           "tile_moves", "flag_instruction"]
 
 VECTOR_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu", "copy")
+EPILOGUE_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu")
 
 _NEG_INF = float("-inf")
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -104,7 +108,7 @@ class VectorEmitter:
 
     def end(self, **deps):
         """Set flags (e.g. ``push_next=True``) on the last instruction emitted."""
-        _flag(self.program, self._last, **deps)
+        flag_instruction(self.program, self._last, **deps)
         return self
 
     # ---- building blocks ------------------------------------------------------------
@@ -158,8 +162,8 @@ class VectorEmitter:
 
     def layer_norm(self, x, gamma, beta, eps, dst, scratch, rows, ones=None):
         """The VPU-form LayerNorm of `x` into `dst` (may be `x`); `gamma`,
-        `beta`: one-row matrices; `scratch`: two matrices of x's shape, the
-        second free from `dst`; `rows`: m spare rows. When n is not a multiple
+        `beta`: one-row matrices; `scratch`: two matrices of x's shape, d
+        (x - mean; may be x itself) and sq (free from `dst`); `rows`: m spare rows. When n is not a multiple
         of cols, `ones` (a one-row matrix of 1.0, its last tile's spare lanes
         +0) zeroes the spare lanes of ``x - mean`` before they enter the
         variance."""
@@ -183,30 +187,52 @@ class VectorEmitter:
         self.per_tile(VpuOp.MUL, d, gamma, d, broadcast=True)
         return self.per_tile(VpuOp.ADD, d, beta, dst, broadcast=True)
 
-    def gelu(self, x, dst, scratch):
+    def gelu(self, x, dst, scratch, split=1):
         """The VPU-form GELU of `x` into `dst` (may be `x`); `scratch`: four
-        matrices of x's shape."""
-        ax, a, t, poly = scratch
-        self.map(VpuOp.MUL, x, ax, scalar=-1.0)
-        self.map(VpuOp.MAX, x, ax, b_row=ax.base)
-        self.map(VpuOp.MIN, ax, ax, scalar=1e30)
-        self.map(VpuOp.MUL, ax, a, scalar=float(np.float32(1 / np.sqrt(2))))
-        self.map(VpuOp.MUL, a, t, scalar=_ERF_P)
-        self.map(VpuOp.ADD, t, t, scalar=1.0)
-        self.map(VpuOp.RECIP, t, t)
-        self.map(VpuOp.MUL, t, poly, scalar=_ERF_A[4])
-        for c in _ERF_A[3::-1]:
-            self.map(VpuOp.ADD, poly, poly, scalar=c)
-            self.map(VpuOp.MUL, poly, poly, b_row=t.base)
-        e = t                                   # t is used up
-        self.map(VpuOp.MUL, a, e, b_row=a.base)
-        self.map(VpuOp.MUL, e, e, scalar=-1.0)
-        self.map(VpuOp.EXP, e, e)
-        self.map(VpuOp.MUL, poly, poly, b_row=e.base)
-        self.map(VpuOp.MUL, ax, ax, scalar=-0.5)
-        self.map(VpuOp.MUL, ax, ax, b_row=poly.base)
-        self.map(VpuOp.MAX, x, a, scalar=0.0)
-        return self.map(VpuOp.ADD, a, dst, b_row=ax.base)
+        matrices of x's shape. With `split` > 1 the tiles are cut into that
+        many parts whose passes alternate: each pass reads the previous one's
+        result, and the interlock would otherwise hold every pass until the
+        last finished (docs/vpu.md, "Fused epilogues")."""
+        parts = _split_tiles(x.count, split)
+        jobs = []
+        for t0, count in parts:
+            part = lambda m: Tiles(m.tile(t0), m.m, count * m.cols, m.cols)
+            jobs.append(dict(x=part(x), dst=part(dst), **{name: part(m) for name, m in
+                                                           zip(("ax", "a", "t", "poly"), scratch)}))
+        for op, src, out, b in _GELU_PASSES:
+            for job in jobs:
+                operand = dict(scalar=b) if isinstance(b, float) else (
+                    dict(b_row=job[b].base) if b else {})
+                self.map(op, job[src], job[out], **operand)
+        return self
+
+
+def _split_tiles(count, parts):
+    """(first tile, tiles) of `parts` nearly equal parts of `count` tiles."""
+    parts = max(1, min(parts, count))
+    edges = [count * i // parts for i in range(parts + 1)]
+    return [(a, b - a) for a, b in zip(edges, edges[1:])]
+
+
+def _gelu_passes():
+    """The VPU form's GELU (docs/vpu.md) as (op, source, destination, b):
+    b is a scalar, the name of a matrix, or None. t is reused for
+    ``e = exp(-a*a)`` once the polynomial has it."""
+    passes = [(VpuOp.MUL, "x", "ax", -1.0), (VpuOp.MAX, "x", "ax", "ax"),
+              (VpuOp.MIN, "ax", "ax", 1e30),
+              (VpuOp.MUL, "ax", "a", float(np.float32(1 / np.sqrt(2)))),
+              (VpuOp.MUL, "a", "t", _ERF_P), (VpuOp.ADD, "t", "t", 1.0),
+              (VpuOp.RECIP, "t", "t", None), (VpuOp.MUL, "t", "poly", _ERF_A[4])]
+    for c in _ERF_A[3::-1]:
+        passes += [(VpuOp.ADD, "poly", "poly", c), (VpuOp.MUL, "poly", "poly", "t")]
+    passes += [(VpuOp.MUL, "a", "t", "a"), (VpuOp.MUL, "t", "t", -1.0), (VpuOp.EXP, "t", "t", None),
+               (VpuOp.MUL, "poly", "poly", "t"), (VpuOp.MUL, "ax", "ax", -0.5),
+               (VpuOp.MUL, "ax", "ax", "poly"), (VpuOp.MAX, "x", "a", 0.0),
+               (VpuOp.ADD, "a", "dst", "ax")]
+    return passes
+
+
+_GELU_PASSES = _gelu_passes()
 
 
 @dataclass(frozen=True)
@@ -274,13 +300,9 @@ def _chunk_rows(config, op, count):
 def _move_tiles(prog, kind, operand, r0, m, tiles, first_deps, *, to_bf16=False, **flags):
     """LOAD ("load") or STORE ("store") rows r0 .. r0+m-1 of `operand` as `tiles`
     (its columns cut into tiles of cols); `first_deps` on the first instruction."""
-    cols, elem = tiles.cols, operand.elem
     emitted = []
-    for t in range(tiles.count):
-        width = min(cols, operand.cols - t * cols)
-        args = dict(acc_row=tiles.tile(t), ext_addr=operand.addr + r0 * operand.stride + t * cols * elem,
-                    rows=m, row_bytes=width * elem, ext_stride=operand.stride,
-                    **(first_deps if t == 0 else {}))
+    for t, move in enumerate(tile_moves(operand, r0, m, tiles)):
+        args = dict(move, **(first_deps if t == 0 else {}))
         if kind == "load":
             prog.load(**args)
         else:
@@ -319,7 +341,7 @@ def _emit_chunk(c, op, prog, r0, m, count, m_max):
             loads += _move_tiles(prog, "load", row, 0, 1, params.like(params.base + i * count), {})
         if op.kind == "add_layer_norm":
             loads += _move_tiles(prog, "load", op.other, r0, m, scratch[2], {})
-    _flag(prog, loads[-1], push_next=True)
+    flag_instruction(prog, loads[-1], push_next=True)
     prog.sync("compute", pop_prev=True, push_next=True, vector=True)
     emit = VectorEmitter(prog, c).begin(pop_prev=True)
     result = x
@@ -372,10 +394,153 @@ def _transpose(emit, op, x, m):
                     (t * blocks + blk) * c.cols, to_vmem=True, transpose=True)
 
 
-def _flag(prog, index, **deps):
+def flag_instruction(prog, index, **deps):
     """Set dependency flags on instruction `index` of `prog`."""
     from mxu.hdl.isa import Deps
     names = list(Deps.as_shape().members)
     for name, value in deps.items():
         prog.words[index] |= int(bool(value)) << (4 + names.index(name))
     prog.text[index] += f" [{' '.join(k for k, v in deps.items() if v)}]"
+
+
+# ---- epilogues: a layer op fused onto a matmul ---------------------------------------------
+
+@dataclass(frozen=True)
+class Epilogue:
+    """A layer op the vector unit applies to a matmul's fp32 result in the
+    accumulator, group by group, before it is stored (docs/vpu.md, "Fused
+    epilogues"): the results are those of the matmul to an fp32 tensor
+    followed by the `VectorOp` of the same kind, bit for bit.
+
+    kind : "softmax" (``softmax(r * scale + other)``: `other` is one bias row,
+        ``count*cols`` wide, -inf past N, for every row), "layer_norm"
+        (`params`: gamma, beta, ones, 3 x N), "add_layer_norm"
+        (``layer_norm(r + other)``: `other` the M x N fp32 residual), "gelu".
+    extra : a second output besides the op's c (e.g. the bf16 copy of an fp32
+        result), or None.
+    """
+    kind: str
+    extra: Operand = None
+    other: Operand = None
+    params: Operand = None
+    scale: float = 1.0
+    eps: float = 0.0
+
+    @property
+    def row_wise(self):
+        """Whether a row's result needs the whole row (the group is every N tile)."""
+        return self.kind != "gelu"
+
+    @property
+    def reads(self):
+        return tuple(o for o in (self.other, self.params) if o is not None)
+
+    def check(self, config, M, N):
+        if not config.vpu:
+            raise ValueError("a matmul epilogue needs a chip with the vector unit (vpu=True)")
+        if self.kind not in EPILOGUE_KINDS:
+            raise ValueError(f"Epilogue kind must be one of {EPILOGUE_KINDS}, not {self.kind!r}")
+        count = -(-N // config.cols)
+        want = {"softmax": {"other": (1, count * config.cols)},
+                "layer_norm": {"params": (3, N)},
+                "add_layer_norm": {"other": (M, N), "params": (3, N)},
+                "gelu": {}}[self.kind]
+        for name in ("other", "params"):
+            operand = getattr(self, name)
+            if (operand is None) != (name not in want):
+                raise ValueError(f"a {self.kind} epilogue {'needs' if name in want else 'takes no'} "
+                                 f"{name}")
+            if operand is not None:
+                operand.check(name, config.ext_mem_bytes)
+                if (operand.rows, operand.cols) != want[name] or operand.dtype != "fp32":
+                    raise ValueError(f"{name} must be {want[name][0]}x{want[name][1]} fp32, not "
+                                     f"{operand.rows}x{operand.cols} {operand.dtype}")
+        if self.extra is not None:
+            self.extra.check("extra", config.ext_mem_bytes)
+            if (self.extra.rows, self.extra.cols) != (M, N):
+                raise ValueError(f"extra must be {M}x{N}, not {self.extra.rows}x{self.extra.cols}")
+
+
+# Output buffers a fused segment cycles through: a third lets the array run a
+# whole group ahead of the vector unit; the LayerNorms' wide rows (every N
+# tile, and a residual per buffer) leave room for two.
+EPILOGUE_BUFFERS = {"softmax": 3, "gelu": 3, "layer_norm": 2, "add_layer_norm": 2}
+
+
+def epilogue_scratch(kind, count, G, Mb):
+    """{region: (offset, rows)} of the vector unit's working rows for an
+    epilogue on groups of G tiles of Mb rows (count: the op's N tiles), and
+    their total. One such region serves a whole segment: the vector engine
+    runs one group at a time."""
+    sizes = {"softmax": (("spare", Mb), ("scratch", count * Mb)),
+             "layer_norm": (("spare", Mb), ("sq", count * Mb)),
+             "gelu": (("scratch", 4 * G * Mb),)}
+    sizes["add_layer_norm"] = sizes["layer_norm"]
+    layout, at = {}, 0
+    for name, rows in sizes[kind]:
+        layout[name] = (at, rows)
+        at += rows
+    return layout, at
+
+
+def epilogue_param_rows(kind, count):
+    """Accumulator rows of an epilogue's parameters: the softmax bias row or
+    LayerNorm's gamma, beta and ones, a row per tile each."""
+    return {"softmax": count, "layer_norm": 3 * count, "add_layer_norm": 3 * count}.get(kind, 0)
+
+
+def epilogue_residual_rows(kind, count, Mb):
+    """Accumulator rows of one residual buffer (add_layer_norm)."""
+    return count * Mb if kind == "add_layer_norm" else 0
+
+
+def epilogue_param_loads(ep, base, cols):
+    """The LOADs (as keyword dicts) of an epilogue's parameter rows (softmax
+    bias, LayerNorm gamma/beta/ones) into accumulator rows from `base`."""
+    if ep.kind == "softmax":
+        count = ep.other.cols // cols
+        return [dict(acc_row=base, ext_addr=ep.other.addr, rows=count, row_bytes=4 * cols,
+                     ext_stride=4 * cols)]
+    if ep.kind in ("layer_norm", "add_layer_norm"):
+        count = -(-ep.params.cols // cols)
+        loads = []
+        for i in range(3):
+            row = Operand(ep.params.addr + i * ep.params.stride, 1, ep.params.cols,
+                          ep.params.stride, "fp32")
+            loads += tile_moves(row, 0, 1, Tiles(base + i * count, 1, row.cols, cols))
+        return loads
+    return []
+
+
+def tile_moves(operand, r0, m, tiles):
+    """The DMA descriptors (keyword dicts) that move rows r0 .. r0+m-1 of
+    `operand` to or from `tiles` (its columns cut into tiles of cols)."""
+    cols, elem = tiles.cols, operand.elem
+    return [dict(acc_row=tiles.tile(t), ext_addr=operand.addr + r0 * operand.stride + t * cols * elem,
+                 rows=m, row_bytes=min(cols, operand.cols - t * cols) * elem,
+                 ext_stride=operand.stride)
+            for t in range(tiles.count)]
+
+
+def emit_epilogue(config, ep, prog, x, params, scratch, residual, **first):
+    """The VECTORs of `ep` on the group `x` (a `Tiles` in the accumulator,
+    updated in place): `params`, `scratch` and `residual` are the accumulator
+    rows of its parameters (`epilogue_param_rows`), working rows
+    (`epilogue_scratch`) and the group's residual rows (add_layer_norm).
+    `first`: flags of the first instruction."""
+    count = -(-x.n // x.cols)
+    layout, _ = epilogue_scratch(ep.kind, count, x.count, x.m)
+    at = {name: scratch + off for name, (off, _) in layout.items()}
+    emit = VectorEmitter(prog, config).begin(**first)
+    if ep.kind == "softmax":
+        emit.map(VpuOp.MUL, x, x, scalar=ep.scale)
+        emit.softmax(x, Tiles(params, 1, x.n, x.cols), x, x.like(at["scratch"]), at["spare"])
+    elif ep.kind == "gelu":
+        emit.gelu(x, x, [x.like(at["scratch"] + i * x.rows) for i in range(4)], split=2)
+    else:
+        if ep.kind == "add_layer_norm":
+            emit.map(VpuOp.ADD, x, x, b_row=residual)
+        gamma, beta, ones = (Tiles(params + i * count, 1, x.n, x.cols) for i in range(3))
+        # x - mean overwrites x: the same values as a separate matrix, in fewer rows.
+        emit.layer_norm(x, gamma, beta, ep.eps, x, (x, x.like(at["sq"])), at["spare"], ones)
+    return emit

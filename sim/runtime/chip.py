@@ -104,12 +104,13 @@ def _operand_bytes(op):
 
 
 def _vector_cycles(config, op):
-    """About the cycles of a `VectorOp` (none for a matmul): its row passes."""
-    x = getattr(op, "x", None)
+    """About the cycles of a `VectorOp` or a matmul's epilogue: its row passes."""
+    passes = {"softmax": 10, "layer_norm": 12, "add_layer_norm": 13, "gelu": 24, "copy": 2}
+    x = getattr(op, "x", None) or (op.c if getattr(op, "epilogue", None) else None)
     if x is None:
         return 0
-    passes = {"softmax": 10, "layer_norm": 12, "add_layer_norm": 13, "gelu": 24, "copy": 2}
-    return passes[op.kind] * x.rows * -(-x.cols // config.cols)
+    kind = op.kind if hasattr(op, "kind") else op.epilogue.kind
+    return passes[kind] * x.rows * -(-x.cols // config.cols)
 
 
 class Chip:
@@ -230,7 +231,8 @@ class Chip:
         yet computed); ``rec.stats`` and ``chip.last_stats`` describe the run."""
         return Recording(self)
 
-    def matmul(self, A, B, bias=None, out_dtype=np.float32, relu=False, out=None, keep=False):
+    def matmul(self, A, B, bias=None, out_dtype=np.float32, relu=False, out=None, keep=False, *,
+               then=None, out_bf16=None, other=None, params=None, scale=None, eps=None):
         """``relu?(A @ B + bias)`` on the chip, bit-exact to
         ``golden.matmul(A, B, seed=bias, rows=config.rows)`` (docs/numerics.md).
 
@@ -241,10 +243,22 @@ class Chip:
         device tensor to write) when given, so results feed the next matmul
         without a round trip. Any size that fits external memory runs: M and N
         are tiled, and K is split into chunks when one block cannot hold it.
+
+        ``then`` (a chip with the vector unit): a layer op applied to the fp32
+        result before it is written -- "softmax" (``softmax(r * scale +
+        other)``, `other` one bias row as `softmax_bias` makes it), "gelu",
+        "layer_norm" (`params` as `layer_norm_params` makes them) or
+        "add_layer_norm" (``layer_norm(r + other)``). `out_bf16` receives a
+        bf16 copy of an fp32 result. The vector unit works on each group of
+        output tiles while the array computes the next (docs/vpu.md, "Fused
+        epilogues"); the bits are those of the matmul followed by
+        `Chip.vector` of the same kind.
         """
         keep = check_flag(keep, "keep")
         start = time.perf_counter()
-        call = prepare_matmul(self, A, B, bias, out_dtype, relu, out)
+        given = dict(out_bf16=out_bf16, other=other, params=params, scale=scale, eps=eps)
+        call = prepare_matmul(self, A, B, bias, out_dtype, relu, out, then,
+                              **{k: v for k, v in given.items() if v is not None})
         if self._recording is not None:
             self._recording.calls.append(call)
             call.out._pending = self._recording

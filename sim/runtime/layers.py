@@ -246,46 +246,47 @@ class ChipEncoderLayer:
         (fp32 and bf16 tensors) and the program's `RunStats`."""
         chip, cfg = self.chip, self.config
         H, heads, d, R = cfg.hidden, cfg.heads, cfg.head_dim, B * L
-        f32, bf = np.float32, bfloat16
-        qkv, qkvb, kt = chip.empty((R, 3 * H)), chip.empty((R, 3 * H), bf), chip.empty((H, R), bf)
-        scores, probs = chip.empty((B * heads * L, L)), chip.empty((B * heads * L, L), bf)
-        context, att = chip.empty((R, H), bf), chip.empty((R, H), f32)
-        x1, x1b = chip.empty((R, H)), chip.empty((R, H), bf)
-        hidden, hb = chip.empty((R, cfg.ffn)), chip.empty((R, cfg.ffn), bf)
-        f, out, outb = chip.empty((R, H)), chip.empty((R, H)), chip.empty((R, H), bf)
-        temps = [qkv, qkvb, kt, scores, probs, context, att, x1, x1b, hidden, hb, f]
+        bf = bfloat16
+        qkv = self.attention.qkv
+        q, k, v = chip.empty((R, H), bf), chip.empty((R, H)), chip.empty((R, H), bf)
+        kt, probs = chip.empty((H, R), bf), chip.empty((B * heads * L, L), bf)
+        context, x1, x1b = chip.empty((R, H), bf), chip.empty((R, H)), chip.empty((R, H), bf)
+        hb = chip.empty((R, cfg.ffn), bf)
+        out, outb = chip.empty((R, H)), chip.empty((R, H), bf)
+        temps = [q, k, v, kt, probs, context, x1, x1b, hb]
         try:
             with chip.record() as rec:
                 if before is not None:
                     before()
-                self.attention.qkv(xb, out=qkv)
-                chip.vector("copy", qkv, out_bf16=qkvb)
-                chip.vector("copy", qkv[:, H:2 * H], out_t=kt)
+                for i, part in enumerate((q, k, v)):
+                    cols = slice(i * H, (i + 1) * H)
+                    chip.matmul(xb, qkv.weight[:, cols], bias=qkv.bias[cols], out=part)
+                chip.vector("copy", k, out_t=kt)
                 for b in range(B):
                     for h in range(heads):
                         rows = slice((b * heads + h) * L, (b * heads + h + 1) * L)
-                        chip.matmul(qkvb[b * L:(b + 1) * L, h * d:(h + 1) * d],
-                                    kt[h * d:(h + 1) * d, b * L:(b + 1) * L], out=scores[rows])
-                chip.vector("softmax", scores, out_bf16=probs, other=bias, group=heads * L,
-                            scale=1 / math.sqrt(d))
+                        chip.matmul(q[b * L:(b + 1) * L, h * d:(h + 1) * d],
+                                    kt[h * d:(h + 1) * d, b * L:(b + 1) * L], out=probs[rows],
+                                    then="softmax", other=bias[b:b + 1], scale=1 / math.sqrt(d))
                 for b in range(B):
                     for h in range(heads):
                         rows = slice((b * heads + h) * L, (b * heads + h + 1) * L)
-                        v = qkvb[b * L:(b + 1) * L, 2 * H + h * d:2 * H + (h + 1) * d]
-                        chip.matmul(probs[rows], v, out_dtype=bf,
+                        chip.matmul(probs[rows], v[b * L:(b + 1) * L, h * d:(h + 1) * d],
                                     out=context[b * L:(b + 1) * L, h * d:(h + 1) * d])
-                self.attention.out(context, out=att)
-                chip.vector("add_layer_norm", x, out=x1, out_bf16=x1b, other=att, params=self.ln1,
-                            eps=cfg.eps)
-                self.ffn.up(x1b, out=hidden)
-                chip.vector("gelu", hidden, out_bf16=hb)
-                self.ffn.down(hb, out=f)
-                chip.vector("add_layer_norm", x1, out=out, out_bf16=outb, other=f,
-                            params=self.ln2, eps=cfg.eps)
+                self._fused(self.attention.out, context, "add_layer_norm", out=x1, out_bf16=x1b,
+                            other=x, params=self.ln1)
+                self._fused(self.ffn.up, x1b, "gelu", out=hb)
+                self._fused(self.ffn.down, hb, "add_layer_norm", out=out, out_bf16=outb, other=x1,
+                            params=self.ln2)
         finally:
             for t in temps:
                 t.free()
         return out, outb, rec.stats
+
+    def _fused(self, linear, x, then, **operands):
+        """``then(x @ W + b)`` with the layer op fused onto the matmul."""
+        eps = self.config.eps if then != "gelu" else None
+        self.chip.matmul(x, linear.weight, bias=linear.bias, then=then, eps=eps, **operands)
 
 
 class Encoder:

@@ -9,6 +9,7 @@ from mxu.hdl.dtypes import bfloat16
 
 from ..compiler.operands import MatmulOp
 from ..compiler.plan import max_k_tiles, plan_op
+from ..compiler.vector import EPILOGUE_KINDS, Epilogue, VectorOp
 from .tensor import DeviceTensor
 
 __all__ = ["MatmulCall", "prepare_matmul", "check_flag"]
@@ -42,6 +43,11 @@ class MatmulCall:
     out: DeviceTensor
     macs: int
     keep: list = field(default_factory=list)
+    extra: DeviceTensor = None       # the bf16 copy a fused epilogue writes besides out
+
+    @property
+    def outputs(self):
+        return [self.out] + ([self.extra] if self.extra is not None else [])
 
     def check_alive(self):
         for tensor in self.keep:
@@ -78,9 +84,14 @@ def _as_row(t):
     return DeviceTensor(t.chip, t._block, t.addr, (1, t.cols), t.dtype, t.stride)
 
 
-def prepare_matmul(chip, A, B, bias=None, out_dtype=np.float32, relu=False, out=None):
-    """Check everything and build the `MatmulCall` for ``relu?(A @ B + bias)``."""
+def prepare_matmul(chip, A, B, bias=None, out_dtype=np.float32, relu=False, out=None, then=None,
+                   **then_operands):
+    """Check everything and build the `MatmulCall` for ``relu?(A @ B + bias)``,
+    or with `then` for that layer op on its fp32 result (`prepare_then`)."""
     relu = check_flag(relu, "relu")
+    if then is None and then_operands:
+        raise TypeError(f"{', '.join(sorted(then_operands))} go with then= (a layer op after "
+                        f"the matmul)")
     dtype = _out_dtype(out_dtype)
     for name, x in (("A", A), ("B", B)):
         if isinstance(x, np.ndarray) and x.ndim != 2:
@@ -114,8 +125,77 @@ def prepare_matmul(chip, A, B, bias=None, out_dtype=np.float32, relu=False, out=
         c = out
     else:
         c = chip.empty((M, N), dtype)
+    if then is not None:
+        return prepare_then(chip, a, b, bias_t, c, relu, temps, then, **then_operands)
     ops = _split_k(chip, a, b, bias_t, c, relu, temps)
     return MatmulCall(ops, c, M * K * N, temps + [c])
+
+
+def _then_tensor(chip, x, name, shape):
+    if not isinstance(x, DeviceTensor):
+        raise TypeError(f"{name} must be a float32 DeviceTensor of shape {shape}, "
+                        f"not {type(x).__name__}")
+    if x.chip is not chip:
+        raise ValueError(f"{name} is a device tensor of another chip")
+    x._alive()
+    if x.dtype != np.dtype(np.float32) or x.shape != shape:
+        raise ValueError(f"{name} must be a float32 device tensor of shape {shape}, not "
+                         f"{x.dtype.name} {x.shape}")
+    return x
+
+
+def prepare_then(chip, a, b, bias, c, relu, temps, then, out_bf16=None, other=None, params=None,
+                 scale=1.0, eps=0.0):
+    """A matmul followed by the layer op `then` on its fp32 result: one op
+    with a fused `Epilogue` when the chip holds its buffers, else the matmul
+    into an fp32 temporary and a `VectorOp` -- the same bits either way
+    (docs/vpu.md, "Fused epilogues")."""
+    config = chip.config
+    if not config.vpu:
+        raise ValueError("then= needs a chip with the vector unit: ChipConfig(vpu=True)")
+    if then not in EPILOGUE_KINDS:
+        raise ValueError(f"then must be one of {EPILOGUE_KINDS}, not {then!r}")
+    if relu:
+        raise ValueError("relu and then= do not combine")
+    (M, K), N = a.shape, b.shape[1]
+    width = -(-N // config.cols) * config.cols
+    shapes = {"softmax": {"other": (1, width)}, "layer_norm": {"params": (3, N)},
+              "add_layer_norm": {"other": (M, N), "params": (3, N)}, "gelu": {}}[then]
+    given = {"other": other, "params": params}
+    tensors = {}
+    for name, x in given.items():
+        if name in shapes:
+            tensors[name] = _then_tensor(chip, x, name, shapes[name])
+        elif x is not None:
+            raise ValueError(f"then={then!r} takes no {name}")
+    if out_bf16 is not None:
+        if not isinstance(out_bf16, DeviceTensor) or out_bf16.dtype != np.dtype(bfloat16) \
+                or out_bf16.shape != (M, N):
+            raise ValueError(f"out_bf16 must be a bfloat16 device tensor of shape ({M}, {N})")
+        out_bf16._alive()
+        if c.dtype != np.dtype(np.float32):
+            raise ValueError("out_bf16 is the bf16 copy of an fp32 out; out is already bfloat16")
+    operands = {k: t.operand() for k, t in tensors.items()}
+    keep = temps + list(tensors.values()) + [c] + ([out_bf16] if out_bf16 is not None else [])
+    ep = Epilogue(then, out_bf16.operand() if out_bf16 is not None else None, scale=float(scale),
+                  eps=float(eps), **operands)
+    op = MatmulOp(a.operand(), b.operand(), c.operand(), bias.operand() if bias else None,
+                  False, ep)
+    op.check(config)
+    if plan_op(config, M, K, N, op.bias_kind, epilogue=then):
+        return MatmulCall([op], c, M * K * N, keep, out_bf16)
+    # Unfused: the same op sequence on the fp32 result in external memory.
+    r = chip.empty((M, N), np.float32)
+    ops = _split_k(chip, a, b, bias, r, False, keep)
+    fp32 = c.dtype == np.dtype(np.float32)
+    bf = out_bf16 if fp32 else c
+    vector = VectorOp(then, r.operand(), out=c.operand() if fp32 else None,
+                      out_bf16=bf.operand() if bf is not None else None,
+                      other=operands.get("params") if then == "layer_norm" else operands.get("other"),
+                      params=operands.get("params") if then == "add_layer_norm" else None,
+                      group=M, scale=float(scale), eps=float(eps))
+    vector.check(config)
+    return MatmulCall(ops + [vector], c, M * K * N, keep + [r], out_bf16)
 
 
 def _split_k(chip, a, b, bias, c, relu, temps):

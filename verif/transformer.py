@@ -65,19 +65,25 @@ def embeddings(weights, ids, vector_ops="host", lanes=1):
         hostops.embed(ids, w.word, w.position, w.token_type), w.emb_gamma, w.emb_beta, cfg.eps)
 
 
-def _attention(w, cfg, x, mask, rows, ops):
+def _attention(w, cfg, x, mask, rows, ops, scale_k=False):
+    """With `scale_k` (the VPU form) the 1/sqrt(d) scaling is applied to K in
+    fp32, before its bf16 rounding, instead of to the scores (docs/vpu.md)."""
     B, L = mask.shape
     H, heads, d = cfg.hidden, cfg.heads, cfg.head_dim
-    qkv = _bf16(_linear(x, np.concatenate([w.wq, w.wk, w.wv], axis=1),
-                        np.concatenate([w.bq, w.bk, w.bv]), rows))
+    qkv32 = _linear(x, np.concatenate([w.wq, w.wk, w.wv], axis=1),
+                    np.concatenate([w.bq, w.bk, w.bv]), rows)
+    qkv = _bf16(qkv32)
+    if scale_k:
+        qkv[:, H:2 * H] = _bf16(ops.scale(qkv32[:, H:2 * H], 1 / math.sqrt(d)))
     scores = np.zeros((B, heads, L, L), np.float32)
     for b in range(B):
         for h in range(heads):
             q = qkv[b * L:(b + 1) * L, h * d:(h + 1) * d]
             k = qkv[b * L:(b + 1) * L, H + h * d:H + (h + 1) * d]
             scores[b, h] = golden.matmul(q, np.ascontiguousarray(k.T), rows=rows)
-    p = golden.as_bf16(ops.softmax(ops.scale(scores, 1 / math.sqrt(d)),
-                                   mask[:, None, None, :]))
+    if not scale_k:
+        scores = ops.scale(scores, 1 / math.sqrt(d))
+    p = golden.as_bf16(ops.softmax(scores, mask[:, None, None, :]))
     context = np.zeros((B * L, H), bfloat16)
     for b in range(B):
         for h in range(heads):
@@ -97,7 +103,8 @@ def golden_forward(weights, ids, mask, rows, vector_ops="host", lanes=1):
     B, L = ids.shape
     x = embeddings(weights, ids, vector_ops, lanes).reshape(B * L, cfg.hidden)
     for w in weights.layers:
-        x1 = ops.layer_norm(ops.add(x, _attention(w, cfg, x, mask, rows, ops)),
+        x1 = ops.layer_norm(ops.add(x, _attention(w, cfg, x, mask, rows, ops,
+                                                  scale_k=vector_ops == "vpu")),
                             w.ln1_gamma, w.ln1_beta, cfg.eps)
         hidden = ops.gelu(_linear(x1, w.w1, w.b1, rows))
         x = ops.layer_norm(ops.add(x1, _linear(hidden, w.w2, w.b2, rows)),

@@ -60,6 +60,8 @@ class _Ring:
     res_slot: int
     scratch_base: int
     rows: int            # all of it
+    t_base: int = 0      # VMEM row of a transpose epilogue's slots
+    t_slot: int = 0      # VMEM rows of one
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,9 @@ def _place(config, items):
         res_base = buffers * slot
         scratch_base = res_base + buffers * res_slot
         acc = scratch_base + max(p.scratch_rows for p in plans)
-        ring = _Ring(buffers, slot, res_base, res_slot, scratch_base, acc)
+        t_slot = max(p.t_rows for p in plans)
+        ring = _Ring(buffers, slot, res_base, res_slot, scratch_base, acc, vmem, t_slot)
+        vmem += buffers * t_slot
         placed, a_base = [], RING_SLOTS * config.rows
         for i, op, plan in items:
             bias_rows = plan.NT if plan.bias == "row" else 0
@@ -196,7 +200,7 @@ class _Segment:
             g = 0
             for mb in range(plan.blocks):
                 m0 = mb * plan.Mb
-                for j0, size in plan.groups_of_block():
+                for j0, size in plan.groups_of_block(last=mb == plan.blocks - 1):
                     start = self.groups[-1].end if self.groups else 0
                     grp = _Group(len(self.groups), k, g, mb, m0, min(plan.Mb, plan.M - m0), j0,
                                  size, start, j0 == 0, g == 0, plan.KT)
@@ -304,23 +308,52 @@ class _Segment:
         token, the last pushes the store's), then its STOREs, then the store
         token that frees the buffer (`push_store`)."""
         cfg, p = self.config, self.placed[grp.op]
-        op, c = p.op, cfg.cols
+        op, ring = p.op, self.ring
         x = self.epilogue_tiles(grp)
         ep_prog = Program()
-        emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, self.ring.scratch_base,
-                      self.residual_row(grp), pop_prev=True)
+        slot = grp.index % self.buffers
+        # A transpose's VMEM slot was last read by the stores of group i - buffers.
+        reuse = op.transposed and grp.index >= self.buffers
+        emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, ring.scratch_base,
+                      self.residual_row(grp), ring.t_base + slot * ring.t_slot,
+                      pop_prev=True, pop_next=reuse)
         flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
+        if op.transposed:
+            self.transposed_stores(ep_prog, grp, x, ring.t_base + slot * ring.t_slot)
+            if grp.index + self.buffers < len(self.groups):
+                ep_prog.sync("store", push_prev=True, vector=True)
+        else:
+            self.result_stores(ep_prog, grp, x)
+        if push_store:
+            ep_prog.sync("store", push_prev=True)
+        return ep_prog
+
+    def result_stores(self, prog, grp, x):
+        op, c = self.placed[grp.op].op, self.config.cols
         first = dict(pop_prev=True, vector=True)
         for out in op.writes:
             for jj in range(grp.size):
                 j = grp.j0 + jj
-                ep_prog.store(acc_row=x.tile(jj), ext_addr=out.addr + grp.m0 * out.stride + out.elem * j * c,
-                              rows=grp.mrows, row_bytes=out.elem * min(c, op.N - j * c),
-                              ext_stride=out.stride, to_bf16=out.dtype == "bf16", **first)
+                prog.store(acc_row=x.tile(jj), ext_addr=out.addr + grp.m0 * out.stride + out.elem * j * c,
+                           rows=grp.mrows, row_bytes=out.elem * min(c, op.N - j * c),
+                           ext_stride=out.stride, to_bf16=out.dtype == "bf16", **first)
                 first = {}
-        if push_store:
-            ep_prog.sync("store", push_prev=True)
-        return ep_prog
+
+    def transposed_stores(self, prog, grp, x, vmem):
+        """The transposed blocks in VMEM (`emit_epilogue`) to rows j*cols.. of
+        the op's c, columns m0.. ."""
+        op, cfg = self.placed[grp.op].op, self.config
+        c, E = cfg.cols, cfg.vmem_row_elems
+        blocks = -(-x.m // E)
+        first = dict(pop_prev=True, vector=True)
+        for jj in range(grp.size):
+            j = grp.j0 + jj
+            for blk in range(-(-grp.mrows // E)):
+                prog.store(vmem_row=vmem + (jj * blocks + blk) * c, rows=min(c, op.N - j * c),
+                           row_bytes=2 * min(E, grp.mrows - blk * E),
+                           ext_addr=op.c.addr + j * c * op.c.stride + 2 * (grp.m0 + blk * E),
+                           ext_stride=op.c.stride, **first)
+                first = {}
 
     def drain(self, prog, n=None):
         """Emit the pending epilogue instructions due by step n (all with

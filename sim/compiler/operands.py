@@ -74,6 +74,11 @@ class MatmulOp:
     epilogue: object = None
 
     @property
+    def transposed(self):
+        """Whether c is the transpose of the result (a "transpose" epilogue)."""
+        return self.epilogue is not None and self.epilogue.kind == "transpose"
+
+    @property
     def reads(self):
         """The operands the op reads."""
         extra = () if self.epilogue is None else self.epilogue.reads
@@ -116,8 +121,11 @@ class MatmulOp:
         if self.b.rows != self.K:
             raise ValueError(f"inner dimensions differ: a is {self.M}x{self.K}, "
                              f"b is {self.b.rows}x{self.N}")
-        if (self.c.rows, self.c.cols) != (self.M, self.N):
-            raise ValueError(f"c must be {self.M}x{self.N}, not {self.c.rows}x{self.c.cols}")
+        shape = (self.N, self.M) if self.transposed else (self.M, self.N)
+        if (self.c.rows, self.c.cols) != shape:
+            raise ValueError(f"c must be {shape[0]}x{shape[1]}, not {self.c.rows}x{self.c.cols}")
+        if self.transposed and self.c.dtype != "bf16":
+            raise ValueError("the transposed c of a transpose epilogue is bf16")
         if self.bias is not None:
             if self.bias.dtype != "fp32":
                 raise ValueError(f"bias must be fp32, not {self.bias.dtype}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from mxu.hdl.isa import DmaInstr, MatmulInstr
 
 from .vector import (EPILOGUE_BUFFERS, epilogue_param_rows, epilogue_residual_rows,
-                     epilogue_scratch)
+                     epilogue_scratch, transpose_vmem_rows)
 
 __all__ = ["RING_SLOTS", "MAX_GROUP", "OpPlan", "plan_op", "max_k_tiles", "ceil_div"]
 
@@ -42,6 +42,7 @@ class OpPlan:
     a_buffers: int   # activation block buffers, used in turn (1 when M is one block)
     bias: str        # "none", "row" or "matrix"
     epilogue: str = None   # the kind of a fused `Epilogue`, or None
+    t_rows: int = 0        # VMEM rows of one group of a transpose epilogue
 
     @property
     def blocks(self):
@@ -57,13 +58,22 @@ class OpPlan:
             return self.G       # an epilogue's buffers and scratch are laid out for G tiles
         return 1 if self.KT >= RING_SLOTS else self.G
 
-    def groups_of_block(self):
-        """(first N tile, tiles) of each group of an M block."""
+    def groups_of_block(self, last=False):
+        """(first N tile, tiles) of each group of an M block. The `last` block
+        of an element-wise epilogue ends in ever smaller groups: the vector
+        unit's work on the final group is the op's tail, which nothing
+        overlaps."""
         out = [(0, min(self.G, self.NT))]
         j = out[0][1]
         while j < self.NT:
             out.append((j, min(self.rest, self.NT - j)))
             j += out[-1][1]
+        if last and self.epilogue in ("gelu", "transpose"):
+            j, size = out.pop()
+            while size > 1:
+                out.append((j, size // 2))
+                j, size = j + size // 2, size - size // 2
+            out.append((j, size))
         return out
 
     @property
@@ -138,8 +148,10 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         # later, which must be at least `ring` steps on (two buffers unless the
         # blocks are shorter than that).
         buffers = 1 if blocks == 1 else min(blocks, max(2, ceil_div(ring, KT * NT) + 1))
-        p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias, epilogue)
-        fits = p.vmem_rows <= vmem_rows and p.acc_rows <= acc_rows
+        t_rows = transpose_vmem_rows(config, G, Mb) if epilogue == "transpose" else 0
+        p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias, epilogue, t_rows)
+        fits = (p.vmem_rows + p.out_buffers * t_rows <= vmem_rows
+                and p.acc_rows <= acc_rows)
         # A residual buffer is refilled by the loads of the step `ring` after
         # its group's first (docs/vpu.md, "Fused epilogues").
         short = epilogue == "add_layer_norm" and KT * G <= ring
@@ -155,7 +167,7 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         # tiles needs that), so both are tried before the block shrinks.
         act_beats = Mb * ceil_div(2 * r, bb)
         want = min(NT, MAX_GROUP, ceil_div(act_beats, max(1, Mb - w_beats)))
-        if epilogue is None:
+        if epilogue in (None, "transpose"):
             sizes = _group_sizes(min(NT, MAX_GROUP, 1 << (want - 1).bit_length()), NT)
         elif epilogue == "gelu":
             # Wide groups: fewer, longer VECTORs (each pays the pipeline's latency once).

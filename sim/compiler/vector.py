@@ -31,11 +31,11 @@ from .operands import Operand
 
 __all__ = ["Tiles", "VectorEmitter", "VectorOp", "emit_vector_op", "VECTOR_KINDS", "Epilogue",
            "EPILOGUE_KINDS", "EPILOGUE_BUFFERS", "epilogue_scratch", "epilogue_param_rows",
-           "epilogue_residual_rows", "emit_epilogue", "epilogue_param_loads",
+           "epilogue_residual_rows", "transpose_vmem_rows", "emit_epilogue", "epilogue_param_loads",
            "tile_moves", "flag_instruction"]
 
 VECTOR_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu", "copy")
-EPILOGUE_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu")
+EPILOGUE_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu", "transpose")
 
 _NEG_INF = float("-inf")
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -215,20 +215,19 @@ def _split_tiles(count, parts):
 
 
 def _gelu_passes():
-    """The VPU form's GELU (docs/vpu.md) as (op, source, destination, b):
-    b is a scalar, the name of a matrix, or None. t is reused for
-    ``e = exp(-a*a)`` once the polynomial has it."""
-    passes = [(VpuOp.MUL, "x", "ax", -1.0), (VpuOp.MAX, "x", "ax", "ax"),
+    """The VPU form's GELU (docs/vpu.md: the polynomial's coefficients carry
+    the -1/2) as (op, source, destination, b): b is a scalar, the name of a
+    matrix, or None. a holds -x until relu(x); t is reused for
+    ``exp((x * -x) * 0.5)`` once the polynomial has it."""
+    passes = [(VpuOp.MUL, "x", "a", -1.0), (VpuOp.MAX, "x", "ax", "a"),
               (VpuOp.MIN, "ax", "ax", 1e30),
-              (VpuOp.MUL, "ax", "a", float(np.float32(1 / np.sqrt(2)))),
-              (VpuOp.MUL, "a", "t", _ERF_P), (VpuOp.ADD, "t", "t", 1.0),
-              (VpuOp.RECIP, "t", "t", None), (VpuOp.MUL, "t", "poly", _ERF_A[4])]
+              (VpuOp.MUL, "ax", "t", _ERF_P / np.sqrt(2)), (VpuOp.ADD, "t", "t", 1.0),
+              (VpuOp.RECIP, "t", "t", None), (VpuOp.MUL, "t", "poly", -0.5 * _ERF_A[4])]
     for c in _ERF_A[3::-1]:
-        passes += [(VpuOp.ADD, "poly", "poly", c), (VpuOp.MUL, "poly", "poly", "t")]
-    passes += [(VpuOp.MUL, "a", "t", "a"), (VpuOp.MUL, "t", "t", -1.0), (VpuOp.EXP, "t", "t", None),
-               (VpuOp.MUL, "poly", "poly", "t"), (VpuOp.MUL, "ax", "ax", -0.5),
-               (VpuOp.MUL, "ax", "ax", "poly"), (VpuOp.MAX, "x", "a", 0.0),
-               (VpuOp.ADD, "a", "dst", "ax")]
+        passes += [(VpuOp.ADD, "poly", "poly", -0.5 * c), (VpuOp.MUL, "poly", "poly", "t")]
+    passes += [(VpuOp.MUL, "x", "t", "a"), (VpuOp.MUL, "t", "t", 0.5), (VpuOp.EXP, "t", "t", None),
+               (VpuOp.MUL, "poly", "poly", "t"), (VpuOp.MUL, "ax", "ax", "poly"),
+               (VpuOp.MAX, "x", "a", 0.0), (VpuOp.ADD, "a", "dst", "ax")]
     return passes
 
 
@@ -239,13 +238,13 @@ _GELU_PASSES = _gelu_passes()
 class VectorOp:
     """A layer op on the vector unit, on fp32 ``(R, n)`` tensors in external memory.
 
-    kind : "softmax" (``softmax(x * scale, mask)``, the multiply always done;
-        `other` holds the bias rows,
+    kind : "softmax" (``softmax(x * scale, mask)``, the multiply skipped when
+        scale is 1; `other` holds the bias rows,
         0 or -inf, ``count*cols`` wide with -inf past n, row ``i // group`` for x
         row i), "layer_norm" (`other`: gamma and beta, two rows), "add_layer_norm"
         (``layer_norm(x + y)``: `other` is y, `params` gamma and beta), "gelu",
-        "copy" (x itself: with `out_bf16` a bf16 copy, with `out_t` also the
-        bf16 transpose).
+        "copy" (``x * scale``, x itself when scale is 1: with `out_bf16` a bf16
+        copy, with `out_t` also the bf16 transpose).
     out : fp32 result (may be x), or None; out_bf16 : its bf16 copy, or None.
     out_t : "copy" only: ``x.T`` in bf16 (n, R).
     """
@@ -345,8 +344,9 @@ def _emit_chunk(c, op, prog, r0, m, count, m_max):
     prog.sync("compute", pop_prev=True, push_next=True, vector=True)
     emit = VectorEmitter(prog, c).begin(pop_prev=True)
     result = x
+    if op.scale != 1.0 and op.kind in ("softmax", "copy"):
+        emit.map(VpuOp.MUL, x, x, scalar=op.scale)     # x * 1 is x: no pass
     if op.kind == "softmax":
-        emit.map(VpuOp.MUL, x, x, scalar=op.scale)
         emit.softmax(x, Tiles(params.base, 1, op.x.cols, c.cols), x, scratch[0], spare)
     elif op.kind in ("layer_norm", "add_layer_norm"):
         if op.kind == "add_layer_norm":
@@ -415,7 +415,9 @@ class Epilogue:
     kind : "softmax" (``softmax(r * scale + other)``: `other` is one bias row,
         ``count*cols`` wide, -inf past N, for every row), "layer_norm"
         (`params`: gamma, beta, ones, 3 x N), "add_layer_norm"
-        (``layer_norm(r + other)``: `other` the M x N fp32 residual), "gelu".
+        (``layer_norm(r + other)``: `other` the M x N fp32 residual), "gelu",
+        "transpose" (the op's c is the bf16 ``(r * scale).T``, N x M: VECTOR
+        transposes into VMEM, stored from there).
     extra : a second output besides the op's c (e.g. the bf16 copy of an fp32
         result), or None.
     """
@@ -429,7 +431,7 @@ class Epilogue:
     @property
     def row_wise(self):
         """Whether a row's result needs the whole row (the group is every N tile)."""
-        return self.kind != "gelu"
+        return self.kind not in ("gelu", "transpose")
 
     @property
     def reads(self):
@@ -444,7 +446,7 @@ class Epilogue:
         want = {"softmax": {"other": (1, count * config.cols)},
                 "layer_norm": {"params": (3, N)},
                 "add_layer_norm": {"other": (M, N), "params": (3, N)},
-                "gelu": {}}[self.kind]
+                "gelu": {}, "transpose": {}}[self.kind]
         for name in ("other", "params"):
             operand = getattr(self, name)
             if (operand is None) != (name not in want):
@@ -456,6 +458,8 @@ class Epilogue:
                     raise ValueError(f"{name} must be {want[name][0]}x{want[name][1]} fp32, not "
                                      f"{operand.rows}x{operand.cols} {operand.dtype}")
         if self.extra is not None:
+            if self.kind == "transpose":
+                raise ValueError("a transpose epilogue has no extra output")
             self.extra.check("extra", config.ext_mem_bytes)
             if (self.extra.rows, self.extra.cols) != (M, N):
                 raise ValueError(f"extra must be {M}x{N}, not {self.extra.rows}x{self.extra.cols}")
@@ -464,7 +468,7 @@ class Epilogue:
 # Output buffers a fused segment cycles through: a third lets the array run a
 # whole group ahead of the vector unit; the LayerNorms' wide rows (every N
 # tile, and a residual per buffer) leave room for two.
-EPILOGUE_BUFFERS = {"softmax": 3, "gelu": 3, "layer_norm": 2, "add_layer_norm": 2}
+EPILOGUE_BUFFERS = {"softmax": 3, "gelu": 3, "transpose": 3, "layer_norm": 2, "add_layer_norm": 2}
 
 
 def epilogue_scratch(kind, count, G, Mb):
@@ -474,7 +478,7 @@ def epilogue_scratch(kind, count, G, Mb):
     runs one group at a time."""
     sizes = {"softmax": (("spare", Mb), ("scratch", count * Mb)),
              "layer_norm": (("spare", Mb), ("sq", count * Mb)),
-             "gelu": (("scratch", 4 * G * Mb),)}
+             "gelu": (("scratch", 4 * G * Mb + 4),), "transpose": ()}
     sizes["add_layer_norm"] = sizes["layer_norm"]
     layout, at = {}, 0
     for name, rows in sizes[kind]:
@@ -522,21 +526,35 @@ def tile_moves(operand, r0, m, tiles):
             for t in range(tiles.count)]
 
 
-def emit_epilogue(config, ep, prog, x, params, scratch, residual, **first):
+def transpose_vmem_rows(config, G, Mb):
+    """VMEM rows a transpose epilogue's group lands in: per tile, a block of
+    `cols` rows for every ``vmem_row_elems`` result rows."""
+    return G * -(-Mb // config.vmem_row_elems) * config.cols
+
+
+def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=0, **first):
     """The VECTORs of `ep` on the group `x` (a `Tiles` in the accumulator,
     updated in place): `params`, `scratch` and `residual` are the accumulator
     rows of its parameters (`epilogue_param_rows`), working rows
-    (`epilogue_scratch`) and the group's residual rows (add_layer_norm).
+    (`epilogue_scratch`) and the group's residual rows (add_layer_norm);
+    `vmem`: the VMEM row a transpose's blocks start at (`transpose_vmem_rows`).
     `first`: flags of the first instruction."""
     count = -(-x.n // x.cols)
     layout, _ = epilogue_scratch(ep.kind, count, x.count, x.m)
     at = {name: scratch + off for name, (off, _) in layout.items()}
     emit = VectorEmitter(prog, config).begin(**first)
+    if ep.scale != 1.0 and ep.kind in ("softmax", "transpose"):
+        emit.map(VpuOp.MUL, x, x, scalar=ep.scale)     # x * 1 is x: no pass
     if ep.kind == "softmax":
-        emit.map(VpuOp.MUL, x, x, scalar=ep.scale)
         emit.softmax(x, Tiles(params, 1, x.n, x.cols), x, x.like(at["scratch"]), at["spare"])
     elif ep.kind == "gelu":
-        emit.gelu(x, x, [x.like(at["scratch"] + i * x.rows) for i in range(4)], split=2)
+        emit.gelu(x, x, [x.like(at["scratch"] + i * (x.rows + 1) + 1) for i in range(4)], split=2)
+    elif ep.kind == "transpose":
+        E, blocks = config.vmem_row_elems, -(-x.m // config.vmem_row_elems)
+        for t in range(x.count):
+            for blk in range(blocks):
+                emit.op(VpuOp.PASS, x.tile(t) + blk * E, min(E, x.m - blk * E),
+                        vmem + (t * blocks + blk) * config.cols, to_vmem=True, transpose=True)
     else:
         if ep.kind == "add_layer_norm":
             emit.map(VpuOp.ADD, x, x, b_row=residual)

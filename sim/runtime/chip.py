@@ -105,7 +105,8 @@ def _operand_bytes(op):
 
 def _vector_cycles(config, op):
     """About the cycles of a `VectorOp` or a matmul's epilogue: its row passes."""
-    passes = {"softmax": 10, "layer_norm": 12, "add_layer_norm": 13, "gelu": 24, "copy": 2}
+    passes = {"softmax": 10, "layer_norm": 12, "add_layer_norm": 13, "gelu": 23, "copy": 2,
+              "transpose": 1}
     x = getattr(op, "x", None) or (op.c if getattr(op, "epilogue", None) else None)
     if x is None:
         return 0

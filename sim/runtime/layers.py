@@ -248,26 +248,28 @@ class ChipEncoderLayer:
         H, heads, d, R = cfg.hidden, cfg.heads, cfg.head_dim, B * L
         bf = bfloat16
         qkv = self.attention.qkv
-        q, k, v = chip.empty((R, H), bf), chip.empty((R, H)), chip.empty((R, H), bf)
+        q, v = chip.empty((R, H), bf), chip.empty((R, H), bf)
         kt, probs = chip.empty((H, R), bf), chip.empty((B * heads * L, L), bf)
         context, x1, x1b = chip.empty((R, H), bf), chip.empty((R, H)), chip.empty((R, H), bf)
         hb = chip.empty((R, cfg.ffn), bf)
         out, outb = chip.empty((R, H)), chip.empty((R, H), bf)
-        temps = [q, k, v, kt, probs, context, x1, x1b, hb]
+        temps = [q, v, kt, probs, context, x1, x1b, hb]
         try:
             with chip.record() as rec:
                 if before is not None:
                     before()
-                for i, part in enumerate((q, k, v)):
-                    cols = slice(i * H, (i + 1) * H)
-                    chip.matmul(xb, qkv.weight[:, cols], bias=qkv.bias[cols], out=part)
-                chip.vector("copy", k, out_t=kt)
+                # K^T scaled by 1/sqrt(d) before its bf16 rounding: the scores
+                # need no scaling pass (docs/vpu.md, "The encoder layer on the chip").
+                chip.matmul(xb, qkv.weight[:, :H], bias=qkv.bias[:H], out=q)
+                chip.matmul(xb, qkv.weight[:, H:2 * H], bias=qkv.bias[H:2 * H], out=kt,
+                            then="transpose", scale=1 / math.sqrt(d))
+                chip.matmul(xb, qkv.weight[:, 2 * H:], bias=qkv.bias[2 * H:], out=v)
                 for b in range(B):
                     for h in range(heads):
                         rows = slice((b * heads + h) * L, (b * heads + h + 1) * L)
                         chip.matmul(q[b * L:(b + 1) * L, h * d:(h + 1) * d],
                                     kt[h * d:(h + 1) * d, b * L:(b + 1) * L], out=probs[rows],
-                                    then="softmax", other=bias[b:b + 1], scale=1 / math.sqrt(d))
+                                    then="softmax", other=bias[b:b + 1])
                 for b in range(B):
                     for h in range(heads):
                         rows = slice((b * heads + h) * L, (b * heads + h + 1) * L)

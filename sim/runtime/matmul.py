@@ -117,14 +117,15 @@ def prepare_matmul(chip, A, B, bias=None, out_dtype=np.float32, relu=False, out=
         if out.chip is not chip:
             raise ValueError("out is a device tensor of another chip")
         out._alive()
-        if out.shape != (M, N):
-            raise ValueError(f"out must have shape ({M}, {N}), not {out.shape}")
+        shape = (N, M) if then == "transpose" else (M, N)
+        if out.shape != shape:
+            raise ValueError(f"out must have shape {shape}, not {out.shape}")
         if np.dtype(out_dtype) != np.dtype(np.float32) and out.dtype != dtype:
             raise TypeError(f"out is {out.dtype.name} but out_dtype is {dtype.name}")
         dtype = out.dtype
         c = out
     else:
-        c = chip.empty((M, N), dtype)
+        c = chip.empty((N, M) if then == "transpose" else (M, N), dtype)
     if then is not None:
         return prepare_then(chip, a, b, bias_t, c, relu, temps, then, **then_operands)
     ops = _split_k(chip, a, b, bias_t, c, relu, temps)
@@ -160,7 +161,11 @@ def prepare_then(chip, a, b, bias, c, relu, temps, then, out_bf16=None, other=No
     (M, K), N = a.shape, b.shape[1]
     width = -(-N // config.cols) * config.cols
     shapes = {"softmax": {"other": (1, width)}, "layer_norm": {"params": (3, N)},
-              "add_layer_norm": {"other": (M, N), "params": (3, N)}, "gelu": {}}[then]
+              "add_layer_norm": {"other": (M, N), "params": (3, N)}, "gelu": {},
+              "transpose": {}}[then]
+    if then == "transpose" and (c.dtype != np.dtype(bfloat16) or out_bf16 is not None):
+        raise ValueError("then='transpose' writes the bf16 transpose: out_dtype=bfloat16 (or a "
+                         "bfloat16 out of shape (N, M)) and no out_bf16")
     given = {"other": other, "params": params}
     tensors = {}
     for name, x in given.items():
@@ -187,6 +192,10 @@ def prepare_then(chip, a, b, bias, c, relu, temps, then, out_bf16=None, other=No
     # Unfused: the same op sequence on the fp32 result in external memory.
     r = chip.empty((M, N), np.float32)
     ops = _split_k(chip, a, b, bias, r, False, keep)
+    if then == "transpose":
+        vector = VectorOp("copy", r.operand(), out_t=c.operand(), scale=float(scale))
+        vector.check(config)
+        return MatmulCall(ops + [vector], c, M * K * N, keep + [r])
     fp32 = c.dtype == np.dtype(np.float32)
     bf = out_bf16 if fp32 else c
     vector = VectorOp(then, r.operand(), out=c.operand() if fp32 else None,

@@ -46,7 +46,7 @@ def main():
     rows = []
     for backend in args.vector_ops.split(","):
         for fast in (True,) if args.no_rtl else (True, False):
-            chip = Chip(ChipConfig(vpu=backend == "chip"), fast_mac=fast)
+            chip = Chip(ChipConfig.preset("vpu" if backend == "chip" else "default"), fast_mac=fast)
             encoder = SentenceEncoder("all-MiniLM-L6-v2", chip=chip, vector_ops=backend)
             long_ids, short_ids = inputs(encoder)
             cases = [("1 x 128 tokens", long_ids)]

@@ -164,9 +164,10 @@ class ChipConfig:
 
     @classmethod
     def preset(cls, name):
-        """A named configuration: ``"default"`` (16x16 simulation chip) or ``"fpga"``
-        (4x4, the largest array measured whose whole chip places and routes on
-        an LFE5U-85F, see docs/synth.md)."""
+        """A named configuration: ``"default"`` (16x16 simulation chip),
+        ``"vpu"`` (the same with the vector unit and four accumulator banks,
+        docs/vpu.md) or ``"fpga"`` (4x4, the largest array measured whose whole
+        chip places and routes on an LFE5U-85F, see docs/synth.md)."""
         try:
             return _PRESETS[name]
         except KeyError:
@@ -176,6 +177,11 @@ class ChipConfig:
 
 _PRESETS = {
     "default": ChipConfig(),
+    # The vector unit reads two accumulator rows and writes one per cycle beside
+    # the array's read and write: two banks (one read and one write port each)
+    # would halve it while the array runs, four keep it at a row per cycle
+    # (docs/vpu.md, "Fused epilogues").
+    "vpu": ChipConfig(vpu=True, acc_banks=4),
     # LFE5U-85F, measured (docs/synth.md): the whole 8x8 chip needs 77.5k of the
     # 83.6k LUT4 and does not place; 8x6 places but does not route; 8x4 routed
     # before the LOOP expanders and the control pipelining, and no longer does;

@@ -39,6 +39,7 @@ def test_non_square_rows_hold_the_wider_side():
 
 def test_presets():
     assert ChipConfig.preset("default") == ChipConfig()
+    assert ChipConfig.preset("vpu") == ChipConfig(vpu=True, acc_banks=4)
     fpga = ChipConfig.preset("fpga")
     assert (fpga.rows, fpga.cols, fpga.mac_stages) == (4, 4, 4)
     with pytest.raises(ValueError, match="unknown ChipConfig preset 'asic'"):

@@ -136,7 +136,7 @@ class SentenceEncoder:
         Where softmax, LayerNorm, GELU, the scaling and the residual adds run:
         "host" (NumPy, `hostops`) or "chip" (the chip's vector unit, one
         program per layer; the chip needs ``vpu=True``, and None makes the
-        default 16x16 chip with it).
+        ``ChipConfig.preset("vpu")`` chip: 16x16 with the vector unit).
     """
 
     def __init__(self, name="all-MiniLM-L6-v2", chip=None, batch_size=32, vector_ops="host"):
@@ -154,7 +154,8 @@ class SentenceEncoder:
         if vector_ops not in VECTOR_BACKENDS:
             raise ValueError(f"vector_ops must be one of {VECTOR_BACKENDS}, not {vector_ops!r}")
         self.vector_ops = vector_ops
-        self.chip = chip or Chip(ChipConfig(vpu=vector_ops == "chip"), fast_mac=True)
+        self.chip = chip or Chip(ChipConfig.preset("vpu" if vector_ops == "chip" else "default"),
+                                 fast_mac=True)
         self.encoder = Encoder(self.chip, self.weights, vector_ops)   # uploads the weights once
         self.last_stats = None
 

@@ -1,0 +1,202 @@
+"""Fused epilogues (``Chip.matmul(..., then=kind)``, docs/vpu.md "Fused
+epilogues"): the vector unit's layer op on each group of a matmul's output
+tiles while the array computes the next. Every kind, on a square chip with
+the RTL lanes and a non-square one with the fast lanes, over several M blocks
+and N groups: bit-exact to the golden VPU form, equal to the unfused program
+(the matmul into an fp32 tensor, then `Chip.vector`), race-free, and with
+clear errors for bad input."""
+
+import math
+
+import numpy as np
+import pytest
+
+from chip_configs import TINY, VPU_SHAPES
+from mxu.hdl.dtypes import bfloat16
+from mxu.sim import Chip
+from mxu.sim.compiler.matmul import compile_matmuls
+from mxu.sim.runtime.vector import layer_norm_params, softmax_bias
+from mxu.verif import golden, vpu
+from mxu.verif.hazards import races
+
+SEED = 20261123
+KINDS = ("softmax", "gelu", "layer_norm", "add_layer_norm", "transpose")
+
+
+@pytest.fixture(scope="module", params=sorted(VPU_SHAPES))
+def chip(request):
+    # The RTL lanes on 4x4 (the build test_sim_vector uses too), the fast ones on 3x5.
+    return Chip(VPU_SHAPES[request.param], fast_mac=request.param != "4x4")
+
+
+class Case:
+    """Random operands of an M x K @ K x N matmul with a bias row, and each
+    kind's other operands, on `chip`."""
+
+    def __init__(self, chip, M, K, N, seed):
+        rng = np.random.default_rng(seed)
+        self.chip, self.M, self.N = chip, M, N
+        self.a = golden.as_bf16(rng.standard_normal((M, K)).astype(np.float32))
+        self.b = golden.as_bf16((rng.standard_normal((K, N)) / math.sqrt(K)).astype(np.float32))
+        self.bias = rng.standard_normal(N).astype(np.float32)
+        self.res = rng.standard_normal((M, N)).astype(np.float32)
+        self.gamma = (1 + 0.1 * rng.standard_normal(N)).astype(np.float32)
+        self.beta = (0.1 * rng.standard_normal(N)).astype(np.float32)
+        self.mask = rng.random(N) < 0.7
+        self.mask[0] = True
+        self.A, self.B = chip.upload(self.a), chip.upload(self.b)
+        self.Bias = chip.upload(self.bias)
+        self.operands = {
+            "softmax": dict(other=softmax_bias(chip, self.mask[None]), scale=0.3),
+            "gelu": {},
+            "layer_norm": dict(params=layer_norm_params(chip, self.gamma, self.beta), eps=1e-5),
+            "add_layer_norm": dict(other=chip.upload(self.res),
+                                   params=layer_norm_params(chip, self.gamma, self.beta), eps=1e-5),
+            "transpose": dict(scale=0.25),
+        }
+
+    def golden(self, kind):
+        cols = self.chip.config.cols
+        r = golden.matmul(self.a, self.b, seed=np.broadcast_to(self.bias, (self.M, self.N)),
+                          rows=self.chip.config.rows)
+        if kind == "softmax":
+            return vpu.softmax(vpu.scale(r, 0.3), self.mask[None], lanes=cols)
+        if kind == "gelu":
+            return vpu.gelu(r)
+        if kind == "layer_norm":
+            return vpu.layer_norm(r, self.gamma, self.beta, 1e-5, lanes=cols)
+        if kind == "add_layer_norm":
+            return vpu.layer_norm(vpu.add(r, self.res), self.gamma, self.beta, 1e-5, lanes=cols)
+        return np.ascontiguousarray(vpu.scale(r, 0.25).T)
+
+    def out(self, kind, dtype=np.float32):
+        shape = (self.N, self.M) if kind == "transpose" else (self.M, self.N)
+        return self.chip.empty(shape, bfloat16 if kind == "transpose" else dtype)
+
+    def fused(self, kind):
+        """(out, its bf16 copy or None, the recording's ops)."""
+        chip = self.chip
+        out = self.out(kind)
+        extra = None if kind == "transpose" else chip.empty((self.M, self.N), bfloat16)
+        with chip.record() as rec:
+            chip.matmul(self.A, self.B, bias=self.Bias, out=out, then=kind, out_bf16=extra,
+                        **self.operands[kind])
+        return out, extra, rec.calls[0].ops
+
+    def unfused(self, kind):
+        chip = self.chip
+        r = chip.empty((self.M, self.N))
+        ops = dict(self.operands[kind])
+        if kind == "transpose":
+            out, extra = self.out(kind), None
+            vector = dict(out_t=out, scale=ops["scale"])
+        else:
+            out, extra = self.out(kind), chip.empty((self.M, self.N), bfloat16)
+            vector = dict(out=out, out_bf16=extra, **ops)
+            if kind == "layer_norm":
+                vector["other"] = vector.pop("params")
+            if kind == "softmax":
+                vector["group"] = self.M
+        with chip.record():
+            chip.matmul(self.A, self.B, bias=self.Bias, out=r)
+            chip.vector("copy" if kind == "transpose" else kind, r, **vector)
+        return out, extra
+
+
+def _bits(t):
+    a = t.numpy()
+    return a.view(np.uint16) if a.dtype == bfloat16 else a.view(np.uint32)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_epilogue_is_bit_exact_and_equals_the_unfused_program(chip, kind):
+    """Several M blocks (for the row-wise kinds, whose groups hold every N
+    tile) and several N groups with a partial last tile."""
+    cfg = chip.config
+    case = Case(chip, 2 * cfg.acc_rows // 25 + 3, 6 * cfg.rows + 1, 9 * cfg.cols - 2,
+                SEED + KINDS.index(kind))
+    out, extra, ops = case.fused(kind)
+    assert len(ops) == 1 and ops[0].epilogue is not None and ops[0].epilogue.kind == kind
+    plan = compile_matmuls(cfg, ops).segments[0][0][1]
+    assert plan.blocks > 1 or plan.NT > plan.G, plan           # more than one group
+    want = case.golden(kind)
+    if kind == "transpose":
+        golden.assert_bits_equal(_bits(out), golden.fp32_to_bf16(golden.f32_bits(want)), kind)
+    else:
+        golden.assert_bits_equal(out.numpy(), want, kind)
+        golden.assert_bits_equal(_bits(extra), golden.fp32_to_bf16(golden.f32_bits(want)),
+                                 kind + " bf16")
+    ref, ref_extra = case.unfused(kind)
+    assert np.array_equal(_bits(out), _bits(ref))
+    if extra is not None:
+        assert np.array_equal(_bits(extra), _bits(ref_extra))
+
+
+def test_fused_programs_are_race_free(chip):
+    """Every kind, and several fused ops in one segment (as the encoder's
+    per-head scores run), checked by the hazard model."""
+    cfg = chip.config
+    case = Case(chip, 3 * cfg.rows + 1, 4 * cfg.rows, 5 * cfg.cols + 1, SEED)
+    for kind in KINDS:
+        _, _, ops = case.fused(kind)
+        assert races(cfg, compile_matmuls(cfg, ops * 3).program) == [], kind
+
+
+def test_several_fused_heads_in_one_program(chip):
+    """Softmax epilogues of several matmuls (the attention heads) share one
+    segment's buffer ring: each head's rows bit-exact."""
+    cfg = chip.config
+    rng = np.random.default_rng(SEED + 7)
+    L, d, heads = 2 * cfg.cols + 1, cfg.rows + 2, 4
+    q = golden.as_bf16(rng.standard_normal((heads * L, d)).astype(np.float32))
+    kt = golden.as_bf16(rng.standard_normal((heads * d, L)).astype(np.float32))
+    mask = rng.random((1, L)) < 0.8
+    mask[0, 0] = True
+    Q, KT, bias = chip.upload(q), chip.upload(kt), softmax_bias(chip, mask)
+    probs = chip.empty((heads * L, L), bfloat16)
+    with chip.record() as rec:
+        for h in range(heads):
+            chip.matmul(Q[h * L:(h + 1) * L], KT[h * d:(h + 1) * d], out=probs[h * L:(h + 1) * L],
+                        then="softmax", other=bias)
+    assert rec.stats.programs == 1
+    for h in range(heads):
+        s = golden.matmul(q[h * L:(h + 1) * L], kt[h * d:(h + 1) * d], rows=cfg.rows)
+        want = golden.fp32_to_bf16(golden.f32_bits(vpu.softmax(s, mask, lanes=cfg.cols)))
+        golden.assert_bits_equal(_bits(probs[h * L:(h + 1) * L]), want, f"head {h}")
+
+
+def test_an_epilogue_that_does_not_fit_runs_unfused():
+    """add_layer_norm needs more than the weight ring's steps per group; a
+    one-tile matmul falls back to the matmul and `Chip.vector`, same bits."""
+    chip = Chip(VPU_SHAPES["3x5"], fast_mac=True)
+    cfg = chip.config
+    case = Case(chip, 3 * cfg.rows, cfg.rows, cfg.cols, SEED + 3)
+    out, extra, ops = case.fused("add_layer_norm")
+    assert [type(op).__name__ for op in ops] == ["MatmulOp", "VectorOp"]
+    golden.assert_bits_equal(out.numpy(), case.golden("add_layer_norm"), "fallback")
+
+
+def test_then_rejects_bad_input(chip):
+    cfg = chip.config
+    case = Case(chip, 8, 2 * cfg.rows, 3 * cfg.cols, SEED)   # M != N
+    A, B, M, N = case.A, case.B, case.M, case.N
+    with pytest.raises(ValueError, match="then must be one of"):
+        chip.matmul(A, B, then="tanh")
+    with pytest.raises(TypeError, match="go with then="):
+        chip.matmul(A, B, other=case.operands["softmax"]["other"])
+    with pytest.raises(ValueError, match="relu and then= do not combine"):
+        chip.matmul(A, B, then="gelu", relu=True)
+    with pytest.raises(ValueError, match="other must be a float32 device tensor of shape"):
+        chip.matmul(A, B, then="softmax", other=chip.upload(np.zeros((2, N), np.float32)))
+    with pytest.raises(TypeError, match="params must be a float32 DeviceTensor"):
+        chip.matmul(A, B, then="layer_norm", params=np.zeros((3, N), np.float32))
+    with pytest.raises(ValueError, match="takes no other"):
+        chip.matmul(A, B, then="gelu", other=chip.upload(np.zeros((M, N), np.float32)))
+    with pytest.raises(ValueError, match="out must have shape"):
+        chip.matmul(A, B, then="transpose", out=chip.empty((M, N), bfloat16))
+    with pytest.raises(ValueError, match="writes the bf16 transpose"):
+        chip.matmul(A, B, then="transpose", out=chip.empty((N, M)))
+    with pytest.raises(ValueError, match="out is already bfloat16"):
+        chip.matmul(A, B, then="gelu", out_dtype=bfloat16, out_bf16=chip.empty((M, N), bfloat16))
+    with pytest.raises(ValueError, match="needs a chip with the vector unit"):
+        Chip(TINY).matmul(np.ones((4, 4), np.float32), np.ones((4, 4), np.float32), then="gelu")

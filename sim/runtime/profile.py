@@ -83,7 +83,7 @@ class Trace:
         """A `Trace` of one run: `data` (the driver's `ChipTraceData`), the
         `Program` it ran, its counters."""
         f, t = data.fields, data.cycle
-        words, text = program.words, program.text
+        text = program.text
         events = []
 
         def event(engine, track, i, end):

@@ -200,3 +200,20 @@ def test_then_rejects_bad_input(chip):
         chip.matmul(A, B, then="gelu", out_dtype=bfloat16, out_bf16=chip.empty((M, N), bfloat16))
     with pytest.raises(ValueError, match="needs a chip with the vector unit"):
         Chip(TINY).matmul(np.ones((4, 4), np.float32), np.ones((4, 4), np.float32), then="gelu")
+
+
+def test_a_fault_inside_a_fused_program_then_the_next_call_is_right(chip):
+    """A bus error on the residual's rows stops the fused program with a clear
+    error; the driver resets the chip and the same call then runs bit-exact."""
+    from mxu.sim import ChipError
+    cfg = chip.config
+    case = Case(chip, 3 * cfg.rows, 4 * cfg.rows, 3 * cfg.cols, SEED + 5)
+    residual = case.operands["add_layer_norm"]["other"]
+    chip.inject_error(residual.addr, residual.addr + 64, "slverr")
+    try:
+        with pytest.raises(ChipError, match="the chip stopped with"):
+            case.fused("add_layer_norm")
+    finally:
+        chip.clear_errors()
+    out, _, _ = case.fused("add_layer_norm")
+    golden.assert_bits_equal(out.numpy(), case.golden("add_layer_norm"), "after the fault")

@@ -36,13 +36,13 @@ import collections
 import math
 from dataclasses import dataclass
 
-from mxu.hdl.isa import INSTR_BITS, Opcode, SeedMode, decode
+from mxu.hdl.isa import INSTR_BITS, SeedMode
 
 from .operands import MatmulOp
 from .plan import RING_SLOTS, ceil_div, plan_op
 from .program import Program
-from .vector import (Tiles, VectorOp, emit_epilogue, emit_vector_op, epilogue_param_loads,
-                     flag_instruction, tile_moves)
+from .epilogue import FusedGroups, Pending, epilogue_param_loads
+from .vector import VectorOp, emit_vector_op
 
 __all__ = ["CompiledProgram", "compile_matmuls", "plan_segments"]
 
@@ -172,22 +172,7 @@ def _place(config, items):
     return placed if vmem <= config.vmem_rows and acc <= config.acc_rows else None
 
 
-class _Pending:
-    """A group's epilogue instructions on their way into the program: due
-    between steps `first` and `last`, in proportion to their rows."""
-
-    def __init__(self, program, first, last):
-        self.words, self.text = program.words, program.text
-        self.first, self.last, self.done = first, last, 0
-        self.cumulative, total = [], 0
-        for word in self.words:
-            opcode, fields = decode(word)
-            total += fields["rows"] if opcode == Opcode.VECTOR else 0
-            self.cumulative.append(total)
-        self.total = total
-
-
-class _Segment:
+class _Segment(FusedGroups):
     """The step stream of one segment and the instructions of each step."""
 
     def __init__(self, config, placed, last):
@@ -273,109 +258,6 @@ class _Segment:
         for i, load in enumerate(loads):
             prog.load(**load, pop_next=(i == 0 and n >= self.W), push_next=(i == len(loads) - 1))
 
-    def residual_loads(self, n):
-        """The residual rows an add_layer_norm epilogue loads with step n's
-        batch: group i's with its first step while i < buffers; else with
-        step ``start + W``, whose loads wait for i's first MATMUL, which waits
-        for the stores of group i - buffers, the last reader of that slot."""
-        loads = []
-        for m in (n, n - self.W):
-            if m < 0:
-                continue
-            grp, _, _ = self.locate(m)
-            ep = self.placed[grp.op].op.epilogue
-            early = grp.index < self.buffers
-            if m != grp.start or ep.kind != "add_layer_norm" or (m == n) != early:
-                continue
-            if n >= grp.end:
-                raise AssertionError("a residual load lands after its group (plan_op prevents this)")
-            loads += tile_moves(ep.other, grp.m0, grp.mrows,
-                                self.epilogue_tiles(grp).like(self.residual_row(grp)))
-        return loads
-
-    def residual_row(self, grp):
-        return self.ring.res_base + self.ring.res_slot * (grp.index % self.buffers)
-
-    def epilogue_tiles(self, grp):
-        """The group's output buffer as `Tiles` (tile stride Mb: a short last
-        block computes its spare rows too, and stores only its own)."""
-        p = self.placed[grp.op]
-        n = p.op.N if p.op.epilogue.row_wise else grp.size * self.config.cols
-        return Tiles(self.out_row(grp, 0), p.plan.Mb, n, self.config.cols)
-
-    def epilogue_program(self, grp, push_store):
-        """Group `grp`'s epilogue: its VECTORs (the first pops the compute
-        token, the last pushes the store's), then its STOREs, then the store
-        token that frees the buffer (`push_store`)."""
-        cfg, p = self.config, self.placed[grp.op]
-        op, ring = p.op, self.ring
-        x = self.epilogue_tiles(grp)
-        ep_prog = Program()
-        slot = grp.index % self.buffers
-        # A transpose's VMEM slot was last read by the stores of group i - buffers.
-        reuse = op.transposed and grp.index >= self.buffers
-        emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, ring.scratch_base,
-                      self.residual_row(grp), ring.t_base + slot * ring.t_slot,
-                      pop_prev=True, pop_next=reuse)
-        flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
-        if op.transposed:
-            self.transposed_stores(ep_prog, grp, x, ring.t_base + slot * ring.t_slot)
-            if grp.index + self.buffers < len(self.groups):
-                ep_prog.sync("store", push_prev=True, vector=True)
-        else:
-            self.result_stores(ep_prog, grp, x)
-        if push_store:
-            ep_prog.sync("store", push_prev=True)
-        return ep_prog
-
-    def result_stores(self, prog, grp, x):
-        op, c = self.placed[grp.op].op, self.config.cols
-        first = dict(pop_prev=True, vector=True)
-        for out in op.writes:
-            for jj in range(grp.size):
-                j = grp.j0 + jj
-                prog.store(acc_row=x.tile(jj), ext_addr=out.addr + grp.m0 * out.stride + out.elem * j * c,
-                           rows=grp.mrows, row_bytes=out.elem * min(c, op.N - j * c),
-                           ext_stride=out.stride, to_bf16=out.dtype == "bf16", **first)
-                first = {}
-
-    def transposed_stores(self, prog, grp, x, vmem):
-        """The transposed blocks in VMEM (`emit_epilogue`) to rows j*cols.. of
-        the op's c, columns m0.. ."""
-        op, cfg = self.placed[grp.op].op, self.config
-        c, E = cfg.cols, cfg.vmem_row_elems
-        blocks = -(-x.m // E)
-        first = dict(pop_prev=True, vector=True)
-        for jj in range(grp.size):
-            j = grp.j0 + jj
-            for blk in range(-(-grp.mrows // E)):
-                prog.store(vmem_row=vmem + (jj * blocks + blk) * c, rows=min(c, op.N - j * c),
-                           row_bytes=2 * min(E, grp.mrows - blk * E),
-                           ext_addr=op.c.addr + j * c * op.c.stride + 2 * (grp.m0 + blk * E),
-                           ext_stride=op.c.stride, **first)
-                first = {}
-
-    def drain(self, prog, n=None):
-        """Emit the pending epilogue instructions due by step n (all with
-        None). A group's instructions are spread over the next group's steps
-        in proportion to their rows, so that the vector engine's queue holds
-        about the work the array does meanwhile: the chip issues in program
-        order, and a full queue would hold up the array's instructions."""
-        while self.pending:
-            entry = self.pending[0]
-            if n is None or n >= entry.last:
-                due = len(entry.words)
-            else:
-                share = entry.total * (n - entry.first + 1) / (entry.last - entry.first + 1)
-                due = bisect.bisect_right(entry.cumulative, share)
-            if due > entry.done:
-                prog.words += entry.words[entry.done:due]
-                prog.text += entry.text[entry.done:due]
-                entry.done = due
-            if entry.done < len(entry.words):
-                return
-            self.pending.popleft()
-
     def step(self, prog, n):
         """Step n's LOADW and MATMUL, its STORE after the last K tile, and the
         loads of step n + W."""
@@ -406,7 +288,7 @@ class _Segment:
             ep_prog = self.epilogue_program(grp, grp.index + self.buffers < len(self.groups)
                                             or barrier)
             nxt = self.groups[grp.index + 1] if grp.index + 1 < len(self.groups) else grp
-            self.pending.append(_Pending(ep_prog, n, nxt.end - 1))
+            self.pending.append(Pending(ep_prog, n, nxt.end - 1))
         elif last_t and not fused:
             self.drain(prog)
             esize = op.c.elem

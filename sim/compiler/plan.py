@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from mxu.hdl.isa import DmaInstr, MatmulInstr
 
-from .vector import (EPILOGUE_BUFFERS, epilogue_param_rows, epilogue_residual_rows,
+from .epilogue import (EPILOGUE_BUFFERS, epilogue_param_rows, epilogue_residual_rows,
                      epilogue_scratch, transpose_vmem_rows)
 
 __all__ = ["RING_SLOTS", "MAX_GROUP", "OpPlan", "plan_op", "max_k_tiles", "ceil_div"]

@@ -29,13 +29,10 @@ from mxu.hdl.isa import VpuOp
 
 from .operands import Operand
 
-__all__ = ["Tiles", "VectorEmitter", "VectorOp", "emit_vector_op", "VECTOR_KINDS", "Epilogue",
-           "EPILOGUE_KINDS", "EPILOGUE_BUFFERS", "epilogue_scratch", "epilogue_param_rows",
-           "epilogue_residual_rows", "transpose_vmem_rows", "emit_epilogue", "epilogue_param_loads",
-           "tile_moves", "flag_instruction"]
+__all__ = ["Tiles", "VectorEmitter", "VectorOp", "emit_vector_op", "VECTOR_KINDS", "tile_moves",
+           "flag_instruction"]
 
 VECTOR_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu", "copy")
-EPILOGUE_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu", "transpose")
 
 _NEG_INF = float("-inf")
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -403,119 +400,6 @@ def flag_instruction(prog, index, **deps):
     prog.text[index] += f" [{' '.join(k for k, v in deps.items() if v)}]"
 
 
-# ---- epilogues: a layer op fused onto a matmul ---------------------------------------------
-
-@dataclass(frozen=True)
-class Epilogue:
-    """A layer op the vector unit applies to a matmul's fp32 result in the
-    accumulator, group by group, before it is stored (docs/vpu.md, "Fused
-    epilogues"): the results are those of the matmul to an fp32 tensor
-    followed by the `VectorOp` of the same kind, bit for bit.
-
-    kind : "softmax" (``softmax(r * scale + other)``: `other` is one bias row,
-        ``count*cols`` wide, -inf past N, for every row), "layer_norm"
-        (`params`: gamma, beta, ones, 3 x N), "add_layer_norm"
-        (``layer_norm(r + other)``: `other` the M x N fp32 residual), "gelu",
-        "transpose" (the op's c is the bf16 ``(r * scale).T``, N x M: VECTOR
-        transposes into VMEM, stored from there).
-    extra : a second output besides the op's c (e.g. the bf16 copy of an fp32
-        result), or None.
-    """
-    kind: str
-    extra: Operand = None
-    other: Operand = None
-    params: Operand = None
-    scale: float = 1.0
-    eps: float = 0.0
-
-    @property
-    def row_wise(self):
-        """Whether a row's result needs the whole row (the group is every N tile)."""
-        return self.kind not in ("gelu", "transpose")
-
-    @property
-    def reads(self):
-        return tuple(o for o in (self.other, self.params) if o is not None)
-
-    def check(self, config, M, N):
-        if not config.vpu:
-            raise ValueError("a matmul epilogue needs a chip with the vector unit (vpu=True)")
-        if self.kind not in EPILOGUE_KINDS:
-            raise ValueError(f"Epilogue kind must be one of {EPILOGUE_KINDS}, not {self.kind!r}")
-        count = -(-N // config.cols)
-        want = {"softmax": {"other": (1, count * config.cols)},
-                "layer_norm": {"params": (3, N)},
-                "add_layer_norm": {"other": (M, N), "params": (3, N)},
-                "gelu": {}, "transpose": {}}[self.kind]
-        for name in ("other", "params"):
-            operand = getattr(self, name)
-            if (operand is None) != (name not in want):
-                raise ValueError(f"a {self.kind} epilogue {'needs' if name in want else 'takes no'} "
-                                 f"{name}")
-            if operand is not None:
-                operand.check(name, config.ext_mem_bytes)
-                if (operand.rows, operand.cols) != want[name] or operand.dtype != "fp32":
-                    raise ValueError(f"{name} must be {want[name][0]}x{want[name][1]} fp32, not "
-                                     f"{operand.rows}x{operand.cols} {operand.dtype}")
-        if self.extra is not None:
-            if self.kind == "transpose":
-                raise ValueError("a transpose epilogue has no extra output")
-            self.extra.check("extra", config.ext_mem_bytes)
-            if (self.extra.rows, self.extra.cols) != (M, N):
-                raise ValueError(f"extra must be {M}x{N}, not {self.extra.rows}x{self.extra.cols}")
-
-
-# Output buffers a fused segment cycles through: a third lets the array run a
-# whole group ahead of the vector unit; the LayerNorms' wide rows (every N
-# tile, and a residual per buffer) leave room for two.
-EPILOGUE_BUFFERS = {"softmax": 3, "gelu": 3, "transpose": 3, "layer_norm": 2, "add_layer_norm": 2}
-
-
-def epilogue_scratch(kind, count, G, Mb):
-    """{region: (offset, rows)} of the vector unit's working rows for an
-    epilogue on groups of G tiles of Mb rows (count: the op's N tiles), and
-    their total. One such region serves a whole segment: the vector engine
-    runs one group at a time."""
-    sizes = {"softmax": (("spare", Mb), ("scratch", count * Mb)),
-             "layer_norm": (("spare", Mb), ("sq", count * Mb)),
-             "gelu": (("scratch", 4 * G * Mb + 4),), "transpose": ()}
-    sizes["add_layer_norm"] = sizes["layer_norm"]
-    layout, at = {}, 0
-    for name, rows in sizes[kind]:
-        layout[name] = (at, rows)
-        at += rows
-    return layout, at
-
-
-def epilogue_param_rows(kind, count):
-    """Accumulator rows of an epilogue's parameters: the softmax bias row or
-    LayerNorm's gamma, beta and ones, a row per tile each."""
-    return {"softmax": count, "layer_norm": 3 * count, "add_layer_norm": 3 * count}.get(kind, 0)
-
-
-def epilogue_residual_rows(kind, count, Mb):
-    """Accumulator rows of one residual buffer (add_layer_norm)."""
-    return count * Mb if kind == "add_layer_norm" else 0
-
-
-def epilogue_param_loads(ep, base, cols):
-    """The LOADs (as keyword dicts) of an epilogue's parameter rows (softmax
-    bias, LayerNorm gamma/beta/ones) into accumulator rows from `base`."""
-    if ep.kind == "softmax":
-        count = ep.other.cols // cols
-        return [dict(acc_row=base, ext_addr=ep.other.addr, rows=count, row_bytes=4 * cols,
-                     ext_stride=4 * cols)]
-    if ep.kind in ("layer_norm", "add_layer_norm"):
-        count = -(-ep.params.cols // cols)
-        loads = []
-        for i in range(3):
-            row = Operand(ep.params.addr + i * ep.params.stride, 1, ep.params.cols,
-                          ep.params.stride, "fp32")
-            loads += tile_moves(row, 0, 1, Tiles(base + i * count, 1, row.cols, cols))
-        return loads
-    return []
-
-
 def tile_moves(operand, r0, m, tiles):
     """The DMA descriptors (keyword dicts) that move rows r0 .. r0+m-1 of
     `operand` to or from `tiles` (its columns cut into tiles of cols)."""
@@ -524,41 +408,3 @@ def tile_moves(operand, r0, m, tiles):
                  rows=m, row_bytes=min(cols, operand.cols - t * cols) * elem,
                  ext_stride=operand.stride)
             for t in range(tiles.count)]
-
-
-def transpose_vmem_rows(config, G, Mb):
-    """VMEM rows a transpose epilogue's group lands in: per tile, a block of
-    `cols` rows for every ``vmem_row_elems`` result rows."""
-    return G * -(-Mb // config.vmem_row_elems) * config.cols
-
-
-def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=0, **first):
-    """The VECTORs of `ep` on the group `x` (a `Tiles` in the accumulator,
-    updated in place): `params`, `scratch` and `residual` are the accumulator
-    rows of its parameters (`epilogue_param_rows`), working rows
-    (`epilogue_scratch`) and the group's residual rows (add_layer_norm);
-    `vmem`: the VMEM row a transpose's blocks start at (`transpose_vmem_rows`).
-    `first`: flags of the first instruction."""
-    count = -(-x.n // x.cols)
-    layout, _ = epilogue_scratch(ep.kind, count, x.count, x.m)
-    at = {name: scratch + off for name, (off, _) in layout.items()}
-    emit = VectorEmitter(prog, config).begin(**first)
-    if ep.scale != 1.0 and ep.kind in ("softmax", "transpose"):
-        emit.map(VpuOp.MUL, x, x, scalar=ep.scale)     # x * 1 is x: no pass
-    if ep.kind == "softmax":
-        emit.softmax(x, Tiles(params, 1, x.n, x.cols), x, x.like(at["scratch"]), at["spare"])
-    elif ep.kind == "gelu":
-        emit.gelu(x, x, [x.like(at["scratch"] + i * (x.rows + 1) + 1) for i in range(4)], split=2)
-    elif ep.kind == "transpose":
-        E, blocks = config.vmem_row_elems, -(-x.m // config.vmem_row_elems)
-        for t in range(x.count):
-            for blk in range(blocks):
-                emit.op(VpuOp.PASS, x.tile(t) + blk * E, min(E, x.m - blk * E),
-                        vmem + (t * blocks + blk) * config.cols, to_vmem=True, transpose=True)
-    else:
-        if ep.kind == "add_layer_norm":
-            emit.map(VpuOp.ADD, x, x, b_row=residual)
-        gamma, beta, ones = (Tiles(params + i * count, 1, x.n, x.cols) for i in range(3))
-        # x - mean overwrites x: the same values as a separate matrix, in fewer rows.
-        emit.layer_norm(x, gamma, beta, ep.eps, x, (x, x.like(at["sq"])), at["spare"], ones)
-    return emit

@@ -9,7 +9,8 @@ from mxu.hdl.dtypes import bfloat16
 
 from ..compiler.operands import MatmulOp
 from ..compiler.plan import max_k_tiles, plan_op
-from ..compiler.vector import EPILOGUE_KINDS, Epilogue, VectorOp
+from ..compiler.epilogue import EPILOGUE_KINDS, Epilogue
+from ..compiler.vector import VectorOp
 from .tensor import DeviceTensor
 
 __all__ = ["MatmulCall", "prepare_matmul", "check_flag"]

@@ -234,17 +234,15 @@ class FusedGroups:
         op, ring = p.op, self.ring
         x = self.epilogue_tiles(grp)
         ep_prog = Program()
-        slot = grp.index % self.buffers
-        # A transpose's VMEM slot was last read by the stores of group i - buffers.
-        reuse = op.transposed and grp.index >= self.buffers
+        # A transpose's VMEM slot, like the output buffer, was last read by the
+        # stores of group i - buffers: they precede the store SYNC that group
+        # i's first MATMUL waits for, and the vector engine waits for group i.
+        vmem = ring.t_base + (grp.index % self.buffers) * ring.t_slot
         emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, ring.scratch_base,
-                      self.residual_row(grp), ring.t_base + slot * ring.t_slot,
-                      pop_prev=True, pop_next=reuse)
+                      self.residual_row(grp), vmem, pop_prev=True)
         flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
         if op.transposed:
-            self.transposed_stores(ep_prog, grp, x, ring.t_base + slot * ring.t_slot)
-            if grp.index + self.buffers < len(self.groups):
-                ep_prog.sync("store", push_prev=True, vector=True)
+            self.transposed_stores(ep_prog, grp, x, vmem)
         else:
             self.result_stores(ep_prog, grp, x)
         if push_store:

@@ -137,9 +137,33 @@ def test_fused_programs_are_race_free(chip):
     per-head scores run), checked by the hazard model."""
     cfg = chip.config
     case = Case(chip, 3 * cfg.rows + 1, 4 * cfg.rows, 5 * cfg.cols + 1, SEED)
+    mixed = []
     for kind in KINDS:
         _, _, ops = case.fused(kind)
         assert races(cfg, compile_matmuls(cfg, ops * 3).program) == [], kind
+        mixed += ops
+    compiled = compile_matmuls(cfg, mixed)
+    assert len(compiled.segments) < len(KINDS)          # kinds share segments
+    assert races(cfg, compiled.program) == []
+
+
+def test_every_kind_in_one_program(chip):
+    """One recording with every kind (independent ops: they share fused
+    segments and their buffer rings): each output bit-exact."""
+    cfg = chip.config
+    case = Case(chip, 2 * cfg.rows + 3, 3 * cfg.rows, 4 * cfg.cols + 1, SEED + 9)
+    outs = {}
+    with chip.record() as rec:
+        for kind in KINDS:
+            outs[kind] = case.out(kind)
+            chip.matmul(case.A, case.B, bias=case.Bias, out=outs[kind], then=kind,
+                        **case.operands[kind])
+    assert rec.stats.programs == 1
+    for kind, out in outs.items():
+        want = case.golden(kind)
+        if kind == "transpose":
+            want = golden.fp32_to_bf16(golden.f32_bits(want))
+        golden.assert_bits_equal(_bits(out) if kind == "transpose" else out.numpy(), want, kind)
 
 
 def test_several_fused_heads_in_one_program(chip):

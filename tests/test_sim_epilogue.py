@@ -241,3 +241,27 @@ def test_a_fault_inside_a_fused_program_then_the_next_call_is_right(chip):
         chip.clear_errors()
     out, _, _ = case.fused("add_layer_norm")
     golden.assert_bits_equal(out.numpy(), case.golden("add_layer_norm"), "after the fault")
+
+
+def test_softmax_without_a_bias_row_equals_an_all_zero_bias(chip):
+    """Nothing masked and N a multiple of cols: the epilogue skips the bias
+    add, bit-identical to adding a row of zeros (x + 0 only turns -0 into +0,
+    and exp(-0) = exp(+0)); with a partial tile it is an error."""
+    cfg = chip.config
+    case = Case(chip, 2 * cfg.rows + 1, 3 * cfg.rows, 4 * cfg.cols, SEED + 11)
+    zeros = softmax_bias(chip, np.ones((1, case.N), bool))
+    outs = []
+    for other in (None, zeros):
+        out = case.out("softmax")
+        with chip.record() as rec:
+            chip.matmul(case.A, case.B, bias=case.Bias, out=out, then="softmax", other=other,
+                        scale=0.3)
+        outs.append(out)
+    assert rec.calls[0].ops[0].epilogue is not None
+    want = vpu.softmax(vpu.scale(golden.matmul(
+        case.a, case.b, seed=np.broadcast_to(case.bias, (case.M, case.N)), rows=cfg.rows), 0.3),
+        np.ones((1, case.N), bool), lanes=cfg.cols)
+    golden.assert_bits_equal(outs[0].numpy(), want, "no bias row")
+    assert np.array_equal(_bits(outs[0]), _bits(outs[1]))
+    with pytest.raises(ValueError, match="multiple of the chip's cols"):
+        chip.matmul(case.A, case.B[:, :case.N - 1], then="softmax")

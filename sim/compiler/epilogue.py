@@ -34,7 +34,9 @@ class Epilogue:
     followed by the `VectorOp` of the same kind, bit for bit.
 
     kind : "softmax" (``softmax(r * scale + other)``: `other` is one bias row,
-        ``count*cols`` wide, -inf past N, for every row), "layer_norm"
+        ``count*cols`` wide, -inf past N, for every row; None when nothing is
+        masked and N is a multiple of cols -- adding a row of zeros changes no
+        result, see docs/vpu.md), "layer_norm"
         (`params`: gamma, beta, ones, 3 x N), "add_layer_norm"
         (``layer_norm(r + other)``: `other` the M x N fp32 residual), "gelu",
         "transpose" (the op's c is the bf16 ``(r * scale).T``, N x M: VECTOR
@@ -68,6 +70,11 @@ class Epilogue:
                 "layer_norm": {"params": (3, N)},
                 "add_layer_norm": {"other": (M, N), "params": (3, N)},
                 "gelu": {}, "transpose": {}}[self.kind]
+        if self.kind == "softmax" and self.other is None:
+            if N % config.cols:
+                raise ValueError(f"a softmax epilogue without a bias row needs N ({N}) to be a "
+                                 f"multiple of cols ({config.cols}): the bias masks the spare lanes")
+            want = {}
         for name in ("other", "params"):
             operand = getattr(self, name)
             if (operand is None) != (name not in want):
@@ -122,7 +129,7 @@ def epilogue_residual_rows(kind, count, Mb):
 def epilogue_param_loads(ep, base, cols):
     """The LOADs (as keyword dicts) of an epilogue's parameter rows (softmax
     bias, LayerNorm gamma/beta/ones) into accumulator rows from `base`."""
-    if ep.kind == "softmax":
+    if ep.kind == "softmax" and ep.other is not None:
         count = ep.other.cols // cols
         return [dict(acc_row=base, ext_addr=ep.other.addr, rows=count, row_bytes=4 * cols,
                      ext_stride=4 * cols)]
@@ -157,7 +164,8 @@ def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=0, **firs
     if ep.scale != 1.0 and ep.kind in ("softmax", "transpose"):
         emit.map(VpuOp.MUL, x, x, scalar=ep.scale)     # x * 1 is x: no pass
     if ep.kind == "softmax":
-        emit.softmax(x, Tiles(params, 1, x.n, x.cols), x, x.like(at["scratch"]), at["spare"])
+        bias = Tiles(params, 1, x.n, x.cols) if ep.other is not None else None
+        emit.softmax(x, bias, x, x.like(at["scratch"]), at["spare"])
     elif ep.kind == "gelu":
         emit.gelu(x, x, [x.like(at["scratch"] + i * (x.rows + 1) + 1) for i in range(4)], split=2)
     elif ep.kind == "transpose":

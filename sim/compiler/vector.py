@@ -144,9 +144,11 @@ class VectorEmitter:
     def softmax(self, x, bias, dst, scratch, row):
         """The VPU-form softmax of `x` into `dst` (may be `x`). `bias`: a
         one-row matrix, 0 where attending is allowed and -inf elsewhere (and in
-        the lanes past n); `scratch`: ``x.count`` tiles; `row`: m spare rows."""
+        the lanes past n), or None for no mask (n a multiple of cols);
+        `scratch`: ``x.count`` tiles; `row`: m spare rows."""
         r = Tiles(row, x.m, x.cols, x.cols)
-        self.per_tile(VpuOp.ADD, x, bias, x, broadcast=True)
+        if bias is not None:
+            self.per_tile(VpuOp.ADD, x, bias, x, broadcast=True)
         self.reduce("max", x, row, scratch)
         self.op(VpuOp.MAX, row, x.m, row, scalar=-_FLT_MAX)
         self.op(VpuOp.MUL, row, x.m, row, scalar=-1.0)

@@ -238,12 +238,14 @@ class ChipEncoderLayer:
         self.ln1 = layer_norm_params(chip, w.ln1_gamma, w.ln1_beta)
         self.ln2 = layer_norm_params(chip, w.ln2_gamma, w.ln2_beta)
 
-    def __call__(self, x, xb, bias, B, L, before=None):
+    def __call__(self, x, xb, bias, B, L, before=None, unmasked=()):
         """`x`, `xb`: the (B*L, hidden) fp32 and bf16 device tensors of the
         layer's input; `bias`: the softmax bias rows (`softmax_bias`) of the
         (B, L) mask; `before`: a function that records ops ahead of the layer's
-        own (the embedding LayerNorm that writes x and xb). Returns the output
-        (fp32 and bf16 tensors) and the program's `RunStats`."""
+        own (the embedding LayerNorm that writes x and xb); `unmasked`: the
+        sequences with no padding, whose softmax needs no bias when L is a
+        multiple of the chip's columns (the same bits, docs/vpu.md). Returns
+        the output (fp32 and bf16 tensors) and the program's `RunStats`."""
         chip, cfg = self.chip, self.config
         H, heads, d, R = cfg.hidden, cfg.heads, cfg.head_dim, B * L
         bf = bfloat16
@@ -265,11 +267,12 @@ class ChipEncoderLayer:
                             then="transpose", scale=1 / math.sqrt(d))
                 chip.matmul(xb, qkv.weight[:, 2 * H:], bias=qkv.bias[2 * H:], out=v)
                 for b in range(B):
+                    free = b in unmasked and L % chip.config.cols == 0
                     for h in range(heads):
                         rows = slice((b * heads + h) * L, (b * heads + h + 1) * L)
                         chip.matmul(q[b * L:(b + 1) * L, h * d:(h + 1) * d],
                                     kt[h * d:(h + 1) * d, b * L:(b + 1) * L], out=probs[rows],
-                                    then="softmax", other=bias[b:b + 1])
+                                    then="softmax", other=None if free else bias[b:b + 1])
                 for b in range(B):
                     for h in range(heads):
                         rows = slice((b * heads + h) * L, (b * heads + h + 1) * L)
@@ -350,6 +353,7 @@ class Encoder:
         emb = chip.upload(hostops.embed(ids, w.word, w.position, w.token_type)
                           .reshape(B * L, cfg.hidden).astype(np.float32))
         bias = softmax_bias(chip, mask)
+        unmasked = {b for b in range(B) if np.asarray(mask[b], bool).all()}
         x, xb = chip.empty((B * L, cfg.hidden)), chip.empty((B * L, cfg.hidden), bfloat16)
         steps = _Steps(chip, progress)
 
@@ -359,7 +363,8 @@ class Encoder:
         try:
             for i, layer in enumerate(self.layers):
                 out, outb, stats = layer(x, xb, bias, B, L,
-                                         before=embedding_norm if i == 0 else None)
+                                         before=embedding_norm if i == 0 else None,
+                                         unmasked=unmasked)
                 x.free()
                 xb.free()
                 x, xb = out, outb

@@ -169,6 +169,11 @@ def prepare_then(chip, a, b, bias, c, relu, temps, then, out_bf16=None, other=No
                          "bfloat16 out of shape (N, M)) and no out_bf16")
     given = {"other": other, "params": params}
     tensors = {}
+    if then == "softmax" and other is None:
+        if N % config.cols:
+            raise ValueError(f"then='softmax' without a bias row (other) needs N ({N}) to be a "
+                             f"multiple of the chip's cols ({config.cols})")
+        shapes = {}
     for name, x in given.items():
         if name in shapes:
             tensors[name] = _then_tensor(chip, x, name, shapes[name])
@@ -197,6 +202,11 @@ def prepare_then(chip, a, b, bias, c, relu, temps, then, out_bf16=None, other=No
         vector = VectorOp("copy", r.operand(), out_t=c.operand(), scale=float(scale))
         vector.check(config)
         return MatmulCall(ops + [vector], c, M * K * N, keep + [r])
+    if then == "softmax" and other is None:
+        # The unfused softmax takes a bias: a row of zeros masks nothing.
+        zeros = chip.upload(np.zeros((1, width), np.float32))
+        operands["other"] = zeros.operand()
+        keep.append(zeros)
     fp32 = c.dtype == np.dtype(np.float32)
     bf = out_bf16 if fp32 else c
     vector = VectorOp(then, r.operand(), out=c.operand() if fp32 else None,

@@ -247,9 +247,11 @@ class Chip:
 
         ``then`` (a chip with the vector unit): a layer op applied to the fp32
         result before it is written -- "softmax" (``softmax(r * scale +
-        other)``, `other` one bias row as `softmax_bias` makes it), "gelu",
-        "layer_norm" (`params` as `layer_norm_params` makes them) or
-        "add_layer_norm" (``layer_norm(r + other)``). `out_bf16` receives a
+        other)``, `other` one bias row as `softmax_bias` makes it, or None
+        when nothing is masked and N is a multiple of cols), "gelu",
+        "layer_norm" (`params` as `layer_norm_params` makes them),
+        "add_layer_norm" (``layer_norm(r + other)``) or "transpose" (`out`,
+        N x M bf16, is ``(r * scale).T``: K^T for attention scores). `out_bf16` receives a
         bf16 copy of an fp32 result. The vector unit works on each group of
         output tiles while the array computes the next (docs/vpu.md, "Fused
         epilogues"); the bits are those of the matmul followed by

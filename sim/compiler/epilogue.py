@@ -19,11 +19,27 @@ from .operands import Operand
 from .program import Program
 from .vector import Tiles, VectorEmitter, flag_instruction, tile_moves
 
-__all__ = ["EPILOGUE_KINDS", "EPILOGUE_BUFFERS", "Epilogue", "epilogue_scratch",
+__all__ = ["EPILOGUE_KINDS", "EPILOGUE_BUFFERS", "Epilogue", "epilogue_operands", "epilogue_scratch",
            "epilogue_param_rows", "epilogue_residual_rows", "epilogue_param_loads",
            "transpose_vmem_rows", "emit_epilogue", "Pending", "FusedGroups"]
 
 EPILOGUE_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu", "transpose")
+
+
+def epilogue_operands(kind, M, N, cols, bias=True):
+    """{operand name: (rows, cols)} an epilogue of `kind` on an M x N result
+    reads (fp32); `bias`: whether a softmax has its bias row. A softmax
+    without one needs N a multiple of `cols` (ValueError): the bias masks a
+    partial tile's spare lanes."""
+    if kind == "softmax" and not bias:
+        if N % cols:
+            raise ValueError(f"a softmax without a bias row (other) needs N ({N}) to be a "
+                             f"multiple of the chip's cols ({cols})")
+        return {}
+    return {"softmax": {"other": (1, -(-N // cols) * cols)},
+            "layer_norm": {"params": (3, N)},
+            "add_layer_norm": {"other": (M, N), "params": (3, N)},
+            "gelu": {}, "transpose": {}}[kind]
 
 
 @dataclass(frozen=True)
@@ -65,16 +81,7 @@ class Epilogue:
             raise ValueError("a matmul epilogue needs a chip with the vector unit (vpu=True)")
         if self.kind not in EPILOGUE_KINDS:
             raise ValueError(f"Epilogue kind must be one of {EPILOGUE_KINDS}, not {self.kind!r}")
-        count = -(-N // config.cols)
-        want = {"softmax": {"other": (1, count * config.cols)},
-                "layer_norm": {"params": (3, N)},
-                "add_layer_norm": {"other": (M, N), "params": (3, N)},
-                "gelu": {}, "transpose": {}}[self.kind]
-        if self.kind == "softmax" and self.other is None:
-            if N % config.cols:
-                raise ValueError(f"a softmax epilogue without a bias row needs N ({N}) to be a "
-                                 f"multiple of cols ({config.cols}): the bias masks the spare lanes")
-            want = {}
+        want = epilogue_operands(self.kind, M, N, config.cols, self.other is not None)
         for name in ("other", "params"):
             operand = getattr(self, name)
             if (operand is None) != (name not in want):

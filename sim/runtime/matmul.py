@@ -9,7 +9,7 @@ from mxu.hdl.dtypes import bfloat16
 
 from ..compiler.operands import MatmulOp
 from ..compiler.plan import max_k_tiles, plan_op
-from ..compiler.epilogue import EPILOGUE_KINDS, Epilogue
+from ..compiler.epilogue import EPILOGUE_KINDS, Epilogue, epilogue_operands
 from ..compiler.vector import VectorOp
 from .tensor import DeviceTensor
 
@@ -161,19 +161,12 @@ def prepare_then(chip, a, b, bias, c, relu, temps, then, out_bf16=None, other=No
         raise ValueError("relu and then= do not combine")
     (M, K), N = a.shape, b.shape[1]
     width = -(-N // config.cols) * config.cols
-    shapes = {"softmax": {"other": (1, width)}, "layer_norm": {"params": (3, N)},
-              "add_layer_norm": {"other": (M, N), "params": (3, N)}, "gelu": {},
-              "transpose": {}}[then]
+    shapes = epilogue_operands(then, M, N, config.cols, bias=then != "softmax" or other is not None)
     if then == "transpose" and (c.dtype != np.dtype(bfloat16) or out_bf16 is not None):
         raise ValueError("then='transpose' writes the bf16 transpose: out_dtype=bfloat16 (or a "
                          "bfloat16 out of shape (N, M)) and no out_bf16")
     given = {"other": other, "params": params}
     tensors = {}
-    if then == "softmax" and other is None:
-        if N % config.cols:
-            raise ValueError(f"then='softmax' without a bias row (other) needs N ({N}) to be a "
-                             f"multiple of the chip's cols ({config.cols})")
-        shapes = {}
     for name, x in given.items():
         if name in shapes:
             tensors[name] = _then_tensor(chip, x, name, shapes[name])

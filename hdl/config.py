@@ -7,6 +7,8 @@ flows all take a `ChipConfig`; none of them copies one of its numbers.
 import numbers
 from dataclasses import dataclass, fields, replace
 
+from .mac import MAC_STAGES
+
 __all__ = ["ChipConfig"]
 
 
@@ -24,7 +26,7 @@ class ChipConfig:
         Systolic array height (the reduction dimension K of one weight tile) and
         width (output columns N of one tile). Any value >= 1.
     mac_stages : int
-        Pipeline depth of one `MacUnit` (bf16 multiply then fp32 add): 1, 2, 3 or 4
+        Pipeline depth of one `MacUnit` (bf16 multiply then fp32 add): 1 to 7
         (docs/array.md: what each depth costs and the tiles it streams without a bubble).
     vmem_bytes : int
         Capacity of the bf16 scratchpad (VMEM).
@@ -91,9 +93,9 @@ class ChipConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"ChipConfig.{name} must be a positive integer, not {value!r}")
-        if self.mac_stages not in (1, 2, 3, 4):
-            raise ValueError(
-                f"ChipConfig.mac_stages must be 1, 2, 3 or 4, not {self.mac_stages!r}")
+        if self.mac_stages not in MAC_STAGES:
+            raise ValueError(f"ChipConfig.mac_stages must be {MAC_STAGES[0]} to {MAC_STAGES[-1]}, "
+                             f"not {self.mac_stages!r}")
         if self.axi_data_bits not in (64, 128, 256, 512):
             raise ValueError(
                 f"ChipConfig.axi_data_bits must be 64, 128, 256 or 512, not {self.axi_data_bits!r}")

@@ -4,11 +4,12 @@ from amaranth.hdl import Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .numerics import BF16, FP32, Bf16ProductCore, Bf16ProductRound, FpAddAlign, Fp32AddRound, unpack_fp32
+from .numerics import (BF16, FP32, Bf16ProductAmount, Bf16ProductCore, Bf16ProductShift, Fp32AddNormalize,
+                       Fp32AddNormAmount, FpAddOrder, FpAddShiftAdd, unpack_fp32)
 
 __all__ = ["MacOperands", "MacPipeline", "MacUnit", "MAC_STAGES"]
 
-MAC_STAGES = (1, 2, 3, 4)
+MAC_STAGES = (1, 2, 3, 4, 5, 6, 7)
 
 
 class MacOperands(data.Struct):
@@ -25,12 +26,17 @@ class MacPipeline(wiring.Component):
     The register boundaries are: stages=1, after the adder; stages=2, also between
     multiplier and adder; stages=3, also between the adder's alignment and its
     normalise/round halves; stages=4, also inside the multiplier, after the
-    significand product (the DSP block) and before its normalising shift.
+    significand product (the DSP block) and before its normalising shift;
+    stages=5, also between that shift's amount and the shift itself; stages=6,
+    also between the adder's normalising shift amount and the shift itself;
+    stages=7, also between the adder's magnitude order and its alignment shift.
+    Each later boundary splits the stage that limited Fmax at the depth before
+    it (docs/synth.md).
 
     Parameters
     ----------
     stages : int
-        Pipeline depth, 1, 2, 3 or 4.
+        Pipeline depth, 1 to 7.
 
     Interface
     ---------
@@ -60,9 +66,12 @@ class MacPipeline(wiring.Component):
         # The product goes to the adder unpacked (exactly the fp32 product, but
         # never packed into the fp32 encoding and unpacked again).
         m.submodules.mul = mul = Bf16ProductCore()
-        m.submodules.mul_round = mul_round = Bf16ProductRound()
-        m.submodules.align = align = FpAddAlign()
-        m.submodules.round = rnd = Fp32AddRound()
+        m.submodules.mul_plan = mul_plan = Bf16ProductAmount()
+        m.submodules.mul_round = mul_round = Bf16ProductShift()
+        m.submodules.order = order = FpAddOrder()
+        m.submodules.align = align = FpAddShiftAdd()
+        m.submodules.norm_plan = norm_plan = Fp32AddNormAmount()
+        m.submodules.round = rnd = Fp32AddNormalize()
 
         def stage(value, registered, name):
             if not registered:
@@ -72,18 +81,28 @@ class MacPipeline(wiring.Component):
                 m.d.sync += reg.eq(value)
             return reg
 
+        def boundary(depth, name, value, *others):
+            """`value` and the signals that travel beside it (the partial sum,
+            the valid bit) through a register boundary that exists from `depth`
+            stages on."""
+            registered = self.stages >= depth
+            return [stage(v, registered, f"{name}_{i}" if i else name)
+                    for i, v in enumerate((value, *others))]
+
         ops = self.operands
         m.d.comb += [mul.a.eq(ops.a), mul.b.eq(ops.w)]
-        m.d.comb += mul_round.raw.eq(stage(mul.raw, self.stages >= 4, "raw_product"))
-        acc = stage(ops.acc, self.stages >= 4, "acc_d0")
-        valid = stage(self.valid, self.stages >= 4, "valid_raw")
-        product = stage(mul_round.p, self.stages >= 2, "product")
-        acc = stage(acc, self.stages >= 2, "acc_d")
-        valid = stage(valid, self.stages >= 2, "valid_mul")
-        m.d.comb += [align.x.eq(unpack_fp32(m, FP32(acc), "acc_unpacked")), align.y.eq(product)]
-        partial = stage(align.partial, self.stages >= 3, "partial")
-        valid = stage(valid, self.stages >= 3, "valid_align")
-        m.d.comb += rnd.partial.eq(partial)
+        raw, acc, valid = boundary(4, "raw", mul.raw, ops.acc, self.valid)
+        m.d.comb += mul_plan.raw.eq(raw)
+        plan, acc, valid = boundary(5, "mul_plan", mul_plan.plan, acc, valid)
+        m.d.comb += mul_round.plan.eq(plan)
+        product, acc, valid = boundary(2, "product", mul_round.p, acc, valid)
+        m.d.comb += [order.x.eq(unpack_fp32(m, FP32(acc), "acc_unpacked")), order.y.eq(product)]
+        ordered, valid = boundary(7, "ordered", order.ordered, valid)
+        m.d.comb += align.ordered.eq(ordered)
+        partial, valid = boundary(3, "partial", align.partial, valid)
+        m.d.comb += norm_plan.partial.eq(partial)
+        norm, valid = boundary(6, "norm", norm_plan.plan, valid)
+        m.d.comb += rnd.plan.eq(norm)
         m.d.comb += [
             self.result.eq(stage(rnd.s, True, "result_q")),
             self.result_valid.eq(stage(valid, True, "valid_q")),
@@ -101,7 +120,7 @@ class MacUnit(wiring.Component):
     Parameters
     ----------
     stages : int
-        Pipeline depth, 1, 2, 3 or 4.
+        Pipeline depth, 1 to 7 (see `MacPipeline`).
 
     Interface
     ---------

@@ -33,8 +33,9 @@ from amaranth.lib.wiring import In, Out
 __all__ = [
     "BF16", "FP32", "FP32_QNAN", "BF16_QNAN", "FpUnpacked",
     "Bf16Multiplier", "Bf16ExactMultiplier", "Bf16ProductCore", "Bf16ProductRound",
-    "Bf16RawProduct", "Fp32Adder", "FpAddAlign", "Fp32AddAlign",
-    "Fp32AddRound", "Fp32AddPartial", "Fp32ToBf16", "Fp32Multiplier", "leading_zeros",
+    "Bf16RawProduct", "Bf16ProductPlan", "Bf16ProductAmount", "Bf16ProductShift",
+    "Fp32Adder", "FpAddAlign", "FpAddOrdered", "FpAddOrder", "FpAddShiftAdd", "Fp32AddAlign",
+    "Fp32AddRound", "Fp32AddNormPlan", "Fp32AddNormAmount", "Fp32AddNormalize", "Fp32AddPartial", "Fp32ToBf16", "Fp32Multiplier", "leading_zeros",
     "unpack_fp32",
 ]
 
@@ -171,9 +172,108 @@ class Bf16ProductCore(wiring.Component):
         return m
 
 
+class Bf16ProductPlan(data.Struct):
+    """What `Bf16ProductAmount` hands to `Bf16ProductShift`: the raw product, the
+    shift that places it, and the exponent field of a normal result."""
+    product: 16
+    amount: 6             # left shift of the product into [sig(24) | fraction(17)]
+    normal: 1             # the result is normal (else subnormal, or zero)
+    field: 8              # exponent field of a normal result
+    overflow: 1           # a normal result's field is 255 or more: infinity
+    sign: 1
+    nan: 1
+    inf: 1
+
+
+class Bf16ProductAmount(wiring.Component):
+    """First half of `Bf16ProductRound`: the leading-zero count of the raw
+    product and the one left shift that places it (see `Bf16ProductRound`).
+
+    Interface: ``raw``: In(Bf16RawProduct); ``plan``: Out(Bf16ProductPlan).
+    """
+
+    raw: In(Bf16RawProduct)
+    plan: Out(Bf16ProductPlan)
+
+    # Fraction bits kept below the 2**-149 grid: enough for every product whose
+    # rounding can give a non-zero result (P < 2**16).
+    FRACTION = 17
+
+    def elaborate(self, platform):
+        m = Module()
+        raw, plan = self.raw, self.plan
+        product, exp_sum = raw.product, raw.exp_sum
+        lz = Signal(range(17))
+        m.d.comb += lz.eq(leading_zeros(product))
+
+        # value = P * 2**(ea + eb - 268). Normal result: exponent field
+        # ea + eb - 126 - lz, and P << (lz + 8) puts the hidden bit on bit 23.
+        # Subnormal result: sig = P * 2**(ea + eb - 119) on the 2**-149 grid.
+        # Both as one left shift of P into [sig(24) | fraction(17)]:
+        normal_amount = Signal(6)
+        grid_amount = Signal(signed(10))
+        amount = Signal(6)
+        m.d.comb += [
+            normal_amount.eq(lz + 8 + self.FRACTION),
+            grid_amount.eq(exp_sum - 119 + self.FRACTION),
+        ]
+        with m.If(grid_amount < 0):
+            m.d.comb += amount.eq(0)
+        with m.Elif(grid_amount < normal_amount):
+            m.d.comb += amount.eq(grid_amount)
+        with m.Else():
+            m.d.comb += amount.eq(normal_amount)
+        field = Signal(signed(11))
+        m.d.comb += field.eq(exp_sum - 126 - lz)
+        m.d.comb += [
+            plan.product.eq(product),
+            plan.amount.eq(amount),
+            # A zero product must look like an fp32 zero (exp 1) to the adder's
+            # magnitude comparison.
+            plan.normal.eq((grid_amount >= normal_amount) & ~raw.zero),
+            plan.field.eq(field[:8]),
+            plan.overflow.eq(field >= 255),
+            plan.sign.eq(raw.sign),
+            plan.nan.eq(raw.nan),
+            plan.inf.eq(raw.inf),
+        ]
+        return m
+
+
+class Bf16ProductShift(wiring.Component):
+    """Second half of `Bf16ProductRound`: the shift, the one rounding a bf16
+    product can need (to a subnormal), and the unpacked result.
+
+    Interface: ``plan``: In(Bf16ProductPlan); ``p``: Out(FpUnpacked).
+    """
+
+    plan: In(Bf16ProductPlan)
+    p: Out(FpUnpacked)
+
+    def elaborate(self, platform):
+        m = Module()
+        plan, p = self.plan, self.p
+        fraction = Bf16ProductAmount.FRACTION
+        shifted = Signal(24 + fraction)
+        m.d.comb += shifted.eq(plan.product << plan.amount)
+        integer = shifted[fraction:]
+        guard = shifted[fraction - 1]
+        sticky = shifted[:fraction - 1] != 0
+        # A normal product has no fraction bits (guard = sticky = 0).
+        round_up = guard & (sticky | integer[0])
+        m.d.comb += [
+            p.sig.eq(integer + round_up),
+            p.exp.eq(Mux(plan.normal, plan.field, 1)),
+            p.sign.eq(plan.sign),
+            p.nan.eq(plan.nan),
+            p.inf.eq(~plan.nan & (plan.inf | (plan.normal & plan.overflow))),
+        ]
+        return m
+
+
 class Bf16ProductRound(wiring.Component):
     """Second half of `Bf16ExactMultiplier`: the raw product as an exact fp32
-    value, unpacked.
+    value, unpacked -- `Bf16ProductAmount` then `Bf16ProductShift`.
 
     The 16-bit product ``P`` has at most 16 significant bits, so the fp32 product
     is exact except below the normal range (rounded to the 2**-149 grid, to
@@ -189,54 +289,11 @@ class Bf16ProductRound(wiring.Component):
     raw: In(Bf16RawProduct)
     p: Out(FpUnpacked)
 
-    # Fraction bits kept below the 2**-149 grid: enough for every product whose
-    # rounding can give a non-zero result (P < 2**16).
-    _FRACTION = 17
-
     def elaborate(self, platform):
         m = Module()
-        raw, p = self.raw, self.p
-        product, exp_sum = raw.product, raw.exp_sum
-        lz = Signal(range(17))
-        m.d.comb += lz.eq(leading_zeros(product))
-
-        # value = P * 2**(ea + eb - 268). Normal result: exponent field
-        # ea + eb - 126 - lz, and P << (lz + 8) puts the hidden bit on bit 23.
-        # Subnormal result: sig = P * 2**(ea + eb - 119) on the 2**-149 grid.
-        # Both as one left shift of P into [sig(24) | fraction(17)]:
-        normal_amount = Signal(6)
-        grid_amount = Signal(signed(10))
-        amount = Signal(6)
-        m.d.comb += [
-            normal_amount.eq(lz + 8 + self._FRACTION),
-            grid_amount.eq(exp_sum - 119 + self._FRACTION),
-        ]
-        with m.If(grid_amount < 0):
-            m.d.comb += amount.eq(0)
-        with m.Elif(grid_amount < normal_amount):
-            m.d.comb += amount.eq(grid_amount)
-        with m.Else():
-            m.d.comb += amount.eq(normal_amount)
-        # A zero product must look like an fp32 zero (exp 1) to the adder's
-        # magnitude comparison.
-        normal = (grid_amount >= normal_amount) & ~raw.zero
-        shifted = Signal(24 + self._FRACTION)
-        m.d.comb += shifted.eq(product << amount)
-        integer = shifted[self._FRACTION:]
-        guard = shifted[self._FRACTION - 1]
-        sticky = shifted[:self._FRACTION - 1] != 0
-        # A normal product has no fraction bits (guard = sticky = 0).
-        round_up = guard & (sticky | integer[0])
-
-        field = Signal(signed(11))
-        m.d.comb += field.eq(exp_sum - 126 - lz)
-        m.d.comb += [
-            p.sig.eq(integer + round_up),
-            p.exp.eq(Mux(normal, field[:8], 1)),
-            p.sign.eq(raw.sign),
-            p.nan.eq(raw.nan),
-            p.inf.eq(~raw.nan & (raw.inf | (normal & (field >= 255)))),
-        ]
+        m.submodules.amount = amount = Bf16ProductAmount()
+        m.submodules.shift = shift = Bf16ProductShift()
+        m.d.comb += [amount.raw.eq(self.raw), shift.plan.eq(amount.plan), self.p.eq(shift.p)]
         return m
 
 
@@ -291,10 +348,114 @@ class Fp32AddPartial(data.Struct):
     inf: 1                # the result is an infinity (of sign `sign`)
 
 
+class FpAddOrdered(data.Struct):
+    """What `FpAddOrder` hands to `FpAddShiftAdd`: the operands by magnitude and
+    the alignment distance."""
+    big_sig: 24
+    small_sig: 24
+    big_exp: 8
+    shift: 5              # alignment distance, when it is below 32
+    far: 1                # distance of 32 or more: the small operand is all sticky
+    sub: 1                # effective subtraction
+    sign: 1               # sign of a non-zero result (of the larger operand, or the infinity)
+    zero_sign: 1
+    nan: 1
+    inf: 1
+
+
+class FpAddOrder(wiring.Component):
+    """First half of `FpAddAlign`: special cases, magnitude order and the
+    alignment distance.
+
+    Interface: ``x``, ``y``: In(FpUnpacked); ``ordered``: Out(FpAddOrdered).
+    """
+
+    x: In(FpUnpacked)
+    y: In(FpUnpacked)
+    ordered: Out(FpAddOrdered)
+
+    def elaborate(self, platform):
+        m = Module()
+        x, y, out = self.x, self.y, self.ordered
+
+        # Unpacked magnitudes order like the (exp, sig) pair.
+        swap = Cat(y.sig, y.exp) > Cat(x.sig, x.exp)
+        # The distance needs only the exponents (equal exponents: 0 either way),
+        # so it is ready as soon as the significand comparison is.
+        x_minus_y = Signal(9)
+        y_minus_x = Signal(9)
+        m.d.comb += [x_minus_y.eq(x.exp - y.exp), y_minus_x.eq(y.exp - x.exp)]
+        distance = Mux(x_minus_y[8], y_minus_x[:8], x_minus_y[:8])
+        sub = x.sign ^ y.sign
+        inf = x.inf | y.inf
+        m.d.comb += [
+            out.big_sig.eq(Mux(swap, y.sig, x.sig)),
+            out.small_sig.eq(Mux(swap, x.sig, y.sig)),
+            out.big_exp.eq(Mux(swap, y.exp, x.exp)),
+            # Distances of 27..31 shift everything out of the 5-bit shifter's
+            # reach anyway; 32 and more are caught by the high bits (no comparator).
+            out.far.eq(distance[5:] != 0),
+            out.shift.eq(distance[:5]),
+            out.sub.eq(sub),
+            out.sign.eq(Mux(inf, Mux(x.inf, x.sign, y.sign), Mux(swap, y.sign, x.sign))),
+            out.zero_sign.eq(x.sign & y.sign),
+            out.nan.eq(x.nan | y.nan | (x.inf & y.inf & sub)),
+            out.inf.eq(inf),
+        ]
+        return m
+
+
+class FpAddShiftAdd(wiring.Component):
+    """Second half of `FpAddAlign`: the alignment shift with its sticky bit and
+    the one add or subtract.
+
+    Interface: ``ordered``: In(FpAddOrdered); ``partial``: Out(Fp32AddPartial).
+    """
+
+    ordered: In(FpAddOrdered)
+    partial: Out(Fp32AddPartial)
+
+    def elaborate(self, platform):
+        m = Module()
+        o, out = self.ordered, self.partial
+        far, shift, small_sig = o.far, o.shift, o.small_sig
+
+        # Window: the small significand on top of GRS zeros, shifted right.
+        window = Signal(_ALIGNED)
+        m.d.comb += window.eq(Mux(far, 0, Cat(C(0, _GRS), small_sig) >> shift))
+        # Sticky: some significand bit below the window, i.e. one of the lowest
+        # (shift - GRS) bits; prefix ORs of the significand, picked by the shift.
+        below = [C(0, 1)]
+        for i in range(24):
+            below.append(Signal(name=f"below{i + 1}"))
+            m.d.comb += below[-1].eq(below[-2] | small_sig[i])
+        picks = [below[min(max(k - _GRS, 0), 24)] for k in range(32)]
+        sticky = Mux(far, below[24], Array(picks)[shift])
+        aligned_small = Cat(window[0] | sticky, window[1:])
+        aligned_big = Cat(C(0, _GRS), o.big_sig)
+
+        # One carry chain for both: big + (small ^ -sub) + sub over 28 bits (the
+        # carry bit included, so big - small >= 0 leaves it clear), the carry-in
+        # entering through an extra low bit.
+        small_ext = Cat(aligned_small, C(0, 1))
+        addend = Mux(o.sub, ~small_ext, small_ext)
+        total = Signal(_ALIGNED + 3)
+        m.d.comb += total.eq(Cat(o.sub, aligned_big, C(0, 1)) + Cat(o.sub, addend))
+        m.d.comb += [
+            out.sum.eq(total[1:_ALIGNED + 2]),
+            out.exp.eq(o.big_exp),
+            out.sign.eq(o.sign),
+            out.zero_sign.eq(o.zero_sign),
+            out.nan.eq(o.nan),
+            out.inf.eq(o.inf),
+        ]
+        return m
+
+
 class FpAddAlign(wiring.Component):
-    """First half of binary32 addition on unpacked operands: special cases,
-    magnitude order, alignment with a sticky bit, and the significand add or
-    subtract.
+    """First half of binary32 addition on unpacked operands: `FpAddOrder` (special
+    cases, magnitude order, distance) then `FpAddShiftAdd` (alignment with a
+    sticky bit, the significand add or subtract).
 
     The smaller operand's significand is shifted right into a 27-bit window (its
     24 bits and guard/round/sticky); the bits that fall off are OR-ed into the
@@ -311,56 +472,10 @@ class FpAddAlign(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        x, y, out = self.x, self.y, self.partial
-
-        # Unpacked magnitudes order like the (exp, sig) pair.
-        swap = Cat(y.sig, y.exp) > Cat(x.sig, x.exp)
-        big_sig = Mux(swap, y.sig, x.sig)
-        small_sig = Mux(swap, x.sig, y.sig)
-        big_exp = Mux(swap, y.exp, x.exp)
-        # The distance needs only the exponents (equal exponents: 0 either way),
-        # so it is ready as soon as the significand comparison is.
-        x_minus_y = Signal(9)
-        y_minus_x = Signal(9)
-        m.d.comb += [x_minus_y.eq(x.exp - y.exp), y_minus_x.eq(y.exp - x.exp)]
-        distance = Mux(x_minus_y[8], y_minus_x[:8], x_minus_y[:8])
-        # Distances of 27..31 shift everything out of the 5-bit shifter's reach
-        # anyway; 32 and more are caught by the high bits (no comparator).
-        far = distance[5:] != 0
-        shift = distance[:5]
-
-        # Window: the small significand on top of GRS zeros, shifted right.
-        window = Signal(_ALIGNED)
-        m.d.comb += window.eq(Mux(far, 0, Cat(C(0, _GRS), small_sig) >> shift))
-        # Sticky: some significand bit below the window, i.e. one of the lowest
-        # (shift - GRS) bits; prefix ORs of the significand, picked by the shift.
-        below = [C(0, 1)]
-        for i in range(24):
-            below.append(Signal(name=f"below{i + 1}"))
-            m.d.comb += below[-1].eq(below[-2] | small_sig[i])
-        picks = [below[min(max(k - _GRS, 0), 24)] for k in range(32)]
-        sticky = Mux(far, below[24], Array(picks)[shift])
-        aligned_small = Cat(window[0] | sticky, window[1:])
-        aligned_big = Cat(C(0, _GRS), big_sig)
-
-        # One carry chain for both: big + (small ^ -sub) + sub over 28 bits (the
-        # carry bit included, so big - small >= 0 leaves it clear), the carry-in
-        # entering through an extra low bit.
-        sub = x.sign ^ y.sign
-        small_ext = Cat(aligned_small, C(0, 1))
-        addend = Mux(sub, ~small_ext, small_ext)
-        total = Signal(_ALIGNED + 3)
-        m.d.comb += total.eq(Cat(sub, aligned_big, C(0, 1)) + Cat(sub, addend))
-
-        inf = x.inf | y.inf
-        m.d.comb += [
-            out.sum.eq(total[1:_ALIGNED + 2]),
-            out.exp.eq(big_exp),
-            out.sign.eq(Mux(inf, Mux(x.inf, x.sign, y.sign), Mux(swap, y.sign, x.sign))),
-            out.zero_sign.eq(x.sign & y.sign),
-            out.nan.eq(x.nan | y.nan | (x.inf & y.inf & sub)),
-            out.inf.eq(inf),
-        ]
+        m.submodules.order = order = FpAddOrder()
+        m.submodules.shift_add = shift_add = FpAddShiftAdd()
+        m.d.comb += [order.x.eq(self.x), order.y.eq(self.y),
+                     shift_add.ordered.eq(order.ordered), self.partial.eq(shift_add.partial)]
         return m
 
 
@@ -385,9 +500,90 @@ class Fp32AddAlign(wiring.Component):
         return m
 
 
+class Fp32AddNormPlan(data.Struct):
+    """What `Fp32AddNormAmount` hands to `Fp32AddNormalize`: the sum and its
+    normalising shift."""
+    sum: _ALIGNED + 1
+    shift: 5              # left shift: the leading-zero count, clamped by the exponent
+    field: 9              # exponent field of the shifted sum if its top bit is set
+    zero: 1               # the sum is exactly zero
+    sign: 1
+    zero_sign: 1
+    nan: 1
+    inf: 1
+
+
+class Fp32AddNormAmount(wiring.Component):
+    """First half of `Fp32AddRound`: the normalising shift (see `Fp32AddRound`).
+
+    Interface: ``partial``: In(Fp32AddPartial); ``plan``: Out(Fp32AddNormPlan).
+    """
+
+    partial: In(Fp32AddPartial)
+    plan: Out(Fp32AddNormPlan)
+
+    def elaborate(self, platform):
+        m = Module()
+        p, plan = self.partial, self.plan
+        width = _ALIGNED + 1
+        lz = Signal(range(width + 1))
+        m.d.comb += lz.eq(leading_zeros(p.sum))
+        shift = Signal(range(width + 1))
+        m.d.comb += shift.eq(Mux(p.exp > lz, lz, p.exp))
+        m.d.comb += [
+            plan.sum.eq(p.sum),
+            plan.shift.eq(shift),
+            # Bit `width - 1` of the shifted sum has exponent exp + 1 - shift.
+            plan.field.eq(p.exp + 1 - shift),
+            plan.zero.eq(lz == width),
+            plan.sign.eq(p.sign),
+            plan.zero_sign.eq(p.zero_sign),
+            plan.nan.eq(p.nan),
+            plan.inf.eq(p.inf),
+        ]
+        return m
+
+
+class Fp32AddNormalize(wiring.Component):
+    """Second half of `Fp32AddRound`: the shift, round to nearest-even, overflow
+    and the special results.
+
+    Interface: ``plan``: In(Fp32AddNormPlan); ``s``: Out(FP32).
+    """
+
+    plan: In(Fp32AddNormPlan)
+    s: Out(FP32)
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.plan
+        width = _ALIGNED + 1
+        normed = Signal(width)
+        m.d.comb += normed.eq(p.sum << p.shift)
+        field = Signal(9)
+        m.d.comb += field.eq(Mux(normed[-1], p.field, 0))
+
+        lsb, guard = normed[_GRS + 1], normed[_GRS]
+        sticky = normed[:_GRS] != 0
+        round_up = guard & (sticky | lsb)
+        magnitude = Signal(31)
+        m.d.comb += magnitude.eq(Cat(normed[_GRS + 1:width - 1], field[:8]) + round_up)
+
+        with m.If(p.nan):
+            m.d.comb += self.s.as_value().eq(FP32_QNAN)
+        with m.Elif(p.inf | (field == 255)):
+            m.d.comb += self.s.as_value().eq(Cat(C(0x7F800000, 31), p.sign))
+        with m.Elif(p.zero):
+            m.d.comb += self.s.as_value().eq(Cat(C(0, 31), p.zero_sign))
+        with m.Else():
+            m.d.comb += self.s.as_value().eq(Cat(magnitude, p.sign))
+        return m
+
+
 class Fp32AddRound(wiring.Component):
     """Second half of fp32 addition: normalisation (including gradual underflow),
-    round to nearest-even, overflow to infinity, and the signed-zero rule.
+    round to nearest-even, overflow to infinity, and the signed-zero rule --
+    `Fp32AddNormAmount` then `Fp32AddNormalize`.
 
     One left shift normalises every case: the 28-bit sum (carry bit included) is
     shifted by its leading-zero count, but never further than the exponent field
@@ -401,34 +597,10 @@ class Fp32AddRound(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        p = self.partial
-        total = p.sum
-        width = _ALIGNED + 1
-
-        lz = Signal(range(width + 1))
-        m.d.comb += lz.eq(leading_zeros(total))
-        # Bit `width - 1` of the shifted sum has exponent exp + 1 - shift.
-        shift = Signal(range(width + 1))
-        m.d.comb += shift.eq(Mux(p.exp > lz, lz, p.exp))
-        normed = Signal(width)
-        m.d.comb += normed.eq(total << shift)
-        field = Signal(9)
-        m.d.comb += field.eq(Mux(normed[-1], p.exp + 1 - shift, 0))
-
-        lsb, guard = normed[_GRS + 1], normed[_GRS]
-        sticky = normed[:_GRS] != 0
-        round_up = guard & (sticky | lsb)
-        magnitude = Signal(31)
-        m.d.comb += magnitude.eq(Cat(normed[_GRS + 1:width - 1], field[:8]) + round_up)
-
-        with m.If(p.nan):
-            m.d.comb += self.s.as_value().eq(FP32_QNAN)
-        with m.Elif(p.inf | (field == 255)):
-            m.d.comb += self.s.as_value().eq(Cat(C(0x7F800000, 31), p.sign))
-        with m.Elif(total == 0):
-            m.d.comb += self.s.as_value().eq(Cat(C(0, 31), p.zero_sign))
-        with m.Else():
-            m.d.comb += self.s.as_value().eq(Cat(magnitude, p.sign))
+        m.submodules.amount = amount = Fp32AddNormAmount()
+        m.submodules.normalize = normalize = Fp32AddNormalize()
+        m.d.comb += [amount.partial.eq(self.partial), normalize.plan.eq(amount.plan),
+                     self.s.eq(normalize.s)]
         return m
 
 

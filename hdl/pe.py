@@ -59,7 +59,7 @@ class ProcessingElement(wiring.Component):
     Parameters
     ----------
     mac_stages : int
-        Latency of the multiply-add, 1, 2, 3 or 4 (see `MacPipeline`). The partial
+        Latency of the multiply-add, 1 to 7 (see `MacPipeline`). The partial
         sum leaves `mac_stages` cycles after it entered; the activation leaves one
         cycle after it entered.
 

@@ -50,7 +50,7 @@ def _add_config_flags(parser):
     group.add_argument("--rows", type=int, help="systolic array rows (reduction depth K of a tile)")
     group.add_argument("--cols", type=int, help="systolic array columns (output width N of a tile)")
     group.add_argument("--mac-stages", type=int,
-                       help="pipeline depth of each PE's multiply-add: 1, 2, 3 or 4 (docs/array.md)")
+                       help="pipeline depth of each PE's multiply-add: 1 to 7 (docs/array.md)")
     group.add_argument("--vmem-bytes", type=_bytes, help="VMEM capacity, e.g. 64K or 1M")
     group.add_argument("--vmem-banks", type=int, help="VMEM banks (a power of two)")
     group.add_argument("--acc-bytes", type=_bytes, help="accumulator capacity, e.g. 32K")

@@ -62,9 +62,9 @@ PACKAGE = "CABGA381"
 # (first match wins; the PE is its own module, see `mxu.synth.verilog`). The
 # MAC's three datapath blocks are rows of their own, in every unit.
 BLOCKS = [
-    ("MAC multiplier", (".mul", ".mul_round")),
-    ("MAC adder: align", (".align",)),
-    ("MAC adder: round", (".round",)),
+    ("MAC multiplier", (".mul", ".mul_plan", ".mul_round")),
+    ("MAC adder: align", (".order", ".align")),
+    ("MAC adder: round", (".norm_plan", ".round")),
     ("PE", ("mxu_pe_",)),
     ("array", ("top.core.compute.array", "top.compute.array")),
     ("compute engine", ("top.core.compute",)),
@@ -244,7 +244,8 @@ def _block_of(name, unit):
         for module, block in VPU_BLOCKS.items():
             if name == module or name.startswith(module + ".") or not module:
                 return block
-    if unit in ("mac", "pe") and not name.endswith((".mul", ".mul_round", ".align", ".round")):
+    mac_blocks = tuple(p for _, patterns in BLOCKS[:3] for p in patterns)
+    if unit in ("mac", "pe") and not name.endswith(mac_blocks):
         return "PE" if unit == "pe" else "MAC"
     for block, patterns in BLOCKS:
         for pattern in patterns:

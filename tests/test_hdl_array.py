@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mxu.hdl.array import SystolicArray, array_latency, default_weight_queue_depth
+from mxu.hdl.mac import MAC_STAGES
 from mxu.hdl.pe import ProcessingElement
 from mxu.sim.backends.array import pack_streams, run_amaranth, run_streams, simulate_array
 from mxu.sim.backends.cocotb import cocotb_build, cocotb_test
@@ -84,7 +85,7 @@ def check(C, A, W, S, rows, cols, what, seed):
     (dict(rows=2, cols=-1), "cols must be a positive integer, not -1"),
     (dict(rows=True, cols=1), "rows must be a positive integer, not True"),
     (dict(rows=2.0, cols=1), "rows must be a positive integer, not 2.0"),
-    (dict(rows=2, cols=2, mac_stages=5), "mac_stages must be one of (1, 2, 3, 4), not 5"),
+    (dict(rows=2, cols=2, mac_stages=8), "mac_stages must be one of (1, 2, 3, 4, 5, 6, 7), not 8"),
     (dict(rows=2, cols=2, weight_queue_depth=0),
      "weight_queue_depth must be a positive integer, not 0"),
     (dict(rows=2, cols=2, pe_module="a b"), "pe_module must be a Verilog module name, not 'a b'"),
@@ -98,7 +99,7 @@ def test_constructor_errors(kwargs, message):
 def test_pe_constructor_error():
     with pytest.raises(ValueError) as info:
         ProcessingElement(0)
-    assert str(info.value) == "mac_stages must be one of (1, 2, 3, 4), not 0"
+    assert str(info.value) == "mac_stages must be one of (1, 2, 3, 4, 5, 6, 7), not 0"
 
 
 def unelaborated(component):
@@ -181,7 +182,7 @@ def test_model_is_the_sequential_dot_product():
 # Amaranth's simulator: every mac_stages, no build cost
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+@pytest.mark.parametrize("stages", MAC_STAGES)
 def test_amaranth_tiles_and_contract(stages):
     rows, cols, seed = 2, 3, 100 + stages
     rng = np.random.default_rng(seed)

@@ -22,7 +22,7 @@ def test_frozen():
 @pytest.mark.parametrize("field,value,message", [
     ("rows", 0, "ChipConfig.rows must be a positive integer, not 0"),
     ("cols", 2.5, "ChipConfig.cols must be a positive integer, not 2.5"),
-    ("mac_stages", 0, "ChipConfig.mac_stages must be 1, 2, 3 or 4, not 0"),
+    ("mac_stages", 0, "ChipConfig.mac_stages must be 1 to 7, not 0"),
     ("axi_data_bits", 96, "ChipConfig.axi_data_bits must be 64, 128, 256 or 512, not 96"),
     ("vmem_banks", 3, "ChipConfig.vmem_banks must be a power of two, not 3"),
     ("ext_mem_bytes", 3 << 20, "ChipConfig.ext_mem_bytes must be a power of two"),

@@ -8,6 +8,7 @@ import pytest
 
 from mxu.sim import simulate_bf16_mul, simulate_fp32_add, simulate_fp32_to_bf16, simulate_mac
 from mxu.sim.backends.cocotb import cocotb_build, cocotb_test
+from mxu.hdl.mac import MAC_STAGES
 from mxu.sim.backends.verilog import to_verilog
 from mxu.sim.backends.toolchain import icarus_available
 from mxu.verif import golden, vectors
@@ -42,7 +43,7 @@ def _mac_case(n, seed):
     return np.concatenate([a, ra]), np.concatenate([w, rw]), np.concatenate([acc, racc])
 
 
-@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+@pytest.mark.parametrize("stages", MAC_STAGES)
 def test_simulate_mac_2m_vectors(stages):
     a, w, acc = _mac_case(2_000_000, SEED + stages)
     golden.assert_bits_equal(simulate_mac(a, w, acc, stages=stages), golden.mac(a, w, acc),
@@ -67,7 +68,7 @@ def test_simulate_units_1m_vectors():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+@pytest.mark.parametrize("stages", MAC_STAGES)
 def test_simulate_mac_10m_vectors(stages):
     for chunk in range(5):
         a, w, acc = _mac_case(2_000_000, SEED * 7 + 100 * stages + chunk)

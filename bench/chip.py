@@ -9,8 +9,9 @@ simulation and its speed. Every result is checked bit-exact against the golden
 model. SCALE-Sim 3.0 (weight-stationary, 16x16) reports 73.6 % on these shapes.
 
 ``--pe rtl`` simulates every PE's gate-level fp32 datapath; ``--pe fast`` replaces
-only the PE's multiply-add with the same IEEE float32 arithmetic in C
-(`mxu.sim.backends.fast_pe`; identical results and cycles); ``--pe both`` (default) runs both.
+the PE grid with one C++ model of the same IEEE float32 arithmetic and cycles
+(`mxu.sim.backends.fast_array`; identical results and cycles); ``--pe both``
+(default) runs both.
 
 ``--plot FILE.png`` instead measures utilization against matrix size (square
 n x n x n and M = 128 shapes) on the 8x8 and 16x16 chips with the fast MAC, and

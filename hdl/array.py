@@ -25,7 +25,8 @@ from .mac import MAC_STAGES
 from .numerics import BF16, FP32
 from .pe import PE_SIGNATURE, ProcessingElement
 
-__all__ = ["SystolicArray", "ActivationBeat", "array_latency", "default_weight_queue_depth"]
+__all__ = ["SystolicArray", "ActivationBeat", "array_latency", "default_weight_queue_depth",
+           "datapath_signature"]
 
 
 def ActivationBeat(rows):
@@ -56,6 +57,33 @@ def default_weight_queue_depth(rows, mac_stages):
     return 2 if mac_stages == 1 else max(2, rows)
 
 
+def datapath_signature(rows, cols):
+    """The ports of the array's datapath as one module (``SystolicArray(...,
+    datapath_module=name)``): the PE grid with its activation skew, seed skew,
+    output de-skew and weight bus.
+
+    Its behaviour, which a replacement must keep cycle for cycle: every beat taken
+    (``take``, only while ``en``) produces ``result`` = the fp32 dot product of
+    docs/numerics.md, ``seed[j] + act[0]*W[0, j] + ... + act[rows-1]*W[rows-1, j]``
+    (each step rounded), with ``result_valid`` set, exactly `array_latency` ``en``
+    cycles later; everything holds while ``en`` is low. ``W`` is the tile of
+    the last beat taken with ``first`` set: ``first`` claims the next `rows` rows
+    taken on ``weight`` (``weight_take``), in order, row k of the tile first
+    (zeros before the first such beat). `rst` empties everything.
+    """
+    return wiring.Signature({
+        "en": In(1),
+        "take": In(1),
+        "first": In(1),
+        "act": In(data.ArrayLayout(BF16, rows)),
+        "seed": In(data.ArrayLayout(FP32, cols)),
+        "weight_take": In(1),
+        "weight": In(data.ArrayLayout(BF16, cols)),
+        "result": Out(data.ArrayLayout(FP32, cols)),
+        "result_valid": Out(1),
+    })
+
+
 def _check_positive(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, not {value!r}")
@@ -84,7 +112,7 @@ class SystolicArray(wiring.Component):
     cols : int
         PE columns: output columns N of one weight tile (>= 1).
     mac_stages : int
-        Pipeline depth of each PE's multiply-add, 1, 2, 3 or 4.
+        Pipeline depth of each PE's multiply-add, 1 to 7.
     weight_queue_depth : int or None
         Weight rows the queue in front of the shadow registers holds (>= 1);
         None picks `default_weight_queue_depth`, which keeps back-to-back tiles
@@ -95,6 +123,12 @@ class SystolicArray(wiring.Component):
         caller must supply as the Verilog of ``ProcessingElement(mac_stages)``
         (same port names). `mxu.sim.backends.verilog` uses this so that generating Verilog
         costs one PE, not ``rows * cols``; the hardware is the same.
+    datapath_module : str or None
+        None (default): the datapath is built here. A Verilog module name: the
+        PE grid with its skew registers and weight bus becomes one ``Instance``
+        of that module, with the ports and behaviour of `datapath_signature`;
+        the weight queue, tile admission and stall logic stay as they are. For
+        simulation models (`mxu.sim.backends.fast_array`).
 
     Interface
     ---------
@@ -122,7 +156,8 @@ class SystolicArray(wiring.Component):
         `array_latency` (rows, cols, mac_stages).
     """
 
-    def __init__(self, rows, cols, mac_stages=2, *, weight_queue_depth=None, pe_module=None):
+    def __init__(self, rows, cols, mac_stages=2, *, weight_queue_depth=None, pe_module=None,
+                 datapath_module=None):
         _check_positive("rows", rows)
         _check_positive("cols", cols)
         if mac_stages not in MAC_STAGES:
@@ -132,7 +167,11 @@ class SystolicArray(wiring.Component):
         _check_positive("weight_queue_depth", weight_queue_depth)
         if pe_module is not None and (not isinstance(pe_module, str) or not pe_module.isidentifier()):
             raise ValueError(f"pe_module must be a Verilog module name, not {pe_module!r}")
+        if datapath_module is not None and (not isinstance(datapath_module, str)
+                                            or not datapath_module.isidentifier()):
+            raise ValueError(f"datapath_module must be a Verilog module name, not {datapath_module!r}")
         self.pe_module = pe_module
+        self.datapath_module = datapath_module
         self.rows = rows
         self.cols = cols
         self.mac_stages = mac_stages
@@ -157,27 +196,11 @@ class SystolicArray(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        rows, cols, stages = self.rows, self.cols, self.mac_stages
-
-        def chain(value, length, name):
-            """Taps ``[value, value delayed 1, ..., delayed length]`` of a shift
-            register that advances with the global clock enable."""
-            taps = [value]
-            for i in range(length):
-                reg = Signal(len(value), name=f"{name}_{i + 1}")
-                with m.If(en):
-                    m.d.sync += reg.eq(taps[-1])
-                taps.append(reg)
-            return taps
+        rows, stages = self.rows, self.mac_stages
 
         # Global clock enable: the only stall is a result that is not taken.
         en = Signal()
         m.d.comb += en.eq(~self.result.valid | self.result.ready)
-
-        pes = [[self._pe(m, f"pe_{r}_{c}") for c in range(cols)] for r in range(rows)]
-        for r in range(rows):
-            for c in range(cols):
-                m.d.comb += pes[r][c].en.eq(en)
 
         # ---- Input join and tile-switch admission ------------------------------
         act, seed = self.act, self.seed
@@ -191,39 +214,49 @@ class SystolicArray(wiring.Component):
         ]
         switch_in = Signal()
         m.d.comb += switch_in.eq(take & first)
-
-        # ---- Activation skew: row r is delayed r*stages cycles -----------------
-        switch_taps = chain(switch_in, (rows - 1) * stages, "switch_skew")
+        # The switch marker reaches PE row r r*stages cycles after it entered.
+        switch_taps = _chain(m, en, switch_in, (rows - 1) * stages, "switch_skew")
         switch_at_row = [switch_taps[r * stages] for r in range(rows)]
-        for r in range(rows):
-            a = chain(act.payload.data[r].as_value(), r * stages, f"act_skew_{r}")[-1]
+
+        queue, drain, drain_row, pending = self._weight_queue(m, en, switch_at_row)
+
+        if self.datapath_module is None:
+            self._grid(m, en, take, switch_taps, queue, drain, drain_row)
+        else:
+            dp = black_box(m, "datapath", self.datapath_module,
+                           datapath_signature(rows, self.cols), clocked=True)
             m.d.comb += [
-                pes[r][0].west.data.eq(a),
-                pes[r][0].west.switch.eq(switch_at_row[r]),
+                dp.en.eq(en), dp.take.eq(take), dp.first.eq(first),
+                dp.act.eq(act.payload.data), dp.seed.eq(seed.payload),
+                dp.weight_take.eq(self.weight.valid & self.weight.ready),
+                dp.weight.eq(self.weight.payload),
+                self.result.payload.eq(dp.result),
+                self.result.valid.eq(dp.result_valid),
             ]
-        for r in range(rows):
-            for c in range(1, cols):
-                wiring.connect(m, pes[r][c - 1].east, pes[r][c].west)
 
-        # ---- Seed skew: column c is delayed c cycles ---------------------------
-        valid_taps = chain(take, cols - 1, "seed_valid_skew")
-        for c in range(cols):
-            s = chain(seed.payload[c].as_value(), c, f"seed_skew_{c}")[-1]
-            m.d.comb += [
-                pes[0][c].north.data.eq(s),
-                pes[0][c].north.valid.eq(valid_taps[c]),
-            ]
-        for r in range(1, rows):
-            for c in range(cols):
-                wiring.connect(m, pes[r - 1][c].south, pes[r][c].north)
+        # staged: weight rows accepted but not yet claimed by a `first` beat.
+        # A tile is admitted once all its rows are inside the array and its row 0
+        # is in the shadow registers: from then on every later row reaches its
+        # shadow register before the switch wave does (docs/array.md).
+        staged = Signal(range(rows + self.weight_queue_depth + 1))
+        accepted_w = self.weight.valid & self.weight.ready
+        m.d.sync += staged.eq(staged + accepted_w - Mux(switch_in, rows, 0))
+        # pending[0]: shadow row 0 holds the next tile's row 0.
+        m.d.comb += self.weights_ready.eq((staged >= rows) & pending[0])
 
-        # ---- Output de-skew: column c is delayed cols-1-c cycles ---------------
-        for c in range(cols):
-            out = chain(pes[rows - 1][c].south.data.as_value(), cols - 1 - c, f"out_deskew_{c}")[-1]
-            m.d.comb += self.result.payload[c].eq(out)
-        m.d.comb += self.result.valid.eq(pes[rows - 1][cols - 1].south.valid)
+        # ---- busy: beats in flight ---------------------------------------------
+        in_flight = Signal(range(self.latency + 2))
+        done = self.result.valid & self.result.ready
+        m.d.sync += in_flight.eq(in_flight + take - done)
+        m.d.comb += self.busy.eq(in_flight != 0)
+        return m
 
-        # ---- Weights: queue -> column-skewed shadow bus ------------------------
+    def _weight_queue(self, m, en, switch_at_row):
+        """The queue in front of the shadow registers and the bookkeeping of
+        which shadow rows may be written. Returns (queue, drain, drain_row,
+        pending): the queue's head row is written into shadow row `drain_row` in
+        a cycle with `drain`; `pending` has a bit per shadow row (below)."""
+        rows, cols = self.rows, self.cols
         m.submodules.weight_queue = queue = SyncFIFO(width=16 * cols,
                                                      depth=self.weight_queue_depth)
         m.d.comb += [
@@ -254,29 +287,66 @@ class SystolicArray(wiring.Component):
                     m.d.sync += pending[k].eq(0)
         with m.If(drain):
             m.d.sync += drain_row.eq(Mux(drain_row == rows - 1, 0, drain_row + 1))
+        return queue, drain, drain_row, pending
 
-        bus_row = chain(drain_row, cols - 1, "wbus_row")
-        bus_valid = chain(drain, cols - 1, "wbus_valid")
+    def _grid(self, m, en, take, switch_taps, queue, drain, drain_row):
+        """The PEs, the skew and de-skew registers and the weight bus."""
+        rows, cols, stages = self.rows, self.cols, self.mac_stages
+        act, seed = self.act, self.seed
+        pes = [[self._pe(m, f"pe_{r}_{c}") for c in range(cols)] for r in range(rows)]
+        for r in range(rows):
+            for c in range(cols):
+                m.d.comb += pes[r][c].en.eq(en)
+
+        # ---- Activation skew: row r is delayed r*stages cycles -----------------
+        for r in range(rows):
+            a = _chain(m, en, act.payload.data[r].as_value(), r * stages, f"act_skew_{r}")[-1]
+            m.d.comb += [
+                pes[r][0].west.data.eq(a),
+                pes[r][0].west.switch.eq(switch_taps[r * stages]),
+            ]
+        for r in range(rows):
+            for c in range(1, cols):
+                wiring.connect(m, pes[r][c - 1].east, pes[r][c].west)
+
+        # ---- Seed skew: column c is delayed c cycles ---------------------------
+        valid_taps = _chain(m, en, take, cols - 1, "seed_valid_skew")
         for c in range(cols):
-            w = chain(queue.r_data[16 * c:16 * (c + 1)], c, f"wbus_data_{c}")[-1]
+            s = _chain(m, en, seed.payload[c].as_value(), c, f"seed_skew_{c}")[-1]
+            m.d.comb += [
+                pes[0][c].north.data.eq(s),
+                pes[0][c].north.valid.eq(valid_taps[c]),
+            ]
+        for r in range(1, rows):
+            for c in range(cols):
+                wiring.connect(m, pes[r - 1][c].south, pes[r][c].north)
+
+        # ---- Output de-skew: column c is delayed cols-1-c cycles ---------------
+        for c in range(cols):
+            out = _chain(m, en, pes[rows - 1][c].south.data.as_value(), cols - 1 - c,
+                         f"out_deskew_{c}")[-1]
+            m.d.comb += self.result.payload[c].eq(out)
+        m.d.comb += self.result.valid.eq(pes[rows - 1][cols - 1].south.valid)
+
+        # ---- Weights: queue head -> column-skewed shadow bus -------------------
+        bus_row = _chain(m, en, drain_row, cols - 1, "wbus_row")
+        bus_valid = _chain(m, en, drain, cols - 1, "wbus_valid")
+        for c in range(cols):
+            w = _chain(m, en, queue.r_data[16 * c:16 * (c + 1)], c, f"wbus_data_{c}")[-1]
             for r in range(rows):
                 m.d.comb += [
                     pes[r][c].weight.data.eq(w),
                     pes[r][c].weight.load.eq(bus_valid[c] & (bus_row[c] == r)),
                 ]
 
-        # staged: weight rows accepted but not yet claimed by a `first` beat.
-        # A tile is admitted once all its rows are inside the array and its row 0
-        # is in the shadow registers: from then on every later row reaches its
-        # shadow register before the switch wave does (docs/array.md).
-        staged = Signal(range(rows + self.weight_queue_depth + 1))
-        accepted_w = self.weight.valid & self.weight.ready
-        m.d.sync += staged.eq(staged + accepted_w - Mux(switch_in, rows, 0))
-        m.d.comb += self.weights_ready.eq((staged >= rows) & pending[0])
 
-        # ---- busy: beats in flight ---------------------------------------------
-        in_flight = Signal(range(self.latency + 2))
-        done = self.result.valid & self.result.ready
-        m.d.sync += in_flight.eq(in_flight + take - done)
-        m.d.comb += self.busy.eq(in_flight != 0)
-        return m
+def _chain(m, en, value, length, name):
+    """Taps ``[value, value delayed 1, ..., delayed length]`` of a shift register
+    that advances with the clock enable `en`."""
+    taps = [value]
+    for i in range(length):
+        reg = Signal(len(value), name=f"{name}_{i + 1}")
+        with m.If(en):
+            m.d.sync += reg.eq(taps[-1])
+        taps.append(reg)
+    return taps

@@ -140,6 +140,9 @@ class ComputeEngine(wiring.Component):
     pe_module : str or None
         Passed to `SystolicArray`: a Verilog module name to instantiate for each
         PE instead of elaborating it (simulation builds use it for speed).
+    datapath_module : str or None
+        Passed to `SystolicArray`: a Verilog module name to instantiate for the
+        whole PE grid (a simulation model).
 
     Interface
     ---------
@@ -166,11 +169,12 @@ class ComputeEngine(wiring.Component):
 
     SKID_DEPTH = 4
 
-    def __init__(self, config, *, pe_module=None):
+    def __init__(self, config, *, pe_module=None, datapath_module=None):
         self.config = config
         c = config
         vaddr, aaddr = _addr_shape(c.vmem_rows), _addr_shape(c.acc_rows)
-        self.array = SystolicArray(c.rows, c.cols, c.mac_stages, pe_module=pe_module)
+        self.array = SystolicArray(c.rows, c.cols, c.mac_stages, pe_module=pe_module,
+                                   datapath_module=datapath_module)
         self.pending_depth = _pow2_at_least(self.array.latency + self.SKID_DEPTH + 4)
         super().__init__({
             "cmd": In(stream.Signature(ComputeCommand(c))),

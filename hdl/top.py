@@ -41,9 +41,11 @@ _WRITE_FORWARD = ("awid", "awaddr", "awlen", "awsize", "awburst", "awlock", "awc
 class _ChipCore(wiring.Component):
     """Everything that a soft reset clears: all but the register file."""
 
-    def __init__(self, config, pe_module=None, trace=False, vpu_modules=None):
+    def __init__(self, config, pe_module=None, trace=False, vpu_modules=None,
+                 datapath_module=None):
         self.config = config
         self.pe_module = pe_module
+        self.datapath_module = datapath_module
         self.vpu_modules = vpu_modules
         self.trace_port = trace
         super().__init__({
@@ -76,7 +78,7 @@ class _ChipCore(wiring.Component):
         m.domains.compute = ClockDomain("compute", local=True)
         m.d.comb += [ClockSignal("compute").eq(ClockSignal("sync")),
                      ResetSignal("compute").eq(ResetSignal("sync") | self.start | self.clear)]
-        compute = ComputeEngine(c, pe_module=self.pe_module)
+        compute = ComputeEngine(c, pe_module=self.pe_module, datapath_module=self.datapath_module)
         m.submodules.compute = DomainRenamer("compute")(compute)
         m.submodules.load_dma = load_dma = Dma(c)
         m.submodules.store_dma = store_dma = Dma(c)
@@ -207,6 +209,9 @@ class MxuChip(wiring.Component):
     pe_module : str or None
         See `SystolicArray`: instantiate this Verilog module for every PE
         (`mxu.sim.backends.verilog.chip_verilog` supplies it, so that generating Verilog costs one PE).
+    datapath_module : str or None
+        See `SystolicArray`: instantiate this Verilog module for the whole PE
+        grid (a simulation model, `mxu.sim.backends.fast_array`).
     vpu_modules : dict or None
         See `VectorAlu`'s ``unit_modules``: the vector lanes (and fp32 units) as
         named Verilog modules generated once.
@@ -224,12 +229,14 @@ class MxuChip(wiring.Component):
         (`mxu.hdl.trace`): for the profiler of simulation builds.
     """
 
-    def __init__(self, config, *, pe_module=None, trace=False, vpu_modules=None):
+    def __init__(self, config, *, pe_module=None, trace=False, vpu_modules=None,
+                 datapath_module=None):
         from .config import ChipConfig
         if not isinstance(config, ChipConfig):
             raise TypeError(f"MxuChip needs a ChipConfig, not {type(config).__name__}")
         self.config = config
         self.pe_module = pe_module
+        self.datapath_module = datapath_module
         self.vpu_modules = vpu_modules
         self.trace_port = trace
         super().__init__({
@@ -243,7 +250,8 @@ class MxuChip(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.regs = regs = RegisterFile(self.config)
-        core = _ChipCore(self.config, self.pe_module, self.trace_port, self.vpu_modules)
+        core = _ChipCore(self.config, self.pe_module, self.trace_port, self.vpu_modules,
+                         self.datapath_module)
         m.submodules.core = ResetInserter(regs.soft_reset)(core)
         wiring.connect(m, wiring.flipped(self.host), regs.bus)
         wiring.connect(m, core.axi, wiring.flipped(self.axi))

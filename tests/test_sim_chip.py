@@ -34,7 +34,7 @@ def _check(chip, A, B, bias=None, **kw):
 
 
 # Verilator builds dominate `make test`: the 16x16 chip runs there with the fast
-# MAC (identical results and cycles, `test_fast_mac_matches_the_rtl_pe`), the
+# MAC (identical results and cycles, `test_fast_mac_matches_the_rtl_array`), the
 # all-RTL 16x16 and the 8x8 chips in `make test-all`.
 _SHAPE_RUNS = [pytest.param(s, False, id=s) for s in ("1x1", "4x4", "3x5")] + [
     pytest.param("16x16", True, id="16x16-fastmac"),
@@ -146,23 +146,24 @@ def test_random_memory_latency_and_back_pressure():
     assert slow > fast.last_stats.cycles
 
 
-def test_fast_mac_matches_the_rtl_pe(tiny):
-    """`fast_mac` replaces only the PE's arithmetic with the same IEEE float32 C
-    code: results and cycle counts must equal the all-RTL chip's, specials included."""
+def test_fast_mac_matches_the_rtl_array(tiny):
+    """`fast_mac` replaces the PE grid with a C++ model of the same IEEE float32
+    arithmetic (`mxu.sim.backends.fast_array`): results and cycle counts must
+    equal the all-RTL chip's, specials included."""
     fast = Chip(TINY, fast_mac=True)
     rng = np.random.default_rng(SEED + 6)
     for M, K, N in [(9, 11, 6), (17, 8, 13)]:
         A, B = _specials(rng, (M, K)), _specials(rng, (K, N))
         C_fast = _check(fast, A, B)
         C_rtl = _check(tiny, A, B)
-        golden.assert_bits_equal(C_fast, C_rtl, "fast_mac vs RTL PE", seed=SEED)
+        golden.assert_bits_equal(C_fast, C_rtl, "fast_mac vs RTL array", seed=SEED)
         assert fast.last_stats.cycles == tiny.last_stats.cycles
 
 
 def test_double_buffering_keeps_the_array_busy():
     """docs/performance.md / issue: >= 95 % utilization on 128x384x384 with the default
     chip, measured by the chip's own cycle counter from start to done."""
-    chip = Chip(SHAPES["16x16"], fast_mac=True)   # same cycles as the RTL PE, see above
+    chip = Chip(SHAPES["16x16"], fast_mac=True)   # same cycles as the RTL array, see above
     rng = np.random.default_rng(SEED + 7)
     A = rng.standard_normal((128, 384)).astype(np.float32)
     B = rng.standard_normal((384, 384)).astype(np.float32)

@@ -45,17 +45,19 @@ def _stages(stages):
 
 
 class NativeArray:
-    """A Verilated array in a shared library, ready to be called many times."""
+    """A Verilated array in a shared library, ready to be called many times.
+    With `fast`, its PE grid is the C++ model of `mxu.sim.backends.fast_array`."""
 
-    def __init__(self, rows, cols, stages, weight_queue_depth=None, threads=1):
+    def __init__(self, rows, cols, stages, weight_queue_depth=None, threads=1, fast=False):
         self.rows, self.cols, self.stages = rows, cols, stages
         self.latency = array_latency(rows, cols, stages)
         flags = ("--threads", str(threads)) if threads > 1 else ()
         suffix = f"_t{threads}" if threads > 1 else ""
-        name = f"array{rows}x{cols}s{stages}" + (f"q{weight_queue_depth}" if weight_queue_depth else "")
+        name = (f"array{rows}x{cols}s{stages}" + (f"q{weight_queue_depth}" if weight_queue_depth else "")
+                + ("_fast" if fast else ""))
         self._lib = native_library(
             name + suffix, "array_harness.cpp", key=[name], extra_flags=flags,
-            verilog=lambda: array_verilog(rows, cols, stages, weight_queue_depth))
+            verilog=lambda: array_verilog(rows, cols, stages, weight_queue_depth, fast))
         fn = self._lib.mxu_array_run
         u32p = ctypes.POINTER(ctypes.c_uint32)
         fn.argtypes = [ctypes.c_uint64, u32p, u32p, ctypes.c_uint64, u32p, u32p,
@@ -120,9 +122,9 @@ def _watchdog(streams, latency, percent):
 
 
 @functools.lru_cache(maxsize=None)
-def native_array(rows, cols, stages, weight_queue_depth=None, threads=1):
+def native_array(rows, cols, stages, weight_queue_depth=None, threads=1, fast=False):
     """The (cached) `NativeArray` for one configuration."""
-    return NativeArray(rows, cols, stages, weight_queue_depth, threads)
+    return NativeArray(rows, cols, stages, weight_queue_depth, threads, fast)
 
 
 # ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ statement per operation), so the functions are written once; the fp32 steps
 are IEEE binary32 with round to nearest even on x86-64 SSE, no fast-math, NaN
 made canonical -- the golden model's NumPy float32 arithmetic.
 `tests/test_sim_vector.py` runs the vector programs on both lanes and checks
-identical results and cycles. ``Chip(..., fast_mac=True)`` uses it with the fast PE.
+identical results and cycles. ``Chip(..., fast_mac=True)`` uses it with the fast array (`mxu.sim.backends.fast_array`).
 """
 
 import functools

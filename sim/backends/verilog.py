@@ -8,7 +8,7 @@ from amaranth.back import verilog
 from mxu.hdl.array import SystolicArray
 from mxu.hdl.pe import ProcessingElement
 
-from .fast_pe import fast_pe_verilog
+from .fast_array import fast_datapath_verilog
 from .fast_vpu import fast_vpu_lane_verilog
 
 __all__ = ["to_verilog", "lean_verilog", "pe_verilog", "vpu_lane_verilog", "array_verilog",
@@ -49,12 +49,18 @@ def lean_verilog(component, name="top"):
 
 
 @functools.lru_cache(maxsize=None)
-def array_verilog(rows, cols, stages, weight_queue_depth=None):
+def array_verilog(rows, cols, stages, weight_queue_depth=None, fast=False):
     """Verilog (module ``top``) of ``SystolicArray(rows, cols, stages)``.
 
     The PE is generated once as module ``mxu_pe_s<stages>`` and instantiated
     ``rows*cols`` times, so this costs seconds at any size (elaborating every PE
-    in Amaranth takes 38 s at 16x16)."""
+    in Amaranth takes 38 s at 16x16). With `fast`, the PE grid is the C++ model
+    of `mxu.sim.backends.fast_array` instead."""
+    if fast:
+        name, datapath = fast_datapath_verilog(rows, cols, stages)
+        top = SystolicArray(rows, cols, stages, weight_queue_depth=weight_queue_depth,
+                            datapath_module=name)
+        return datapath + to_verilog(top)
     pe_name, pe = pe_verilog(stages)
     top = SystolicArray(rows, cols, stages, weight_queue_depth=weight_queue_depth, pe_module=pe_name)
     return pe + to_verilog(top)
@@ -96,17 +102,21 @@ def dma_system_verilog(config):
 @functools.lru_cache(maxsize=4)
 def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None):
     """Verilog (module ``top``) of ``MxuChip(config)`` for simulation: the PE is a
-    separate module instantiated rows*cols times -- the RTL `ProcessingElement`
-    (`pe_verilog`), or with `fast_mac` its stand-in whose multiply-add is a C call
-    (`mxu.sim.backends.fast_pe`). `trace` adds the profiler's trace port."""
+    separate module instantiated rows*cols times (the RTL `ProcessingElement`,
+    `pe_verilog`), or with `fast_mac` the whole PE grid is one C++ model
+    (`mxu.sim.backends.fast_array`). `trace` adds the profiler's trace port."""
     from mxu.hdl.top import MxuChip
-    pe_name, pe = (fast_pe_verilog if fast_mac else pe_verilog)(config.mac_stages)
+    if fast_mac:
+        pe_name, (datapath_name, pe) = None, fast_datapath_verilog(config.rows, config.cols,
+                                                                   config.mac_stages)
+    else:
+        datapath_name, (pe_name, pe) = None, pe_verilog(config.mac_stages)
     # With the vector unit, its lane is a module of its own too (with
     # `fast_lanes`, default `fast_mac`, the stand-in whose element op is a C
     # call, `mxu.sim.backends.fast_vpu`).
     fast_lanes = fast_mac if fast_lanes is None else fast_lanes
     lane_name, lane = ((fast_vpu_lane_verilog if fast_lanes else vpu_lane_verilog)()
                        if config.vpu else (None, ""))
-    chip = MxuChip(config, pe_module=pe_name, trace=trace,
+    chip = MxuChip(config, pe_module=pe_name, datapath_module=datapath_name, trace=trace,
                    vpu_modules={"lane": lane_name} if config.vpu else None)
     return pe + lane + lean_verilog(chip)

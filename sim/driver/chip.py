@@ -230,12 +230,13 @@ class SimulatedChip:
         Hierarchy levels to record below `waves_scope` (None: all). A warning is
         printed when the file is projected to exceed 1 GiB.
     fast_mac : bool
-        Simulate each PE's multiply-add with a C function of the same IEEE
-        arithmetic instead of its gate-level fp32 datapath (`mxu.sim.backends.fast_pe`):
-        several times faster, identical results and cycle counts; with the vector
-        unit, each vector lane's element op likewise (`mxu.sim.backends.fast_vpu`,
-        about 20 times faster on the 16x16 chip). Everything else is still the
-        RTL. Default False: the whole chip is RTL.
+        Simulate the array's PE grid as one C++ model of the same IEEE
+        arithmetic and the same cycles instead of its gate-level fp32 datapath
+        (`mxu.sim.backends.fast_array`): tens of times faster, identical results
+        and cycle counts; with the vector unit, each vector lane's element op
+        likewise (`mxu.sim.backends.fast_vpu`). Everything else, the array's
+        weight queue and tile admission included, is still the RTL. Default
+        False: the whole chip is RTL.
     trace : bool
         Build the chip with its trace port and record, in every run, what each
         engine started and completed and when (`RunResult.trace`, a

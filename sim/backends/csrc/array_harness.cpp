@@ -9,6 +9,7 @@
 #include <cstdint>
 #include "Vtop.h"
 #include "verilated.h"
+#include "fast_array.h"
 
 // Verilator escapes "__" in port names as "___05F".
 

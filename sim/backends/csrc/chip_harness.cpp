@@ -10,7 +10,7 @@
 #include "Vtop.h"
 #include "verilated.h"
 #include "axi_mem.h"
-#include "fast_mac.h"
+#include "fast_array.h"
 #if VM_TRACE_FST
 #include "verilated_fst_c.h"
 typedef VerilatedFstC TraceFile;

@@ -1,0 +1,131 @@
+// The DPI functions behind sim/backends/fast_array.py: the systolic array's
+// datapath (PE grid, skews, weight bus) as one C++ model with the behaviour of
+// `mxu.hdl.array.datapath_signature`, cycle for cycle.
+//
+// A beat taken on `take` is computed at once -- the sequential fp32 dot product
+// seed[j] + a[0]*W[0][j] + ... + a[rows-1]*W[rows-1][j], each product and sum
+// rounded to nearest-even in IEEE binary32 (x86-64 SSE, no fast-math, no FMA
+// contraction; the golden model's NumPy float32 order) -- and comes out of a
+// delay line `latency` enabled cycles later. A NaN anywhere in the chain stays a
+// NaN to its end, so making the final NaN canonical equals the RTL's canonical
+// NaN after every step.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "svdpi.h"
+
+namespace mxu {
+
+struct FastArray {
+    int rows, cols, latency;
+    std::vector<float> tile;                   // active weights, rows x cols
+    std::deque<std::vector<float>> staged;     // weight rows taken, not yet claimed
+    std::vector<uint32_t> slots;               // delay line: latency x cols results
+    std::vector<uint8_t> valid;                // latency valid bits
+    std::vector<float> acc;                    // the sums of the beat being computed
+    int newest = 0, in_flight = 0;
+
+    FastArray(int r, int c, int l)
+        : rows(r), cols(c), latency(l), tile(r * c), slots(l * c), valid(l), acc(c) {}
+
+    void reset() {
+        std::fill(tile.begin(), tile.end(), 0.0f);
+        staged.clear();
+        std::fill(slots.begin(), slots.end(), 0u);
+        std::fill(valid.begin(), valid.end(), 0);
+        newest = 0;
+        in_flight = 0;
+    }
+
+    static float bf16(uint32_t bits) {
+        uint32_t w = bits << 16;
+        float f;
+        std::memcpy(&f, &w, 4);
+        return f;
+    }
+
+    static uint32_t field(const svBitVecVal *v, int index, int width) {
+        int bit = index * width;
+        return (v[bit / 32] >> (bit % 32)) & ((1u << width) - 1u);
+    }
+
+    void take_weight(const svBitVecVal *w) {
+        std::vector<float> row(cols);
+        for (int j = 0; j < cols; j++) row[j] = bf16(field(w, j, 16));
+        staged.push_back(std::move(row));
+    }
+
+    void claim_tile() {
+        for (int k = 0; k < rows; k++) {
+            // Admission makes a whole tile staged first; anything else would be
+            // a broken array protocol, which the RTL would not survive either.
+            if (staged.empty()) break;
+            std::memcpy(&tile[k * cols], staged.front().data(), cols * sizeof(float));
+            staged.pop_front();
+        }
+    }
+
+    __attribute__((optimize("fp-contract=off")))
+    void compute(const svBitVecVal *act, const svBitVecVal *seed, uint32_t *out) {
+        std::memcpy(acc.data(), seed, cols * sizeof(float));
+        for (int k = 0; k < rows; k++) {
+            const float a = bf16(field(act, k, 16));
+            const float *w = &tile[k * cols];
+            for (int j = 0; j < cols; j++) {
+                const float product = a * w[j];
+                acc[j] = acc[j] + product;
+            }
+        }
+        for (int j = 0; j < cols; j++) {
+            uint32_t bits;
+            std::memcpy(&bits, &acc[j], 4);
+            if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu)) bits = 0x7FC00000u;
+            out[j] = bits;
+        }
+    }
+
+    // One rising clock edge; writes the registered outputs after it.
+    void step(bool rst, bool en, bool take, bool first, const svBitVecVal *act,
+              const svBitVecVal *seed, bool weight_take, const svBitVecVal *weight,
+              svBitVecVal *result, svBit *result_valid) {
+        if (rst) {
+            reset();
+        } else {
+            if (weight_take) take_weight(weight);
+            if (en && (take || in_flight)) {
+                int oldest = (newest + 1) % latency;
+                in_flight -= valid[oldest];
+                newest = oldest;
+                valid[newest] = take;
+                if (take) {
+                    if (first) claim_tile();
+                    compute(act, seed, &slots[newest * cols]);
+                    in_flight++;
+                }
+            }
+        }
+        int out = (newest + 1) % latency;
+        std::memcpy(result, &slots[out * cols], cols * sizeof(uint32_t));
+        *result_valid = valid[out];
+    }
+};
+
+}  // namespace mxu
+
+extern "C" {
+
+void *mxu_array_new(int rows, int cols, int latency) {
+    return new mxu::FastArray(rows, cols, latency);
+}
+
+void mxu_array_step(void *h, svBit rst, svBit en, svBit take, svBit first,
+                    const svBitVecVal *act, const svBitVecVal *seed, svBit weight_take,
+                    const svBitVecVal *weight, svBitVecVal *result, svBit *result_valid) {
+    static_cast<mxu::FastArray *>(h)->step(rst, en, take, first, act, seed, weight_take, weight,
+                                           result, result_valid);
+}
+
+}  // extern "C"

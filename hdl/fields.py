@@ -20,28 +20,29 @@ _PLANS = {}
 
 
 def _plan(layout):
-    """[(name, offset, width, nested layout or None)] of a layout, computed once:
-    walking an Amaranth layout is slow, and the assembler packs thousands of words."""
+    """{name: (offset, width, nested layout or None)} of a layout, computed once:
+    walking an Amaranth layout is slow, and the compiler packs hundreds of
+    thousands of words for one model."""
     key = id(layout)
     entry = _PLANS.get(key)
     if entry is None or entry[0] is not layout:
         cast = data.Layout.cast(layout)
-        fields = [(name, f.offset, f.width, struct_layout(f.shape)) for name, f in cast]
-        entry = _PLANS[key] = (layout, cast, fields, {name for name, *_ in fields})
+        fields = {name: (f.offset, f.width, struct_layout(f.shape)) for name, f in cast}
+        entry = _PLANS[key] = (layout, cast, fields)
     return entry[1:]
 
 
 def pack_fields(layout, values, *, prefix=""):
     """The integer of `layout` with `values` (a dict; nested struct fields take
-    dicts, enum members their value). Unknown names and values that do not fit
-    raise ValueError."""
-    cast, fields, names = _plan(layout)
-    for name in values:
-        if name not in names:
-            raise ValueError(f"{prefix}{name!r} is not a field of {cast!r}")
+    dicts, enum members their value; fields not given are 0). Unknown names and
+    values that do not fit raise ValueError."""
+    cast, fields = _plan(layout)
     word = 0
-    for name, offset, width, nested in fields:
-        value = values.get(name, 0)
+    for name, value in values.items():
+        try:
+            offset, width, nested = fields[name]
+        except KeyError:
+            raise ValueError(f"{prefix}{name!r} is not a field of {cast!r}") from None
         if nested is not None and isinstance(value, dict):
             value = pack_fields(nested, value, prefix=f"{prefix}{name}.")
         elif hasattr(value, "value"):

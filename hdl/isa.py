@@ -274,6 +274,10 @@ ENGINE_OF = {
     Opcode.STORE: Engine.STORE, Opcode.VECTOR: Engine.VECTOR,
 }
 
+# The layouts as shapes, once: `as_shape` is slow, and a model's programs hold
+# hundreds of thousands of instructions.
+_LAYOUTS = {opcode: instr.as_shape() for opcode, instr in INSTRUCTIONS.items()}
+
 for _layout in (Header, *INSTRUCTIONS.values()):
     assert _layout.as_shape().size == (16 if _layout is Header else INSTR_BITS), _layout
 
@@ -282,8 +286,8 @@ def encode(opcode, **fields):
     """The 128-bit integer of one instruction. Fields are named as in the layouts;
     nested flag structs take dicts (``flags={"space": 1}``) and the dependency flags
     may be given as ``deps={"pop_prev": 1}``. Values that do not fit raise."""
-    layout = INSTRUCTIONS[Opcode(opcode)].as_shape()
-    return pack_fields(layout, {"opcode": Opcode(opcode).value, **fields})
+    opcode = opcode if isinstance(opcode, Opcode) else Opcode(opcode)
+    return pack_fields(_LAYOUTS[opcode], {"opcode": opcode.value, **fields})
 
 
 def decode(word):

@@ -51,8 +51,9 @@ def default_weight_queue_depth(rows, mac_stages):
 
     With ``mac_stages == 1`` the tile-switch wave moves down one row per cycle,
     as fast as weight rows arrive, and two entries suffice for back-to-back tiles.
-    With more stages the wave is slower than the weight stream, and a queue of
-    `rows` entries keeps tiles of ``M >= rows`` bubble-free (docs/array.md).
+    With more stages a queue of `rows` entries holds the next tile while the
+    current one is written, which keeps tiles of ``M >= rows`` bubble-free
+    (docs/array.md).
     """
     return 2 if mac_stages == 1 else max(2, rows)
 
@@ -116,7 +117,7 @@ class SystolicArray(wiring.Component):
     weight_queue_depth : int or None
         Weight rows the queue in front of the shadow registers holds (>= 1);
         None picks `default_weight_queue_depth`, which keeps back-to-back tiles
-        of ``M >= rows`` rows bubble-free for ``mac_stages <= 2``.
+        of ``M >= rows`` rows bubble-free at every depth.
     pe_module : str or None
         None (default): the PEs are elaborated as Amaranth submodules. A Verilog
         module name: every PE becomes an ``Instance`` of that module, which the
@@ -218,10 +219,12 @@ class SystolicArray(wiring.Component):
         switch_taps = _chain(m, en, switch_in, (rows - 1) * stages, "switch_skew")
         switch_at_row = [switch_taps[r * stages] for r in range(rows)]
 
-        queue, drain, drain_row, pending = self._weight_queue(m, en, switch_at_row)
+        scheme = _StaggeredWeights if stages >= STAGGER_FROM else _RowFreeWeights
+        weights = scheme(self, m, en, switch_in, switch_at_row)
+        m.d.comb += self.weights_ready.eq(weights.ready)
 
         if self.datapath_module is None:
-            self._grid(m, en, take, switch_taps, queue, drain, drain_row)
+            self._grid(m, en, take, switch_taps, weights)
         else:
             dp = black_box(m, "datapath", self.datapath_module,
                            datapath_signature(rows, self.cols), clocked=True)
@@ -234,16 +237,6 @@ class SystolicArray(wiring.Component):
                 self.result.valid.eq(dp.result_valid),
             ]
 
-        # staged: weight rows accepted but not yet claimed by a `first` beat.
-        # A tile is admitted once all its rows are inside the array and its row 0
-        # is in the shadow registers: from then on every later row reaches its
-        # shadow register before the switch wave does (docs/array.md).
-        staged = Signal(range(rows + self.weight_queue_depth + 1))
-        accepted_w = self.weight.valid & self.weight.ready
-        m.d.sync += staged.eq(staged + accepted_w - Mux(switch_in, rows, 0))
-        # pending[0]: shadow row 0 holds the next tile's row 0.
-        m.d.comb += self.weights_ready.eq((staged >= rows) & pending[0])
-
         # ---- busy: beats in flight ---------------------------------------------
         in_flight = Signal(range(self.latency + 2))
         done = self.result.valid & self.result.ready
@@ -251,45 +244,7 @@ class SystolicArray(wiring.Component):
         m.d.comb += self.busy.eq(in_flight != 0)
         return m
 
-    def _weight_queue(self, m, en, switch_at_row):
-        """The queue in front of the shadow registers and the bookkeeping of
-        which shadow rows may be written. Returns (queue, drain, drain_row,
-        pending): the queue's head row is written into shadow row `drain_row` in
-        a cycle with `drain`; `pending` has a bit per shadow row (below)."""
-        rows, cols = self.rows, self.cols
-        m.submodules.weight_queue = queue = SyncFIFO(width=16 * cols,
-                                                     depth=self.weight_queue_depth)
-        m.d.comb += [
-            queue.w_data.eq(self.weight.payload),
-            queue.w_en.eq(self.weight.valid),
-            self.weight.ready.eq(queue.w_rdy),
-        ]
-        # pending[k]: shadow row k holds weights that have not been switched in at
-        # column 0 yet. Column c sees every event c cycles after column 0 (both
-        # the shadow bus and the activations move one column per cycle), so the
-        # bookkeeping at column 0 holds for every column.
-        pending = Signal(rows)
-        drain_row = Signal(range(rows))
-        row_free = Signal()
-        for k in range(rows):
-            with m.If(drain_row == k):
-                m.d.comb += row_free.eq(~pending[k] | switch_at_row[k])
-        drain = Signal()
-        m.d.comb += [
-            drain.eq(en & queue.r_rdy & row_free),
-            queue.r_en.eq(drain),
-        ]
-        with m.If(en):
-            for k in range(rows):
-                with m.If(drain & (drain_row == k)):
-                    m.d.sync += pending[k].eq(1)
-                with m.Elif(switch_at_row[k]):
-                    m.d.sync += pending[k].eq(0)
-        with m.If(drain):
-            m.d.sync += drain_row.eq(Mux(drain_row == rows - 1, 0, drain_row + 1))
-        return queue, drain, drain_row, pending
-
-    def _grid(self, m, en, take, switch_taps, queue, drain, drain_row):
+    def _grid(self, m, en, take, switch_taps, weights):
         """The PEs, the skew and de-skew registers and the weight bus."""
         rows, cols, stages = self.rows, self.cols, self.mac_stages
         act, seed = self.act, self.seed
@@ -328,16 +283,11 @@ class SystolicArray(wiring.Component):
             m.d.comb += self.result.payload[c].eq(out)
         m.d.comb += self.result.valid.eq(pes[rows - 1][cols - 1].south.valid)
 
-        # ---- Weights: queue head -> column-skewed shadow bus -------------------
-        bus_row = _chain(m, en, drain_row, cols - 1, "wbus_row")
-        bus_valid = _chain(m, en, drain, cols - 1, "wbus_valid")
-        for c in range(cols):
-            w = _chain(m, en, queue.r_data[16 * c:16 * (c + 1)], c, f"wbus_data_{c}")[-1]
-            for r in range(rows):
-                m.d.comb += [
-                    pes[r][c].weight.data.eq(w),
-                    pes[r][c].weight.load.eq(bus_valid[c] & (bus_row[c] == r)),
-                ]
+        # ---- Weights: the shadow-register write ports ------------------------
+        for r in range(rows):
+            for c in range(cols):
+                data, load = weights.port(r, c)
+                m.d.comb += [pes[r][c].weight.data.eq(data), pes[r][c].weight.load.eq(load)]
 
 
 def _chain(m, en, value, length, name):
@@ -350,3 +300,129 @@ def _chain(m, en, value, length, name):
             m.d.sync += reg.eq(taps[-1])
         taps.append(reg)
     return taps
+
+
+# From this MAC depth on, the weights use `_StaggeredWeights` (docs/array.md, section 4).
+STAGGER_FROM = 3
+
+
+class _WeightQueue:
+    """The queue in front of the shadow registers (`weight_queue_depth` rows)."""
+
+    def __init__(self, array, m):
+        self.rows, self.cols, self.stages = array.rows, array.cols, array.mac_stages
+        m.submodules.weight_queue = self.queue = SyncFIFO(width=16 * self.cols,
+                                                          depth=array.weight_queue_depth)
+        m.d.comb += [
+            self.queue.w_data.eq(array.weight.payload),
+            self.queue.w_en.eq(array.weight.valid),
+            array.weight.ready.eq(self.queue.w_rdy),
+        ]
+
+
+class _RowFreeWeights(_WeightQueue):
+    """Weights for ``mac_stages`` 1 and 2: the queue's head row k is written into
+    shadow row k as soon as the previous tile has switched in at row k, through
+    one bus per column, skewed like the activations.
+
+    Attributes: ``ready`` (the next tile may be switched in) and ``port(r, c)``
+    (the data and load strobe of PE [r][c]'s shadow register)."""
+
+    def __init__(self, array, m, en, switch_in, switch_at_row):
+        super().__init__(array, m)
+        rows, queue = self.rows, self.queue
+        # pending[k]: shadow row k holds weights that have not been switched in at
+        # column 0 yet. Column c sees every event c cycles after column 0 (both
+        # the shadow bus and the activations move one column per cycle), so the
+        # bookkeeping at column 0 holds for every column.
+        pending = Signal(rows)
+        drain_row = Signal(range(rows))
+        row_free = Signal()
+        for k in range(rows):
+            with m.If(drain_row == k):
+                m.d.comb += row_free.eq(~pending[k] | switch_at_row[k])
+        drain = Signal()
+        m.d.comb += [
+            drain.eq(en & queue.r_rdy & row_free),
+            queue.r_en.eq(drain),
+        ]
+        with m.If(en):
+            for k in range(rows):
+                with m.If(drain & (drain_row == k)):
+                    m.d.sync += pending[k].eq(1)
+                with m.Elif(switch_at_row[k]):
+                    m.d.sync += pending[k].eq(0)
+        with m.If(drain):
+            m.d.sync += drain_row.eq(Mux(drain_row == rows - 1, 0, drain_row + 1))
+
+        # staged: weight rows accepted but not yet claimed by a `first` beat.
+        # A tile is admitted once all its rows are inside the array and its row 0
+        # is in the shadow registers: from then on every later row reaches its
+        # shadow register before the switch wave does (docs/array.md).
+        staged = Signal(range(rows + array.weight_queue_depth + 1))
+        accepted = array.weight.valid & array.weight.ready
+        m.d.sync += staged.eq(staged + accepted - Mux(switch_in, rows, 0))
+        self.ready = (staged >= rows) & pending[0]
+
+        self._row = _chain(m, en, drain_row, self.cols - 1, "wbus_row")
+        self._valid = _chain(m, en, drain, self.cols - 1, "wbus_valid")
+        self._data = [_chain(m, en, queue.r_data[16 * c:16 * (c + 1)], c, f"wbus_data_{c}")[-1]
+                      for c in range(self.cols)]
+
+    def port(self, r, c):
+        return self._data[c], self._valid[c] & (self._row[c] == r)
+
+
+class _StaggeredWeights(_WeightQueue):
+    """Weights for ``mac_stages`` >= 3, whose switch wave crosses a row in
+    ``L = mac_stages`` cycles, slower than the queue could write rows.
+
+    A tile leaves the queue in row order, one row per cycle at most, starting
+    with row 0 once the previous tile has switched in at row 0. Row k reaches
+    its shadow registers ``k*(L-1)`` cycles after it left the queue (one shared
+    delay line with a tap per row), so if row 0 left at D, row k is written no
+    earlier than ``D + k*L``: after the previous tile's wave has passed row k.
+    The tile is ready once its last row has left the queue, so its own wave,
+    which starts after that, reaches row k after the write. Tiles of M >= rows
+    activation rows therefore stream with no bubble at any depth (docs/array.md).
+
+    Attributes: as `_RowFreeWeights`."""
+
+    def __init__(self, array, m, en, switch_in, switch_at_row):
+        super().__init__(array, m)
+        rows, cols, queue = self.rows, self.cols, self.queue
+        row = Signal(range(rows))      # the tile row the queue's head holds
+        pending0 = Signal()            # shadow row 0 holds a row 0 not yet switched in
+        loaded = Signal()              # a whole tile has left the queue, not yet claimed
+        drain = Signal()
+        m.d.comb += [
+            drain.eq(en & queue.r_rdy & ((row != 0) | ~pending0 | switch_at_row[0])),
+            queue.r_en.eq(drain),
+        ]
+        # A switch and the next tile's first row can meet in one cycle: the
+        # setting statements come last and win.
+        with m.If(switch_in):
+            m.d.sync += loaded.eq(0)
+        with m.If(en & switch_at_row[0]):
+            m.d.sync += pending0.eq(0)
+        with m.If(drain):
+            m.d.sync += row.eq(Mux(row == rows - 1, 0, row + 1))
+            with m.If(row == 0):
+                m.d.sync += pending0.eq(1)
+            with m.If(row == rows - 1):
+                m.d.sync += loaded.eq(1)
+        self.ready = loaded
+
+        # One delay line per column: column c is skewed by c like the
+        # activations, row k taps it k*(L-1) cycles further down.
+        step = self.stages - 1
+        length = cols - 1 + (rows - 1) * step
+        self._row = _chain(m, en, row, length, "wbus_row")
+        self._valid = _chain(m, en, drain, length, "wbus_valid")
+        self._data = [_chain(m, en, queue.r_data[16 * c:16 * (c + 1)], c + (rows - 1) * step,
+                             f"wbus_data_{c}") for c in range(cols)]
+        self._step = step
+
+    def port(self, r, c):
+        tap = c + r * self._step
+        return self._data[c][tap], self._valid[tap] & (self._row[tap] == r)

@@ -185,11 +185,11 @@ _PRESETS = {
     # (docs/vpu.md, "Fused epilogues").
     "vpu": ChipConfig(vpu=True, acc_banks=4),
     # LFE5U-85F, measured (docs/synth.md): the whole 8x8 chip needs 77.5k of the
-    # 83.6k LUT4 and does not place; 8x6 places but does not route; 8x4 routed
-    # before the LOOP expanders and the control pipelining, and no longer does;
-    # 4x4 places and routes (37 % of the LUT4s, 45.5 MHz). mac_stages 4: the PE
-    # closes at ~52 MHz on its own, 3 only at ~35 MHz. VMEM: 8192 rows of 4
+    # 83.6k LUT4 and does not place; 8x6 places but does not route; 4x4 places
+    # and routes at 54.4 MHz (38 % of the LUT4s). mac_stages 7: the PE closes at
+    # 86 MHz on its own, so the chip's worst path is in the control; at 4 the
+    # PE's three long stages kept the chip at 45-50 MHz. VMEM: 8192 rows of 4
     # bf16; accumulator: 3072 rows of 4 fp32; 72 of the 208 DP16KD block RAMs.
-    "fpga": ChipConfig(rows=4, cols=4, mac_stages=4, vmem_bytes=64 << 10, vmem_banks=2,
+    "fpga": ChipConfig(rows=4, cols=4, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
                        acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20),
 }

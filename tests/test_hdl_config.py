@@ -41,6 +41,6 @@ def test_presets():
     assert ChipConfig.preset("default") == ChipConfig()
     assert ChipConfig.preset("vpu") == ChipConfig(vpu=True, acc_banks=4)
     fpga = ChipConfig.preset("fpga")
-    assert (fpga.rows, fpga.cols, fpga.mac_stages) == (4, 4, 4)
+    assert (fpga.rows, fpga.cols, fpga.mac_stages) == (4, 4, 7)
     with pytest.raises(ValueError, match="unknown ChipConfig preset 'asic'"):
         ChipConfig.preset("asic")

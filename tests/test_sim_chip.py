@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from chip_configs import SHAPES, TINY
+from mxu.hdl import ChipConfig
 from mxu.sim import Chip
 from mxu.verif import golden
 
@@ -172,3 +173,18 @@ def test_double_buffering_keeps_the_array_busy():
     assert stats["ideal_cycles"] == 128 * 384 * 384 / 256
     assert stats.utilization >= 0.95, stats
     assert stats["array_active_cycles"] == 128 * (384 // 16) * (384 // 16)
+
+
+def test_fpga_preset_chip():
+    """The `fpga` preset as built for the ECP5 (all RTL, mac_stages 7 with the
+    staggered weights of docs/array.md): bit-exact on special values and
+    partial tiles, and near the physical limit on whole tiles (the fast array
+    is held to the RTL one at this depth in tests/test_sim_array.py)."""
+    chip = Chip(ChipConfig.preset("fpga"))
+    rng = np.random.default_rng(SEED + 11)
+    for M, K, N in [(13, 9, 7), (4, 16, 4)]:
+        _check(chip, _specials(rng, (M, K)), _specials(rng, (K, N)))
+    A = rng.standard_normal((64, 64)).astype(np.float32)
+    B = rng.standard_normal((64, 64)).astype(np.float32)
+    _check(chip, A, B)
+    assert chip.last_stats.utilization > 0.85, chip.last_stats

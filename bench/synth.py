@@ -22,15 +22,11 @@ import time
 from pathlib import Path
 
 from mxu.hdl import ChipConfig
+from mxu.hdl.array import bubble_free_rows
 from mxu.hdl.mac import MAC_STAGES
 from mxu.synth.flow import Phases
 from mxu.synth.report import format_table, write_json
 from mxu.synth.run import Ecp5Options, design, synth_ecp5, synth_generic
-
-
-def bubble_free_rows(rows, stages):
-    """Smallest tile M that streams back to back with no bubble (docs/array.md)."""
-    return max(rows, -(-((rows - 1) * stages + 2) // 2))
 
 
 def _keep(args, name, report):
@@ -48,9 +44,10 @@ def stages_table(args, phases):
         report = synth_ecp5(design("pe", config, target="ecp5"), Ecp5Options(), phases=phases)
         _keep(args, f"pe_s{stages}", report)
         rows.append([stages, report.luts, report.ffs - report.wrapper_ffs,
-                     f"{report.fmax_mhz:.1f}", bubble_free_rows(fpga.rows, stages),
-                     bubble_free_rows(16, stages), f"{time.monotonic() - start:.0f}"])
-    print(format_table(["mac_stages", "LUT4/PE", "FF/PE", "Fmax MHz (PE)",
+                     f"{report.fmax_mhz:.1f}", f"{report.critical_start} -> {report.critical_end}",
+                     bubble_free_rows(fpga.rows, stages), bubble_free_rows(16, stages),
+                     f"{time.monotonic() - start:.0f}"])
+    print(format_table(["mac_stages", "LUT4/PE", "FF/PE", "Fmax MHz (PE)", "critical path",
                         f"min M {fpga.rows} rows", "min M 16 rows", "wall s"], rows))
 
 

@@ -26,7 +26,7 @@ from .numerics import BF16, FP32
 from .pe import PE_SIGNATURE, ProcessingElement
 
 __all__ = ["SystolicArray", "ActivationBeat", "array_latency", "default_weight_queue_depth",
-           "datapath_signature"]
+           "bubble_free_rows", "datapath_signature"]
 
 
 def ActivationBeat(rows):
@@ -56,6 +56,16 @@ def default_weight_queue_depth(rows, mac_stages):
     (docs/array.md).
     """
     return 2 if mac_stages == 1 else max(2, rows)
+
+
+def bubble_free_rows(rows, mac_stages):
+    """The smallest tile height M that streams back to back with no bubble:
+    `rows` at every depth, since the weight queue writes one row per cycle and
+    ``mac_stages >= 3`` stagger the weights (docs/array.md, section 4)."""
+    _check_positive("rows", rows)
+    if mac_stages not in MAC_STAGES:
+        raise ValueError(f"mac_stages must be one of {MAC_STAGES}, not {mac_stages!r}")
+    return rows
 
 
 def datapath_signature(rows, cols):

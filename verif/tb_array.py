@@ -18,6 +18,7 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import Event, ReadOnly, RisingEdge, with_timeout
 
+from mxu.hdl.array import bubble_free_rows
 from mxu.verif import golden, vectors
 from mxu.verif.array_model import array_reference_bits
 
@@ -256,8 +257,7 @@ async def test_cycle_contract(dut):
     the first tile starts no activation beat ever waits (no bubble)."""
     tb = TB(dut)
     await tb.start()
-    # Tiles of `rows` rows are bubble-free at every depth (docs/array.md).
-    least = tb.rows
+    least = bubble_free_rows(tb.rows, tb.stages)
     sizes = [least, least + 1, 2 * least, least]
     for m in sizes:
         tb.add_tile(*_random_tile(tb.rng, m, tb.rows, tb.cols))

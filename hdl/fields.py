@@ -56,9 +56,9 @@ def pack_fields(layout, values, *, prefix=""):
 
 def unpack_fields(layout, word):
     """Inverse of `pack_fields`: a dict of ints (nested dicts for struct fields)."""
+    word = int(word)
     out = {}
-    for name, field in data.Layout.cast(layout):
-        value = (int(word) >> field.offset) & ((1 << field.width) - 1)
-        nested = struct_layout(field.shape)
+    for name, (offset, width, nested) in _plan(layout)[1].items():
+        value = (word >> offset) & ((1 << width) - 1)
         out[name] = unpack_fields(nested, value) if nested is not None else value
     return out

@@ -299,7 +299,7 @@ def decode(word):
         raise ValueError(f"illegal opcode {word & 0xF}") from None
     if opcode is Opcode.ILLEGAL:
         raise ValueError("illegal opcode 0")
-    return opcode, unpack_fields(INSTRUCTIONS[opcode].as_shape(), word)
+    return opcode, unpack_fields(_LAYOUTS[opcode], word)
 
 
 def field_table(instr):

@@ -4,7 +4,7 @@ into the integers the hardware sees."""
 
 from amaranth.lib import data
 
-__all__ = ["pack_fields", "unpack_fields", "struct_layout"]
+__all__ = ["pack_fields", "unpack_fields", "struct_layout", "field_plan"]
 
 
 def struct_layout(shape):
@@ -30,6 +30,11 @@ def _plan(layout):
         fields = {name: (f.offset, f.width, struct_layout(f.shape)) for name, f in cast}
         entry = _PLANS[key] = (layout, cast, fields)
     return entry[1:]
+
+
+def field_plan(layout):
+    """{name: (offset, width, nested layout or None)} of a layout's fields."""
+    return _plan(layout)[1]
 
 
 def pack_fields(layout, values, *, prefix=""):

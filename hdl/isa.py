@@ -23,7 +23,7 @@ instruction with it its *prev* tokens (docs/isa.md).
 
 from amaranth.lib import data, enum
 
-from .fields import struct_layout, pack_fields, unpack_fields
+from .fields import field_plan, struct_layout, pack_fields, unpack_fields
 
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "Opcode", "Engine", "SeedMode", "Deps", "Header",
@@ -288,6 +288,13 @@ def encode(opcode, **fields):
     may be given as ``deps={"pop_prev": 1}``. Values that do not fit raise."""
     opcode = opcode if isinstance(opcode, Opcode) else Opcode(opcode)
     return pack_fields(_LAYOUTS[opcode], {"opcode": opcode.value, **fields})
+
+
+def field_value(word, opcode, name):
+    """One top-level field of an instruction word of a known opcode, without
+    decoding the rest (the compiler reads fields of many thousand words)."""
+    offset, width, _ = field_plan(_LAYOUTS[Opcode(opcode)])[name]
+    return (int(word) >> offset) & ((1 << width) - 1)
 
 
 def decode(word):

@@ -13,7 +13,7 @@ instructions into the program (`Pending`).
 import bisect
 from dataclasses import dataclass
 
-from mxu.hdl.isa import Opcode, VpuOp, decode
+from mxu.hdl.isa import Opcode, VpuOp, field_value
 
 from .operands import Operand
 from .program import Program
@@ -199,8 +199,8 @@ class Pending:
         self.first, self.last, self.done = first, last, 0
         self.cumulative, total = [], 0
         for word in self.words:
-            opcode, fields = decode(word)
-            total += fields["rows"] if opcode == Opcode.VECTOR else 0
+            if word & 0xF == Opcode.VECTOR.value:
+                total += field_value(word, Opcode.VECTOR, "rows")
             self.cumulative.append(total)
         self.total = total
 

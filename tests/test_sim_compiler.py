@@ -248,3 +248,118 @@ def test_blocks_shorter_than_the_ring_get_more_activation_buffers():
     compiled = _check(config, 1500, 4, 4)
     (_, plan), = compiled.segments[0]
     assert plan.blocks > 2 and plan.a_buffers > 2
+
+
+# ---- hand-offs in VMEM (docs/compiler.md) ------------------------------------------------
+
+def _layer_ops(mem, rng, M, K, F, N, kind, transient):
+    """x @ W1 + b1 with a fused `kind` epilogue into h (bf16), then h @ W2: the
+    FFN pattern whose h can stay in VMEM. h starts as NaNs, to show whether it
+    was written."""
+    from dataclasses import replace
+    from mxu.sim.compiler.epilogue import Epilogue
+    a = mem.put(rng.standard_normal((M, K)), "bf16")
+    w1 = mem.put(rng.standard_normal((K, F)) * 0.3, "bf16")
+    b1 = mem.put(rng.standard_normal((1, F)), "fp32")
+    w2 = mem.put(rng.standard_normal((F, N)) * 0.3, "bf16")
+    ep = dict(gelu=Epilogue("gelu"), softmax=Epilogue("softmax", scale=0.5))[kind]
+    h = replace(mem.put(np.full((M, F), np.nan), "bf16"), transient=transient)
+    return [MatmulOp(a, w1, h, b1, epilogue=ep), MatmulOp(h, w2, mem.empty(M, N, "fp32"))]
+
+
+def _without_handoffs(monkeypatch):
+    from mxu.sim.compiler import handoff, matmul
+    monkeypatch.setattr(matmul, "plan_handoffs", lambda config, ops: handoff.Handoffs(
+        (), (config.vmem_rows,) * len(ops)))
+
+
+def _dma_count(config, program, operand):
+    """LOADs and STOREs issued whose external address lies in `operand`."""
+    from mxu.hdl.isa import Opcode, decode
+    lo, hi = operand.span
+    count = 0
+    for word in _issued(config, program):
+        op, f = decode(word)
+        if op in (Opcode.LOAD, Opcode.STORE) and lo <= f["ext_addr"] < hi:
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("kind, M, K, F, N, acc", [
+    ("gelu", 8, 8, 16, 8, None), ("gelu", 37, 12, 24, 9, None), ("gelu", 64, 16, 64, 12, 1 << 10),
+    ("softmax", 8, 8, 16, 8, None), ("softmax", 37, 12, 24, 9, None)])
+def test_an_epilogue_hands_its_result_to_the_next_matmul_in_vmem(monkeypatch, kind, M, K, F, N,
+                                                                  acc):
+    """The consumer reads h from VMEM, not external memory: the same bits as
+    the program that stores and loads it; a transient h is never written (its
+    NaNs stay), a kept one is written as before. An accumulator small enough
+    (`acc` bytes) cuts the consumer into M blocks, each its own region."""
+    from mxu.sim.compiler.handoff import plan_handoffs
+    config = SHAPES["4x4"].replace(vpu=True, **({} if acc is None else {"acc_bytes": acc}))
+    results = {}
+    for name, transient, handoffs in [("stored", False, False), ("kept", False, True),
+                                      ("transient", True, True)]:
+        mem = Memory(config)
+        ops = _layer_ops(mem, np.random.default_rng(SEED + 9), M, K, F, N, kind, transient)
+        with monkeypatch.context() as m:
+            if not handoffs:
+                _without_handoffs(m)
+            compiled = mem.run(ops)
+        results[name] = mem.get(ops[1].c), mem.get(ops[0].c), compiled, ops
+    ho = plan_handoffs(config, results["transient"][3])
+    assert [(h.producer, h.consumer, h.store) for h in ho.items] == [(0, 1, False)]
+    if acc is not None:
+        assert ho.items[0].plan.blocks > 1
+    out, h, _, ops = results["stored"]
+    for name in ("kept", "transient"):
+        golden.assert_bits_equal(results[name][0], out, name)
+    golden.assert_bits_equal(results["kept"][1].view(np.uint16), h.view(np.uint16), "kept h")
+    assert np.isnan(results["transient"][1].astype(np.float32)).all()
+    stored, kept, transient = (_dma_count(config, results[n][2].program, ops[0].c)
+                               for n in ("stored", "kept", "transient"))
+    assert transient == 0 < kept < stored
+
+
+def test_a_layer_norm_hands_its_bf16_copy_and_keeps_the_fp32_result():
+    """add_layer_norm with an fp32 result and a transient bf16 copy that the
+    next matmul reads: the copy stays in VMEM, the fp32 result is stored."""
+    from dataclasses import replace
+    from mxu.sim.compiler.epilogue import Epilogue
+    config, rng = SHAPES["4x4"].replace(vpu=True), np.random.default_rng(SEED + 10)
+    M, K, N, F = 16, 8, 12, 8
+    mem = Memory(config)
+    a, w1 = mem.put(rng.standard_normal((M, K)), "bf16"), mem.put(rng.standard_normal((K, N)), "bf16")
+    res = mem.put(rng.standard_normal((M, N)), "fp32")
+    params = mem.put(np.stack([rng.standard_normal(N), rng.standard_normal(N), np.ones(N)]), "fp32")
+    x1, x1b = mem.empty(M, N, "fp32"), replace(mem.put(np.full((M, N), np.nan), "bf16"),
+                                               transient=True)
+    w2 = mem.put(rng.standard_normal((N, F)), "bf16")
+    ep = Epilogue("add_layer_norm", extra=x1b, other=res, params=params, eps=1e-5)
+    ops = [MatmulOp(a, w1, x1, epilogue=ep), MatmulOp(x1b, w2, mem.empty(M, F, "fp32"))]
+    compiled = mem.run(ops)
+    assert _dma_count(config, compiled.program, x1b) == 0
+    assert np.isnan(mem.get(x1b).astype(np.float32)).all()
+    want_b = golden.fp32_to_bf16(golden.f32_bits(mem.get(x1))).view(golden.bf16)
+    golden.assert_bits_equal(mem.get(ops[1].c), golden.matmul(want_b, mem.get(w2), rows=4),
+                             "from the bf16 copy")
+
+
+def test_a_transient_result_another_op_reads_is_still_stored():
+    from mxu.sim.compiler.handoff import plan_handoffs
+    config, rng = SHAPES["4x4"].replace(vpu=True), np.random.default_rng(SEED + 11)
+    mem = Memory(config)
+    ops = _layer_ops(mem, rng, 8, 8, 16, 8, "gelu", True)
+    again = MatmulOp(ops[0].c, ops[1].b, mem.empty(8, 8, "fp32"))
+    mem.run(ops + [again])
+    assert [h.store for h in plan_handoffs(config, ops + [again]).items] == [True]
+    golden.assert_bits_equal(mem.get(again.c), mem.get(ops[1].c), "the second reader")
+
+
+def test_no_hand_off_where_tiles_do_not_line_up():
+    """rows != cols: a result tile is not a K tile, so h goes through memory."""
+    from mxu.sim.compiler.handoff import plan_handoffs
+    mem = Memory(SHAPES["3x5"].replace(vpu=True))
+    ops = _layer_ops(mem, np.random.default_rng(SEED), 8, 6, 15, 4, "gelu", True)
+    assert plan_handoffs(mem.model.config, ops).items == ()
+    mem.run(ops)
+    assert not np.isnan(mem.get(ops[0].c).astype(np.float32)).any()

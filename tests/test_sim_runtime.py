@@ -219,6 +219,28 @@ def test_a_recording_does_not_replay_on_freed_tensors(tiny):
         rec.run()
 
 
+def test_a_transient_tensor_lives_only_inside_its_program(tiny):
+    """A transient intermediate feeds the next matmul of its recording; after
+    the program it raises, and the recording still runs again."""
+    rng = np.random.default_rng(SEED + 10)
+    x, W1, W2 = _rand(rng, 6, 8), _rand(rng, 8, 8), _rand(rng, 8, 4)
+    h = tiny.empty((6, 8), ml_dtypes.bfloat16, transient=True)
+    assert h.transient and not tiny.empty((1, 1)).transient
+    with tiny.record() as rec:
+        tiny.matmul(x, W1, out=h)
+        y = tiny.matmul(h, W2, keep=True)
+    H = golden.matmul(x.astype(ml_dtypes.bfloat16), W1.astype(ml_dtypes.bfloat16), rows=4)
+    _exact(y.numpy(), H.astype(ml_dtypes.bfloat16), W2, 4, what="through the transient")
+    with pytest.raises(ValueError, match="transient"):
+        h.numpy()
+    with pytest.raises(ValueError, match="transient"):
+        tiny.matmul(h, W2)
+    rec.run()
+    _exact(y.numpy(), H.astype(ml_dtypes.bfloat16), W2, 4, what="run again")
+    with pytest.raises(TypeError, match="transient must be True or False"):
+        tiny.empty((2, 2), transient="yes")
+
+
 def test_short_k_with_a_bias_on_one_row(tiny):
     """A one-row Linear with one K tile: its bias is then a 1 x N matrix, whose
     buffers need wide groups to be spaced (this once failed to plan)."""

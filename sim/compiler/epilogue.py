@@ -253,27 +253,37 @@ class FusedGroups:
         # stores of group i - buffers: they precede the store SYNC that group
         # i's first MATMUL waits for, and the vector engine waits for group i.
         vmem = ring.t_base + (grp.index % self.buffers) * ring.t_slot
-        emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, ring.scratch_base,
-                      self.residual_row(grp), vmem, pop_prev=True)
+        emit = emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, ring.scratch_base,
+                             self.residual_row(grp), vmem, pop_prev=True)
+        for handoff in p.handoffs:
+            for jj in range(grp.size):
+                for off, rows, row in handoff.pieces(grp.m0, grp.mrows, grp.j0 + jj):
+                    emit.op(VpuOp.PASS, x.tile(jj) + off, rows, row, to_vmem=True)
         flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
         if op.transposed:
             self.transposed_stores(ep_prog, grp, x, vmem)
-        else:
-            self.result_stores(ep_prog, grp, x)
+        elif not self.result_stores(ep_prog, grp, x, p.handoffs):
+            # Nothing left to store: the store engine takes the vector
+            # engine's token all the same, to hand it on.
+            ep_prog.sync("store", pop_prev=True, vector=True)
         if push_store:
             ep_prog.sync("store", push_prev=True)
         return ep_prog
 
-    def result_stores(self, prog, grp, x):
+    def result_stores(self, prog, grp, x, handoffs=()):
+        """The group's outputs to external memory, except those handed off
+        and not needed there; whether any STORE was emitted."""
         op, c = self.placed[grp.op].op, self.config.cols
         first = dict(pop_prev=True, vector=True)
-        for out in op.writes:
+        kept = [h.operand for h in handoffs if not h.store]
+        for out in (o for o in op.writes if o not in kept):
             for jj in range(grp.size):
                 j = grp.j0 + jj
                 prog.store(acc_row=x.tile(jj), ext_addr=out.addr + grp.m0 * out.stride + out.elem * j * c,
                            rows=grp.mrows, row_bytes=out.elem * min(c, op.N - j * c),
                            ext_stride=out.stride, to_bf16=out.dtype == "bf16", **first)
                 first = {}
+        return not first
 
     def transposed_stores(self, prog, grp, x, vmem):
         """The transposed blocks in VMEM (`emit_epilogue`) to rows j*cols.. of

@@ -42,6 +42,7 @@ from .operands import MatmulOp
 from .plan import RING_SLOTS, ceil_div, plan_op
 from .program import Program
 from .epilogue import FusedGroups, Pending, epilogue_param_loads
+from .handoff import plan_handoffs
 from .vector import VectorOp, emit_vector_op
 
 __all__ = ["CompiledProgram", "compile_matmuls", "plan_segments"]
@@ -74,6 +75,8 @@ class _Placed:
     bias_base: int       # accumulator row of its bias blocks or bias rows
     ep_base: int         # accumulator row of its epilogue's parameters
     ring: _Ring = None   # a fused segment's shared rows
+    handed: bool = False # its activations are a `Handoff`'s region (a_base), not loaded
+    handoffs: tuple = () # the `Handoff`s of its outputs
 
 
 @dataclass(frozen=True)
@@ -110,15 +113,20 @@ class CompiledProgram:
                    if plan is not None)
 
 
-def plan_segments(config, ops):
+def plan_segments(config, ops, handoffs=None, first=0):
     """[(segment, [placed op])]: ops in order, cut into segments of ops whose
     regions fit side by side and that do not read each other's results. Ops
-    with an epilogue (fused) and without never share a segment."""
+    with an epilogue (fused) and without never share a segment. `handoffs`:
+    the program's `Handoffs`, `first` the program index of ``ops[0]``."""
     segments, current = [], []
     for i, op in enumerate(ops):
         op.check(config)
         ep = op.epilogue
-        plan = plan_op(config, op.M, op.K, op.N, op.bias_kind, epilogue=ep and ep.kind)
+        limit = config.vmem_rows if handoffs is None else handoffs.limits[first + i]
+        handed = handoffs and handoffs.to(first + i)
+        plan = handed.plan if handed else plan_op(
+            config, op.M, op.K, op.N, op.bias_kind, epilogue=ep and ep.kind,
+            vmem_rows=limit - RING_SLOTS * config.rows)
         if plan is None:
             KT, room = ceil_div(op.K, config.rows), config.vmem_rows - RING_SLOTS * config.rows
             why = (f"one activation row needs {KT} VMEM rows and {room} are free beside the "
@@ -130,30 +138,43 @@ def plan_segments(config, ops):
                    f"accumulator rows")
             raise ValueError(f"op {i}: a {op.M}x{op.K} @ {op.K}x{op.N} matmul does not fit the "
                              f"chip: {why}")
-        depends = any(r.overlaps(w) for _, o, _ in current for w in o.writes for r in op.reads)
+        depends = any(r.overlaps(w) for _, o, *_ in current for w in o.writes for r in op.reads)
+        item = (i, op, plan, limit, handed,
+                handoffs.of(first + i) if handoffs is not None else ())
         if current and (depends or (ep is None) != (current[0][1].epilogue is None)
-                        or not _place(config, current + [(i, op, plan)])):
+                        or not _place(config, current + [item])):
             segments.append(_place(config, current))
             current = []
-        current.append((i, op, plan))
+        current.append(item)
     if current:
         segments.append(_place(config, current))
     return segments
 
 
 def _place(config, items):
-    """[(op index, _Placed)] of (op index, op, plan) items side by side, or
-    None if they do not fit. Plain ops get regions of their own; a fused
-    segment's ops share a `_Ring` of output, residual and working rows."""
-    vmem = RING_SLOTS * config.rows + sum(plan.vmem_rows for _, _, plan in items)
-    if items[0][1].epilogue is None:
-        placed, acc, a_base = [], 0, RING_SLOTS * config.rows
-        for i, op, plan in items:
-            placed.append((i, _Placed(op, plan, a_base, acc, acc + plan.out_rows, 0)))
-            acc += plan.acc_rows
+    """[(op index, _Placed)] of (op index, op, plan, VMEM limit, hand-off in,
+    hand-offs out) items side by side, or None if they do not fit. Plain ops
+    get regions of their own; a fused segment's ops share a `_Ring` of output,
+    residual and working rows. An op whose activations are handed off
+    (docs/compiler.md) reads them where the hand-off put them."""
+    limit = min(item[3] for item in items)
+    vmem = RING_SLOTS * config.rows + sum(item[2].vmem_rows for item in items if not item[4])
+    a_base = RING_SLOTS * config.rows
+
+    def placed_op(i, op, plan, handed, outs, *regions):
+        nonlocal a_base
+        base = handed.base if handed else a_base
+        if not handed:
             a_base += plan.vmem_rows
+        return i, _Placed(op, plan, base, *regions, handed=bool(handed), handoffs=outs)
+
+    if items[0][1].epilogue is None:
+        placed, acc = [], 0
+        for i, op, plan, _, handed, outs in items:
+            placed.append(placed_op(i, op, plan, handed, outs, acc, acc + plan.out_rows, 0))
+            acc += plan.acc_rows
     else:
-        plans = [plan for _, _, plan in items]
+        plans = [item[2] for item in items]
         buffers = min(p.out_buffers for p in plans)
         slot = max(p.G * p.Mb for p in plans)
         res_slot = max(p.residual_rows for p in plans)
@@ -163,13 +184,12 @@ def _place(config, items):
         t_slot = max(p.t_rows for p in plans)
         ring = _Ring(buffers, slot, res_base, res_slot, scratch_base, acc, vmem, t_slot)
         vmem += buffers * t_slot
-        placed, a_base = [], RING_SLOTS * config.rows
-        for i, op, plan in items:
+        placed = []
+        for i, op, plan, _, handed, outs in items:
             bias_rows = plan.NT if plan.bias == "row" else 0
-            placed.append((i, _Placed(op, plan, a_base, 0, acc, acc + bias_rows, ring)))
+            placed.append(placed_op(i, op, plan, handed, outs, 0, acc, acc + bias_rows, ring))
             acc += bias_rows + plan.param_rows
-            a_base += plan.vmem_rows
-    return placed if vmem <= config.vmem_rows and acc <= config.acc_rows else None
+    return placed if vmem <= limit and acc <= config.acc_rows else None
 
 
 class _Segment(FusedGroups):
@@ -244,7 +264,7 @@ class _Segment(FusedGroups):
             loads += epilogue_param_loads(ep, p.ep_base, c)
         if ep is not None and ep.kind == "add_layer_norm":
             loads += self.residual_loads(n)
-        if grp.first_of_block and jj == 0:
+        if grp.first_of_block and jj == 0 and not p.handed:
             loads.append(dict(vmem_row=self.a_row(grp, t),
                               ext_addr=op.a.addr + grp.m0 * op.a.stride + 2 * t * r,
                               rows=grp.mrows, row_bytes=2 * k_rows, ext_stride=op.a.stride))
@@ -393,6 +413,7 @@ def compile_matmuls(config, ops, *, loops=True):
     ops = list(ops)
     if not ops:
         raise ValueError("compile_matmuls needs at least one op")
+    handoffs = plan_handoffs(config, ops)
     runs, segments = [], []           # runs: (first op index, [ops]) of one kind
     for i, op in enumerate(ops):
         if isinstance(op, VectorOp) or not runs or isinstance(runs[-1][1][-1], VectorOp):
@@ -402,7 +423,8 @@ def compile_matmuls(config, ops, *, loops=True):
         if isinstance(run[0], VectorOp):
             segments.append([(first, run[0])])
         else:
-            segments += [[(first + i, p) for i, p in placed] for placed in plan_segments(config, run)]
+            segments += [[(first + i, p) for i, p in placed]
+                         for placed in plan_segments(config, run, handoffs, first)]
     prog = Program()
     steps = 0
     for k, placed in enumerate(segments):

@@ -3,7 +3,10 @@ they are, not what they hold (docs/compiler.md).
 
 An `Operand` is a 2-D block of external memory: ``rows`` rows of ``cols``
 elements of ``dtype`` ("bf16" or "fp32"), row i at ``addr + i * stride``. A
-`MatmulOp` is ``C = relu?(A @ B + bias)`` on four of them.
+`MatmulOp` is ``C = relu?(A @ B + bias)`` on four of them. A *transient*
+operand is read only inside the program that writes it, so the compiler may
+keep it on the chip and never write it to external memory (docs/compiler.md,
+"Hand-offs in VMEM").
 """
 
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ class Operand:
     cols: int
     stride: int          # bytes from one row to the next
     dtype: str           # "bf16" or "fp32"
+    transient: bool = False   # dead once the program ends
 
     @property
     def elem(self):

@@ -192,9 +192,12 @@ class Chip:
         """External memory not held by tensors."""
         return self._allocator.free_bytes
 
-    def empty(self, shape, dtype=np.float32):
+    def empty(self, shape, dtype=np.float32, transient=False):
         """An uninitialised device tensor of `shape` (1-D or 2-D) and `dtype`
-        (``np.float32`` or ``ml_dtypes.bfloat16``)."""
+        (``np.float32`` or ``ml_dtypes.bfloat16``). A `transient` tensor is
+        written and read inside one program (a recording): the compiler may
+        keep it on the chip and never write it to external memory
+        (docs/runtime.md); once that program has run, using it raises."""
         dtype = np.dtype(dtype)
         if dtype not in DTYPES:
             raise TypeError(f"device tensors are bfloat16 or float32, not {dtype}")
@@ -203,6 +206,7 @@ class Chip:
             raise ValueError(f"device tensors are 1-D or 2-D with sizes >= 1, not {shape}")
         nbytes = int(np.prod(shape)) * dtype.itemsize
         block = self._allocator.alloc(nbytes, f"a {shape} {dtype.name} tensor")
+        block.transient = bool(check_flag(transient, "transient"))
         return DeviceTensor(self, block, block.addr, shape, dtype, shape[-1] * dtype.itemsize)
 
     def upload(self, array, dtype=None):
@@ -324,6 +328,9 @@ class Chip:
             text = compiled.program.text[pc] if pc < len(compiled.program) else "(end of program)"
             raise ChipError(f"the chip stopped with {result.error.name} at instruction {pc}: "
                             f"{text.strip()}; {RESET_NOTE}", result)
+        for call in calls:
+            for out in _outputs(call):
+                out._block.spent = out._block.transient
         stats = RunStats(rows=self.config.rows, cols=self.config.cols,
                          macs=sum(call.macs for call in calls), program_bytes=len(code),
                          cache_hits=int(hit))

@@ -223,8 +223,9 @@ class EncoderLayer:
 
 class ChipEncoderLayer:
     """One encoder layer as one chip program: every matmul on the array, every
-    layer op on the vector unit, the activations in device tensors between
-    them (docs/vpu.md, "The encoder layer on the chip"). Bit-exact to
+    layer op on the vector unit, the intermediates in transient device
+    tensors, those an epilogue hands to the next matmul kept in VMEM (docs/vpu.md,
+    "The encoder layer on the chip"). Bit-exact to
     the golden transformer in its VPU form with the chip's lane order
     (docs/vpu.md, docs/transformer.md)."""
 
@@ -250,10 +251,16 @@ class ChipEncoderLayer:
         H, heads, d, R = cfg.hidden, cfg.heads, cfg.head_dim, B * L
         bf = bfloat16
         qkv = self.attention.qkv
-        q, v = chip.empty((R, H), bf), chip.empty((R, H), bf)
-        kt, probs = chip.empty((H, R), bf), chip.empty((B * heads * L, L), bf)
-        context, x1, x1b = chip.empty((R, H), bf), chip.empty((R, H)), chip.empty((R, H), bf)
-        hb = chip.empty((R, cfg.ffn), bf)
+        # The layer's intermediates are transient: the compiler keeps those it
+        # can in VMEM, from the epilogue that makes them to the matmul that
+        # reads them (docs/compiler.md, "Hand-offs in VMEM").
+        def temp(shape, dtype=np.float32):
+            return chip.empty(shape, dtype, transient=True)
+
+        q, v, kt = temp((R, H), bf), temp((R, H), bf), temp((H, R), bf)
+        probs = temp((B * heads * L, L), bf)
+        context, x1, x1b = temp((R, H), bf), temp((R, H)), temp((R, H), bf)
+        hb = temp((R, cfg.ffn), bf)
         out, outb = chip.empty((R, H)), chip.empty((R, H), bf)
         temps = [q, v, kt, probs, context, x1, x1b, hb]
         try:

@@ -52,7 +52,7 @@ class MatmulCall:
 
     def check_alive(self):
         for tensor in self.keep:
-            tensor._alive()
+            tensor._alive(rerun=True)
 
 
 def _device_operand(chip, x, name, dtype):

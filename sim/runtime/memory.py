@@ -31,6 +31,9 @@ class Block:
         self._allocator = weakref.ref(allocator)
         self.addr, self.nbytes, self.what = addr, nbytes, what
         self.freed = False
+        # A transient tensor's block: its data lives only inside the program
+        # that writes it (`spent` once that program has run).
+        self.transient = self.spent = False
 
     def free(self):
         if not self.freed:

@@ -68,9 +68,20 @@ class DeviceTensor:
     def __len__(self):
         return self.shape[0]
 
-    def _alive(self):
+    @property
+    def transient(self):
+        """Whether the tensor lives only inside the program that writes it
+        (``chip.empty(..., transient=True)``)."""
+        return self._block.transient
+
+    def _alive(self, rerun=False):
+        """Raise unless usable; `rerun`: checking a recording that runs again,
+        whose transient tensors it writes itself."""
         if self.freed:
             raise ValueError(f"this {self.shape} device tensor was freed")
+        if self._block.spent and not rerun:
+            raise ValueError(f"this {self.shape} device tensor is transient: it lived on the chip "
+                             f"only inside the program that wrote it, which has run")
 
     # ---- data ---------------------------------------------------------------------------
     def numpy(self):
@@ -139,4 +150,5 @@ class DeviceTensor:
     def operand(self):
         """The compiler's view: a `mxu.sim.compiler.operands.Operand`."""
         self._alive()
-        return Operand(self.addr, self.rows, self.cols, self.stride, DTYPES[self.dtype])
+        return Operand(self.addr, self.rows, self.cols, self.stride, DTYPES[self.dtype],
+                       self._block.transient)

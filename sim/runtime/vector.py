@@ -30,7 +30,7 @@ class VectorCall:
 
     def check_alive(self):
         for tensor in self.keep:
-            tensor._alive()
+            tensor._alive(rerun=True)
 
 
 def _tensor(chip, x, name, dtype, shape=None):

@@ -2,12 +2,12 @@
 of eight short sentences, with the layer ops on the host or on the chip's
 vector unit, with the fast MAC model and all-RTL.
 
-    .venv/bin/python bench/transformer.py [--no-rtl] [--vector-ops host,chip]
+    .venv/bin/python bench/transformer.py [--no-rtl] [--vector-ops host,chip] [--no-handoffs]
 
 Prints chip cycles, utilization and MFU (model MACs / (cycles * 256): padding
 is not model work, and the cycles include the vector unit's on a "chip" run)
 by the chip's own counters, the vector unit's busy share (rows it took over
-cycles), the programs run, wall seconds, simulated MAC/s, and the share of wall
+cycles), the programs run, the bytes the DMA read and wrote, wall seconds, simulated MAC/s, and the share of wall
 time spent on the host (layer ops on a "host" run, transposes, uploads and
 read-backs, compiling).
 """
@@ -42,11 +42,14 @@ def main():
     parser.add_argument("--vector-ops", default="host,chip",
                         help="comma-separated backends of the layer ops: host, chip")
     parser.add_argument("--only-long", action="store_true", help="only the 128-token input")
+    parser.add_argument("--no-handoffs", action="store_true",
+                        help="every intermediate through external memory (docs/compiler.md)")
     args = parser.parse_args()
     rows = []
     for backend in args.vector_ops.split(","):
         for fast in (True,) if args.no_rtl else (True, False):
-            chip = Chip(ChipConfig.preset("vpu" if backend == "chip" else "default"), fast_mac=fast)
+            chip = Chip(ChipConfig.preset("vpu" if backend == "chip" else "default"), fast_mac=fast,
+                        handoffs=not args.no_handoffs)
             encoder = SentenceEncoder("all-MiniLM-L6-v2", chip=chip, vector_ops=backend)
             long_ids, short_ids = inputs(encoder)
             cases = [("1 x 128 tokens", long_ids)]
@@ -59,11 +62,13 @@ def main():
                              f"{s.model_macs / 1e9:.3f}", f"{s.cycles:,}",
                              f"{100 * s.utilization:.1f} %", f"{100 * s.mfu:.1f} %",
                              f"{100 * s.vector_busy:.1f} %", f"{s.programs}",
+                             f"{s.dma_read_bytes / 1e6:.1f}", f"{s.dma_write_bytes / 1e6:.1f}",
                              f"{s.wall_seconds:.1f}", f"{s.macs / s.sim_seconds / 1e6:.1f}",
                              f"{100 * s.host_seconds / s.wall_seconds:.1f} %"])
     print("all-MiniLM-L6-v2 on the 16x16 chip (chip counters; MFU counts real tokens only)")
     print(format_table(["input", "layer ops", "PEs", "model GMAC", "chip cycles", "utilization",
-                        "MFU", "VPU busy", "programs", "wall s", "sim M MAC/s", "host share"],
+                        "MFU", "VPU busy", "programs", "DMA MB in", "DMA MB out", "wall s",
+                        "sim M MAC/s", "host share"],
                        rows))
 
 

@@ -41,8 +41,8 @@ class Memory:
                 for i in range(op.rows)]
         return np.stack(rows).view(dt).reshape(op.rows, op.cols)
 
-    def run(self, ops, loops=True):
-        compiled = compile_matmuls(self.model.config, ops, loops=loops)
+    def run(self, ops, loops=True, handoffs=True):
+        compiled = compile_matmuls(self.model.config, ops, loops=loops, handoffs=handoffs)
         assert races(self.model.config, compiled.program) == []
         code = compiled.program.to_bytes()
         base = -(-self.top // 0x10000) * 0x10000
@@ -267,12 +267,6 @@ def _layer_ops(mem, rng, M, K, F, N, kind, transient):
     return [MatmulOp(a, w1, h, b1, epilogue=ep), MatmulOp(h, w2, mem.empty(M, N, "fp32"))]
 
 
-def _without_handoffs(monkeypatch):
-    from mxu.sim.compiler import handoff, matmul
-    monkeypatch.setattr(matmul, "plan_handoffs", lambda config, ops: handoff.Handoffs(
-        (), (config.vmem_rows,) * len(ops)))
-
-
 def _dma_count(config, program, operand):
     """LOADs and STOREs issued whose external address lies in `operand`."""
     from mxu.hdl.isa import Opcode, decode
@@ -288,8 +282,7 @@ def _dma_count(config, program, operand):
 @pytest.mark.parametrize("kind, M, K, F, N, acc", [
     ("gelu", 8, 8, 16, 8, None), ("gelu", 37, 12, 24, 9, None), ("gelu", 64, 16, 64, 12, 1 << 10),
     ("softmax", 8, 8, 16, 8, None), ("softmax", 37, 12, 24, 9, None)])
-def test_an_epilogue_hands_its_result_to_the_next_matmul_in_vmem(monkeypatch, kind, M, K, F, N,
-                                                                  acc):
+def test_an_epilogue_hands_its_result_to_the_next_matmul_in_vmem(kind, M, K, F, N, acc):
     """The consumer reads h from VMEM, not external memory: the same bits as
     the program that stores and loads it; a transient h is never written (its
     NaNs stay), a kept one is written as before. An accumulator small enough
@@ -301,10 +294,7 @@ def test_an_epilogue_hands_its_result_to_the_next_matmul_in_vmem(monkeypatch, ki
                                       ("transient", True, True)]:
         mem = Memory(config)
         ops = _layer_ops(mem, np.random.default_rng(SEED + 9), M, K, F, N, kind, transient)
-        with monkeypatch.context() as m:
-            if not handoffs:
-                _without_handoffs(m)
-            compiled = mem.run(ops)
+        compiled = mem.run(ops, handoffs=handoffs)
         results[name] = mem.get(ops[1].c), mem.get(ops[0].c), compiled, ops
     ho = plan_handoffs(config, results["transient"][3])
     assert [(h.producer, h.consumer, h.store) for h in ho.items] == [(0, 1, False)]

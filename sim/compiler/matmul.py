@@ -405,15 +405,17 @@ def _emit_runs(prog, units, loops, body_limit):
         i += 1
 
 
-def compile_matmuls(config, ops, *, loops=True):
+def compile_matmuls(config, ops, *, loops=True, handoffs=True):
     """One `Program` for `ops` (a sequence of `MatmulOp` and, on a chip with the
     vector unit, `VectorOp`), in order; with `loops` False every step is spelled
     out (the reference the loops are tested against). A `VectorOp` is a
-    segment of its own (`emit_vector_op`), with barriers around it."""
+    segment of its own (`emit_vector_op`), with barriers around it. With
+    `handoffs` (`plan_handoffs`), epilogue results the next matmul reads stay
+    in VMEM; without, everything goes through external memory."""
     ops = list(ops)
     if not ops:
         raise ValueError("compile_matmuls needs at least one op")
-    handoffs = plan_handoffs(config, ops)
+    handoffs = plan_handoffs(config, ops) if handoffs else None
     runs, segments = [], []           # runs: (first op index, [ops]) of one kind
     for i, op in enumerate(ops):
         if isinstance(op, VectorOp) or not runs or isinstance(runs[-1][1][-1], VectorOp):

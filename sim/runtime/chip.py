@@ -119,10 +119,14 @@ class Chip:
 
     Parameters are those of `mxu.sim.driver.SimulatedChip`: ``config`` (a
     `ChipConfig`, default 16x16), ``simulator``, ``mem_latency``, ``mem_pause``,
-    ``seed``, ``waves`` (and its window options), ``fast_mac``.
+    ``seed``, ``waves`` (and its window options), ``fast_mac``; and
+    ``handoffs``: whether the compiler keeps an epilogue's result that the
+    next matmul reads in VMEM (docs/compiler.md, "Hand-offs in VMEM"; the
+    same bits either way, off only to compare).
     """
 
-    def __init__(self, config=None, simulator="verilator", **options):
+    def __init__(self, config=None, simulator="verilator", handoffs=True, **options):
+        self.handoffs = check_flag(handoffs, "handoffs")
         self.device = SimulatedChip(config, simulator, **options)
         self.config = self.device.config
         self.last_stats = None
@@ -297,11 +301,11 @@ class Chip:
         return call.outputs[0] if len(call.outputs) == 1 else tuple(call.outputs)
 
     def _compile(self, ops):
-        key = tuple(ops)
+        key = (self.handoffs,) + tuple(ops)
         if key in self._programs:
             self._programs.move_to_end(key)
             return self._programs[key], True
-        compiled = compile_matmuls(self.config, ops)
+        compiled = compile_matmuls(self.config, ops, handoffs=self.handoffs)
         self._programs[key] = compiled
         if len(self._programs) > PROGRAM_CACHE_SIZE:
             self._programs.popitem(last=False)

@@ -297,7 +297,9 @@ def test_an_epilogue_hands_its_result_to_the_next_matmul_in_vmem(kind, M, K, F, 
         compiled = mem.run(ops, handoffs=handoffs)
         results[name] = mem.get(ops[1].c), mem.get(ops[0].c), compiled, ops
     ho = plan_handoffs(config, results["transient"][3])
-    assert [(h.producer, h.consumer, h.store) for h in ho.items] == [(0, 1, False)]
+    assert [(h.consumer, [s.producer for s in h.sources]) for h in ho.items] == [(1, [0])]
+    assert ho.keeps(0, results["transient"][3][0].c)
+    assert not plan_handoffs(config, results["kept"][3]).keeps(0, results["kept"][3][0].c)
     if acc is not None:
         assert ho.items[0].plan.blocks > 1
     out, h, _, ops = results["stored"]
@@ -339,10 +341,13 @@ def test_a_transient_result_another_op_reads_is_still_stored():
     config, rng = SHAPES["4x4"].replace(vpu=True), np.random.default_rng(SEED + 11)
     mem = Memory(config)
     ops = _layer_ops(mem, rng, 8, 8, 16, 8, "gelu", True)
-    again = MatmulOp(ops[0].c, ops[1].b, mem.empty(8, 8, "fp32"))
+    X = rng.standard_normal((4, 8)).astype(golden.bf16)
+    again = MatmulOp(mem.put(X, "bf16"), ops[0].c, mem.empty(4, 16, "fp32"))   # h as weights
     mem.run(ops + [again])
-    assert [h.store for h in plan_handoffs(config, ops + [again]).items] == [True]
-    golden.assert_bits_equal(mem.get(again.c), mem.get(ops[1].c), "the second reader")
+    ho = plan_handoffs(config, ops + [again])
+    assert [h.consumer for h in ho.items] == [1] and not ho.keeps(0, ops[0].c)
+    golden.assert_bits_equal(mem.get(again.c), golden.matmul(X, mem.get(ops[0].c), rows=4),
+                             "the second reader")
 
 
 def test_no_hand_off_where_tiles_do_not_line_up():
@@ -353,3 +358,61 @@ def test_no_hand_off_where_tiles_do_not_line_up():
     assert plan_handoffs(mem.model.config, ops).items == ()
     mem.run(ops)
     assert not np.isnan(mem.get(ops[0].c).astype(np.float32)).any()
+
+
+def _attention_ops(mem, rng, L, H, d, transient):
+    """Q = x @ Wq (plain, bf16), each head's q_h @ K^T_h (its two column
+    tiles of Q), then P_h @ V_h into the head's columns of a context, and
+    context @ Wo: Q is one producer for several consumers, the context
+    several producers for one."""
+    from dataclasses import replace
+
+    def put(shape, scale=1.0, dtype="bf16"):
+        return mem.put(rng.standard_normal(shape) * scale, dtype)
+
+    def temp(rows, cols):
+        return replace(mem.put(np.full((rows, cols), np.nan), "bf16"), transient=transient)
+
+    x, wq, kt, v, wo = put((L, H)), put((H, H), 0.3), put((H, L)), put((L, H)), put((H, H), 0.3)
+    q, ctx, out = temp(L, H), temp(L, H), mem.empty(L, H, "fp32")
+    ops = [MatmulOp(x, wq, q, put((1, H), dtype="fp32"))]
+    probs = []
+    for h in range(H // d):
+        cols = lambda o: Operand(o.addr + 2 * h * d, o.rows, d, o.stride, "bf16")      # noqa: E731
+        kt_h = Operand(kt.addr + h * d * kt.stride, d, L, kt.stride, "bf16")
+        s = mem.empty(L, L, "bf16")
+        probs.append(s)
+        ops.append(MatmulOp(cols(q), kt_h, s))
+    for h, s in enumerate(probs):
+        v_h = Operand(v.addr + 2 * h * d, L, d, v.stride, "bf16")
+        ops.append(MatmulOp(s, v_h, Operand(ctx.addr + 2 * h * d, L, d, ctx.stride, "bf16",
+                                            transient)))
+    ops.append(MatmulOp(ctx, wo, out))
+    return ops, q, ctx
+
+
+@pytest.mark.parametrize("L, H, d", [(8, 16, 8), (20, 24, 8)])
+def test_plain_matmuls_hand_off_parts_of_a_result_and_pieces_of_one(L, H, d):
+    """Plain producers get a copy epilogue: each head's scores read their
+    columns of Q from VMEM, the output projection reads the context that the
+    heads' P.V wrote into VMEM piece by piece. Same bits as through memory;
+    the transient Q and context are never written."""
+    from mxu.sim.compiler.handoff import plan_handoffs
+    config = SHAPES["4x4"].replace(vpu=True)
+    got = {}
+    for handoffs in (False, True):
+        mem = Memory(config)
+        ops, q, ctx = _attention_ops(mem, np.random.default_rng(SEED + 12), L, H, d, handoffs)
+        compiled = mem.run(ops, handoffs=handoffs)
+        got[handoffs] = mem.get(ops[-1].c), mem.get(q), mem.get(ctx), compiled
+    heads = H // d
+    ho = plan_handoffs(config, ops)
+    by_consumer = {h.consumer: sorted(s.producer for s in h.sources) for h in ho.items}
+    assert by_consumer == {**{1 + h: [0] for h in range(heads)},                 # Q
+                           **{1 + heads + h: [1 + h] for h in range(heads)},      # the scores
+                           1 + 2 * heads: list(range(1 + heads, 1 + 2 * heads))}  # the context
+    golden.assert_bits_equal(got[True][0], got[False][0], "through VMEM")
+    assert np.isnan(got[True][1].astype(np.float32)).all()
+    assert np.isnan(got[True][2].astype(np.float32)).all()
+    assert _dma_count(config, got[True][3].program, q) == 0
+    assert _dma_count(config, got[True][3].program, ctx) == 0

@@ -24,6 +24,9 @@ __all__ = ["EPILOGUE_KINDS", "EPILOGUE_BUFFERS", "Epilogue", "epilogue_operands"
            "transpose_vmem_rows", "emit_epilogue", "Pending", "FusedGroups"]
 
 EPILOGUE_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu", "transpose")
+# The compiler's own kind: no pass of its own, only the hand-off passes of a
+# plain matmul whose result stays in VMEM (docs/compiler.md).
+COPY = "copy"
 
 
 def epilogue_operands(kind, M, N, cols, bias=True):
@@ -39,7 +42,7 @@ def epilogue_operands(kind, M, N, cols, bias=True):
     return {"softmax": {"other": (1, -(-N // cols) * cols)},
             "layer_norm": {"params": (3, N)},
             "add_layer_norm": {"other": (M, N), "params": (3, N)},
-            "gelu": {}, "transpose": {}}[kind]
+            "gelu": {}, "transpose": {}, COPY: {}}[kind]
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class Epilogue:
     @property
     def row_wise(self):
         """Whether a row's result needs the whole row (the group is every N tile)."""
-        return self.kind not in ("gelu", "transpose")
+        return self.kind not in ("gelu", "transpose", COPY)
 
     @property
     def reads(self):
@@ -79,7 +82,7 @@ class Epilogue:
     def check(self, config, M, N):
         if not config.vpu:
             raise ValueError("a matmul epilogue needs a chip with the vector unit (vpu=True)")
-        if self.kind not in EPILOGUE_KINDS:
+        if self.kind not in EPILOGUE_KINDS + (COPY,):
             raise ValueError(f"Epilogue kind must be one of {EPILOGUE_KINDS}, not {self.kind!r}")
         want = epilogue_operands(self.kind, M, N, config.cols, self.other is not None)
         for name in ("other", "params"):
@@ -103,7 +106,8 @@ class Epilogue:
 # Output buffers a fused segment cycles through: a third lets the array run a
 # whole group ahead of the vector unit; the LayerNorms' wide rows (every N
 # tile, and a residual per buffer) leave room for two.
-EPILOGUE_BUFFERS = {"softmax": 3, "gelu": 3, "transpose": 3, "layer_norm": 2, "add_layer_norm": 2}
+EPILOGUE_BUFFERS = {"softmax": 3, "gelu": 3, "transpose": 3, "layer_norm": 2, "add_layer_norm": 2,
+                    COPY: 3}
 
 
 def epilogue_scratch(kind, count, G, Mb):
@@ -113,7 +117,7 @@ def epilogue_scratch(kind, count, G, Mb):
     runs one group at a time."""
     sizes = {"softmax": (("spare", Mb), ("scratch", count * Mb)),
              "layer_norm": (("spare", Mb), ("sq", count * Mb)),
-             "gelu": (("scratch", 4 * G * Mb + 4),), "transpose": ()}
+             "gelu": (("scratch", 4 * G * Mb + 4),), "transpose": (), COPY: ()}
     sizes["add_layer_norm"] = sizes["layer_norm"]
     layout, at = {}, 0
     for name, rows in sizes[kind]:
@@ -181,7 +185,7 @@ def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=0, **firs
             for blk in range(blocks):
                 emit.op(VpuOp.PASS, x.tile(t) + blk * E, min(E, x.m - blk * E),
                         vmem + (t * blocks + blk) * config.cols, to_vmem=True, transpose=True)
-    else:
+    elif ep.kind != COPY:       # a copy has only the caller's hand-off passes
         if ep.kind == "add_layer_norm":
             emit.map(VpuOp.ADD, x, x, b_row=residual)
         gamma, beta, ones = (Tiles(params + i * count, 1, x.n, x.cols) for i in range(3))
@@ -255,14 +259,19 @@ class FusedGroups:
         vmem = ring.t_base + (grp.index % self.buffers) * ring.t_slot
         emit = emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, ring.scratch_base,
                              self.residual_row(grp), vmem, pop_prev=True)
-        for handoff in p.handoffs:
+        for handoff, source in p.handoffs:
             for jj in range(grp.size):
-                for off, rows, row in handoff.pieces(grp.m0, grp.mrows, grp.j0 + jj):
+                for off, rows, row in handoff.pieces(source, grp.m0, grp.mrows, grp.j0 + jj):
                     emit.op(VpuOp.PASS, x.tile(jj) + off, rows, row, to_vmem=True)
-        flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
+        if emit.emitted:
+            flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
+        else:
+            # A copy epilogue with nothing to hand off in this group: the
+            # vector engine passes the tokens on.
+            ep_prog.sync("vector", pop_prev=True, push_next=True)
         if op.transposed:
             self.transposed_stores(ep_prog, grp, x, vmem)
-        elif not self.result_stores(ep_prog, grp, x, p.handoffs):
+        elif not self.result_stores(ep_prog, grp, x, p.unstored):
             # Nothing left to store: the store engine takes the vector
             # engine's token all the same, to hand it on.
             ep_prog.sync("store", pop_prev=True, vector=True)
@@ -270,13 +279,12 @@ class FusedGroups:
             ep_prog.sync("store", push_prev=True)
         return ep_prog
 
-    def result_stores(self, prog, grp, x, handoffs=()):
-        """The group's outputs to external memory, except those handed off
-        and not needed there; whether any STORE was emitted."""
+    def result_stores(self, prog, grp, x, unstored=()):
+        """The group's outputs to external memory, except the `unstored`
+        ones (handed off, not needed there); whether any STORE was emitted."""
         op, c = self.placed[grp.op].op, self.config.cols
         first = dict(pop_prev=True, vector=True)
-        kept = [h.operand for h in handoffs if not h.store]
-        for out in (o for o in op.writes if o not in kept):
+        for out in (o for o in op.writes if o not in unstored):
             for jj in range(grp.size):
                 j = grp.j0 + jj
                 prog.store(acc_row=x.tile(jj), ext_addr=out.addr + grp.m0 * out.stride + out.elem * j * c,

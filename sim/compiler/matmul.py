@@ -76,7 +76,8 @@ class _Placed:
     ep_base: int         # accumulator row of its epilogue's parameters
     ring: _Ring = None   # a fused segment's shared rows
     handed: bool = False # its activations are a `Handoff`'s region (a_base), not loaded
-    handoffs: tuple = () # the `Handoff`s of its outputs
+    handoffs: tuple = () # the (`Handoff`, `Source`) pairs its epilogue writes
+    unstored: tuple = () # outputs that stay on the chip only
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,11 @@ def plan_segments(config, ops, handoffs=None, first=0):
             raise ValueError(f"op {i}: a {op.M}x{op.K} @ {op.K}x{op.N} matmul does not fit the "
                              f"chip: {why}")
         depends = any(r.overlaps(w) for _, o, *_ in current for w in o.writes for r in op.reads)
-        item = (i, op, plan, limit, handed,
-                handoffs.of(first + i) if handoffs is not None else ())
+        outs = ()
+        if handoffs is not None:
+            outs = (tuple(handoffs.of(first + i)),
+                    tuple(w for w in op.writes if handoffs.keeps(first + i, w)))
+        item = (i, op, plan, limit, handed, outs)
         if current and (depends or (ep is None) != (current[0][1].epilogue is None)
                         or not _place(config, current + [item])):
             segments.append(_place(config, current))
@@ -166,7 +170,9 @@ def _place(config, items):
         base = handed.base if handed else a_base
         if not handed:
             a_base += plan.vmem_rows
-        return i, _Placed(op, plan, base, *regions, handed=bool(handed), handoffs=outs)
+        pairs, unstored = outs or ((), ())
+        return i, _Placed(op, plan, base, *regions, handed=bool(handed), handoffs=pairs,
+                          unstored=unstored)
 
     if items[0][1].epilogue is None:
         placed, acc = [], 0
@@ -416,6 +422,8 @@ def compile_matmuls(config, ops, *, loops=True, handoffs=True):
     if not ops:
         raise ValueError("compile_matmuls needs at least one op")
     handoffs = plan_handoffs(config, ops) if handoffs else None
+    if handoffs is not None:
+        ops = list(handoffs.ops)      # plain producers get a copy epilogue
     runs, segments = [], []           # runs: (first op index, [ops]) of one kind
     for i, op in enumerate(ops):
         if isinstance(op, VectorOp) or not runs or isinstance(runs[-1][1][-1], VectorOp):

@@ -68,7 +68,7 @@ class OpPlan:
         while j < self.NT:
             out.append((j, min(self.rest, self.NT - j)))
             j += out[-1][1]
-        if last and self.epilogue in ("gelu", "transpose"):
+        if last and self.epilogue in ("gelu", "transpose", "copy"):
             j, size = out.pop()
             while size > 1:
                 out.append((j, size // 2))
@@ -167,7 +167,7 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         # tiles needs that), so both are tried before the block shrinks.
         act_beats = Mb * ceil_div(2 * r, bb)
         want = min(NT, MAX_GROUP, ceil_div(act_beats, max(1, Mb - w_beats)))
-        if epilogue in (None, "transpose"):
+        if epilogue in (None, "transpose", "copy"):
             sizes = _group_sizes(min(NT, MAX_GROUP, 1 << (want - 1).bit_length()), NT)
         elif epilogue == "gelu":
             # Wide groups: fewer, longer VECTORs (each pays the pipeline's latency once).

@@ -342,11 +342,13 @@ def test_a_transient_result_another_op_reads_is_still_stored():
     mem = Memory(config)
     ops = _layer_ops(mem, rng, 8, 8, 16, 8, "gelu", True)
     X = rng.standard_normal((4, 8)).astype(golden.bf16)
-    again = MatmulOp(mem.put(X, "bf16"), ops[0].c, mem.empty(4, 16, "fp32"))   # h as weights
+    h = ops[0].c
+    h_cols = Operand(h.addr + 4, 8, 8, h.stride, "bf16", True)     # not whole tiles of h
+    again = MatmulOp(mem.put(X, "bf16"), h_cols, mem.empty(4, 8, "fp32"))
     mem.run(ops + [again])
     ho = plan_handoffs(config, ops + [again])
     assert [h.consumer for h in ho.items] == [1] and not ho.keeps(0, ops[0].c)
-    golden.assert_bits_equal(mem.get(again.c), golden.matmul(X, mem.get(ops[0].c), rows=4),
+    golden.assert_bits_equal(mem.get(again.c), golden.matmul(X, mem.get(h)[:, 2:10], rows=4),
                              "the second reader")
 
 
@@ -416,3 +418,64 @@ def test_plain_matmuls_hand_off_parts_of_a_result_and_pieces_of_one(L, H, d):
     assert np.isnan(got[True][2].astype(np.float32)).all()
     assert _dma_count(config, got[True][3].program, q) == 0
     assert _dma_count(config, got[True][3].program, ctx) == 0
+
+
+def _whole_attention(mem, rng, L, H, d, transient):
+    """Attention as the encoder layer records it: Q and V plain, K^T through
+    the transpose epilogue (scaled), each head's softmax(q_h @ K^T_h) and
+    P_h @ V_h into its columns of the context, then context @ Wo. Every
+    intermediate transient (when `transient`) and NaN to begin with."""
+    from dataclasses import replace
+    from mxu.sim.compiler.epilogue import Epilogue
+
+    def put(shape, scale=1.0, dtype="bf16"):
+        return mem.put(rng.standard_normal(shape) * scale, dtype)
+
+    def temp(rows, cols):
+        return replace(mem.put(np.full((rows, cols), np.nan), "bf16"), transient=transient)
+
+    def view(o, r0, rows, c0, cols):
+        return Operand(o.addr + r0 * o.stride + 2 * c0, rows, cols, o.stride, "bf16", o.transient)
+
+    x, wq, wk, wv, wo = put((L, H)), put((H, H), 0.3), put((H, H), 0.3), put((H, H), 0.3), \
+        put((H, H), 0.3)
+    q, kt, v, ctx, probs = temp(L, H), temp(H, L), temp(L, H), temp(L, H), temp(H // d * L, L)
+    ops = [MatmulOp(x, wq, q), MatmulOp(x, wk, kt, epilogue=Epilogue("transpose", scale=0.5)),
+           MatmulOp(x, wv, v)]
+    heads = H // d
+    for h in range(heads):
+        ops.append(MatmulOp(view(q, 0, L, h * d, d), view(kt, h * d, d, 0, L),
+                            view(probs, h * L, L, 0, L), epilogue=Epilogue("softmax")))
+    for h in range(heads):
+        ops.append(MatmulOp(view(probs, h * L, L, 0, L), view(v, 0, L, h * d, d),
+                            view(ctx, 0, L, h * d, d)))
+    ops.append(MatmulOp(ctx, wo, mem.empty(L, H, "fp32")))
+    return ops, (q, kt, v, ctx, probs)
+
+
+@pytest.mark.parametrize("L, H, d", [(8, 16, 8), (20, 24, 8)])
+def test_weights_are_handed_off_too_so_attention_touches_memory_only_for_its_weights(L, H, d):
+    """K^T (transposed blocks straight into weight tiles) and V (rows into
+    weight tiles) are read by LOADW from VMEM; with Q, the probabilities and
+    the context handed off as activations, no intermediate is loaded or
+    stored. Same bits as the program through memory."""
+    from mxu.sim.compiler.handoff import plan_handoffs
+    config = SHAPES["4x4"].replace(vpu=True)
+    got = {}
+    for handoffs in (False, True):
+        mem = Memory(config)
+        ops, temps = _whole_attention(mem, np.random.default_rng(SEED + 13), L, H, d, handoffs)
+        compiled = mem.run(ops, handoffs=handoffs)
+        got[handoffs] = mem.get(ops[-1].c), [mem.get(t) for t in temps], compiled
+    heads = H // d
+    ho = plan_handoffs(config, ops)
+    edges = sorted((h.consumer, h.operand, tuple(s.producer for s in h.sources)) for h in ho.items)
+    want = ([(3 + h, "a", (0,)) for h in range(heads)] + [(3 + h, "b", (1,)) for h in range(heads)]
+            + [(3 + heads + h, "a", (3 + h,)) for h in range(heads)]
+            + [(3 + heads + h, "b", (2,)) for h in range(heads)]
+            + [(3 + 2 * heads, "a", tuple(range(3 + heads, 3 + 2 * heads)))])
+    assert edges == sorted(want)
+    golden.assert_bits_equal(got[True][0], got[False][0], "through VMEM")
+    for t, data in zip(temps, got[True][1]):
+        assert np.isnan(data.astype(np.float32)).all()
+        assert _dma_count(config, got[True][2].program, t) == 0

@@ -161,12 +161,13 @@ def transpose_vmem_rows(config, G, Mb):
     return G * -(-Mb // config.vmem_row_elems) * config.cols
 
 
-def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=0, **first):
+def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, **first):
     """The VECTORs of `ep` on the group `x` (a `Tiles` in the accumulator,
     updated in place): `params`, `scratch` and `residual` are the accumulator
     rows of its parameters (`epilogue_param_rows`), working rows
     (`epilogue_scratch`) and the group's residual rows (add_layer_norm);
-    `vmem`: the VMEM row a transpose's blocks start at (`transpose_vmem_rows`).
+    `vmem`: the VMEM row a transpose's blocks start at (`transpose_vmem_rows`),
+    None when they go nowhere but to hand-offs.
     `first`: flags of the first instruction."""
     count = -(-x.n // x.cols)
     layout, _ = epilogue_scratch(ep.kind, count, x.count, x.m)
@@ -179,13 +180,13 @@ def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=0, **firs
         emit.softmax(x, bias, x, x.like(at["scratch"]), at["spare"])
     elif ep.kind == "gelu":
         emit.gelu(x, x, [x.like(at["scratch"] + i * (x.rows + 1) + 1) for i in range(4)], split=2)
-    elif ep.kind == "transpose":
+    elif ep.kind == "transpose" and vmem is not None:
         E, blocks = config.vmem_row_elems, -(-x.m // config.vmem_row_elems)
         for t in range(x.count):
             for blk in range(blocks):
                 emit.op(VpuOp.PASS, x.tile(t) + blk * E, min(E, x.m - blk * E),
                         vmem + (t * blocks + blk) * config.cols, to_vmem=True, transpose=True)
-    elif ep.kind != COPY:       # a copy has only the caller's hand-off passes
+    elif ep.kind not in (COPY, "transpose"):   # only the caller's hand-off passes
         if ep.kind == "add_layer_norm":
             emit.map(VpuOp.ADD, x, x, b_row=residual)
         gamma, beta, ones = (Tiles(params + i * count, 1, x.n, x.cols) for i in range(3))
@@ -257,21 +258,23 @@ class FusedGroups:
         # stores of group i - buffers: they precede the store SYNC that group
         # i's first MATMUL waits for, and the vector engine waits for group i.
         vmem = ring.t_base + (grp.index % self.buffers) * ring.t_slot
+        stored = op.c not in p.unstored
         emit = emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, ring.scratch_base,
-                             self.residual_row(grp), vmem, pop_prev=True)
+                             self.residual_row(grp), vmem if stored else None, pop_prev=True)
         for handoff, source in p.handoffs:
             for jj in range(grp.size):
                 for off, rows, row in handoff.pieces(source, grp.m0, grp.mrows, grp.j0 + jj):
-                    emit.op(VpuOp.PASS, x.tile(jj) + off, rows, row, to_vmem=True)
+                    emit.op(VpuOp.PASS, x.tile(jj) + off, rows, row, to_vmem=True,
+                            transpose=source.transposed)
         if emit.emitted:
             flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
         else:
             # A copy epilogue with nothing to hand off in this group: the
             # vector engine passes the tokens on.
             ep_prog.sync("vector", pop_prev=True, push_next=True)
-        if op.transposed:
+        if op.transposed and stored:
             self.transposed_stores(ep_prog, grp, x, vmem)
-        elif not self.result_stores(ep_prog, grp, x, p.unstored):
+        elif op.transposed or not self.result_stores(ep_prog, grp, x, p.unstored):
             # Nothing left to store: the store engine takes the vector
             # engine's token all the same, to hand it on.
             ep_prog.sync("store", pop_prev=True, vector=True)

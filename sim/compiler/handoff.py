@@ -1,18 +1,24 @@
-"""Hand-offs in VMEM: results that later matmuls of the same program read as
-their activations go from the vector unit straight into VMEM
-(docs/compiler.md, "Hand-offs in VMEM").
+"""Hand-offs in VMEM: results that later matmuls of the same program read go
+from the vector unit straight into VMEM (docs/compiler.md, "Hand-offs in
+VMEM").
 
 A consumer's activations `a` may be one producer's output, part of it (a
 head's columns of Q) or pieced together from several (the context, from
-every head's P.V). Each producer is a fused matmul; a plain one gets an
-epilogue that only copies (``Epilogue("copy")``). Its epilogue ends with
-``to_vmem`` passes (the rounding of a bf16 STORE) into the consumer's region,
-laid out as the consumer's activation buffers, one per M block: row m of K
-tile t at ``base + (m // Mb) * Mb * KT + t * Mb + m % Mb``. The consumer
-loads no activations. Regions are stacked down from the top of VMEM and live
-from the first producer's op to the consumer's: every op in between plans
-below them (`Handoffs.limits`). A transient output (`Operand.transient`) that
-no other op reads is not stored at all.
+every head's P.V); its weights `b` part of one producer's output (a head's
+V, or its rows of the transposed K^T). Each producer is a fused matmul; a
+plain one gets an epilogue that only copies (``Epilogue("copy")``). Its
+epilogue ends with ``to_vmem`` passes (the rounding of a bf16 STORE) into
+the consumer's region, laid out as the consumer reads it:
+
+* activations, one buffer per M block: row m of K tile t at
+  ``base + (m // Mb) * Mb * KT + t * Mb + m % Mb`` (the consumer loads none);
+* weights, tile by tile: row k of tile (t, j) at ``base + (t * NT + j) *
+  rows + k`` (LOADW reads it there instead of a ring slot; nothing loaded).
+
+Regions are stacked down from the top of VMEM and live from the first
+producer's op to the consumer's: every op in between plans below them
+(`Handoffs.limits`). A transient output (`Operand.transient`) that no other
+op reads is not stored at all.
 """
 
 import functools
@@ -27,47 +33,70 @@ __all__ = ["Source", "Handoff", "Handoffs", "plan_handoffs"]
 
 @dataclass(frozen=True)
 class Source:
-    """The part of a consumer's activations that op `producer` writes: its
-    output `operand`, rows ``rows[0] .. rows[1]-1`` and tiles ``tiles[0] ..
-    tiles[1]-1`` of it, which are the consumer's rows ``+ dr`` and K tiles
-    ``+ dt``."""
+    """The part of a consumer's operand that op `producer` writes: rows
+    ``rows[0] .. rows[1]-1`` and tiles ``tiles[0] .. tiles[1]-1`` of its
+    accumulator result (its output `operand`, or the transpose of it when
+    `transposed`). Result row m and tile j are, of activations, row ``m +
+    dr`` and K tile ``j + dt``; of weights, row ``m + dr`` and column tile
+    ``j + dt``, or (transposed) column ``m + dr`` and row tile ``j + dt``."""
     producer: int
     operand: object
     rows: tuple
     tiles: tuple
     dr: int
     dt: int
+    transposed: bool = False
 
 
 @dataclass(frozen=True)
 class Handoff:
-    """Op `consumer`'s activations in VMEM rows from `base`, in the layout of
-    its `plan` (whose ``a_buffers`` is its block count), written by the
-    epilogues of its `sources`."""
+    """Op `consumer`'s `operand` ("a" or "b") in VMEM rows from `base`, in the
+    layout of its `plan` (whose ``a_buffers`` is its block count when the
+    activations are handed off), written by the epilogues of its `sources`."""
     consumer: int
+    operand: str
     base: int
     plan: OpPlan
     sources: tuple
+    tile: int           # rows = cols of the chip
 
     @property
     def rows(self):
-        return self.plan.blocks * self.plan.Mb * self.plan.KT
+        p = self.plan
+        return p.blocks * p.Mb * p.KT if self.operand == "a" else p.KT * p.NT * self.tile
+
+    def weight_row(self, t, j):
+        """The VMEM row of weight tile (t, j)."""
+        return self.base + (t * self.plan.NT + j) * self.tile
 
     def pieces(self, source, m0, mrows, j):
         """(row offset from m0, rows, VMEM row) of `source`'s result rows m0
-        .. m0+mrows-1 of its tile j that this consumer reads, cut where its M
-        blocks are."""
+        .. m0+mrows-1 of its tile j that this consumer reads: runs of rows
+        that land in consecutive VMEM rows (one transposed block each, when
+        the source is transposed)."""
         (r0, r1), (j0, j1) = source.rows, source.tiles
         if not j0 <= j < j1:
             return []
-        Mb, KT, t = self.plan.Mb, self.plan.KT, j + source.dt
         out, m, end = [], max(m0, r0), min(m0 + mrows, r1)
         while m < end:
-            c = m + source.dr                        # the consumer's row
-            n = min(end - m, (c // Mb + 1) * Mb - c)
-            out.append((m - m0, n, self.base + (c // Mb) * Mb * KT + t * Mb + c % Mb))
+            run, row = self._run(m + source.dr, j + source.dt, source.transposed)
+            n = min(end - m, run)
+            out.append((m - m0, n, row))
             m += n
         return out
+
+    def _run(self, c, t, transposed):
+        """(rows to the next cut, VMEM row) of the consumer's row c of tile t."""
+        T, Mb, KT = self.tile, self.plan.Mb, self.plan.KT
+        if self.operand == "a":
+            return (c // Mb + 1) * Mb - c, self.base + (c // Mb) * Mb * KT + t * Mb + c % Mb
+        if transposed:
+            # c: a column of the weights; a transposed block fills a tile's rows.
+            if c % T:
+                raise AssertionError("a transposed hand-off block must start a tile "
+                                     "(plan_handoffs checks the producer's blocks)")
+            return T, self.weight_row(t, c // T)
+        return T - c % T, self.weight_row(c // T, t) + c % T
 
 
 @dataclass(frozen=True)
@@ -81,8 +110,9 @@ class Handoffs:
     limits: tuple
     stored: frozenset = frozenset()
 
-    def to(self, consumer):
-        return next((h for h in self.items if h.consumer == consumer), None)
+    def to(self, consumer, operand="a"):
+        return next((h for h in self.items if h.consumer == consumer and h.operand == operand),
+                    None)
 
     def of(self, producer):
         """[(Handoff, Source)] that op `producer` writes."""
@@ -139,28 +169,52 @@ def _source(config, i, out, a):
     return Source(i, out, (0, out.rows), (0, ceil_div(out.cols, tile)), r, c // tile)
 
 
-def _sources(config, ops, k):
-    """The `Source`s that cover op k's activations exactly, or None: the
-    outputs of earlier matmuls with a row-major or no epilogue (no ReLU, no
-    matrix bias), bf16, disjoint, whole tiles, and no vector op in between."""
-    a = ops[k].a
+def _weight_source(config, i, out, b, transposed):
+    """The `Source` of output `out` of op i for weights `b` (a part of out, in
+    whole tiles), or None."""
+    tile, inside = config.cols, _offset(out, b)
+    if inside is None or inside[0] + b.rows > out.rows:
+        return None
+    r, c = inside
+    if c % tile or b.cols % tile or (transposed and (r % tile or b.rows % tile)):
+        return None
+    if transposed:      # out's rows are the result's columns: a head's rows of K^T
+        return Source(i, out, (c, c + b.cols), (r // tile, (r + b.rows) // tile), -c,
+                      -r // tile, True)
+    return Source(i, out, (r, r + b.rows), (c // tile, (c + b.cols) // tile), -r, -c // tile)
+
+
+def _producer_ok(op, out):
+    return (isinstance(op, MatmulOp) and not op.relu and op.bias_kind != "matrix"
+            and out.dtype == "bf16")
+
+
+def _sources(config, ops, k, operand):
+    """The `Source`s that cover op k's `operand` ("a" or "b") exactly, or
+    None: the outputs of earlier matmuls with no ReLU and no matrix bias,
+    bf16, disjoint, whole tiles, and no vector op in between. Weights come
+    from one producer, which may be a transpose; activations from any number
+    of row-major ones."""
+    x = getattr(ops[k], operand)
     found = []
     for i in range(k):
         for out in _writes(ops[i]):
-            if not out.overlaps(a):
+            if not out.overlaps(x):
                 continue
             op = ops[i]
-            if (not isinstance(op, MatmulOp) or op.transposed or op.relu
-                    or op.bias_kind == "matrix" or out.dtype != "bf16"):
+            if not _producer_ok(op, out) or (operand == "a" and op.transposed):
                 return None
-            source = _source(config, i, out, a)
+            source = (_source(config, i, out, x) if operand == "a" else
+                      _weight_source(config, i, out, x, op.transposed))
             if source is None:
                 return None
             found.append(source)
     if not found or any(not isinstance(o, MatmulOp) for o in ops[found[0].producer:k]):
         return None
+    if operand == "b":
+        return found if len(found) == 1 else None
     area = sum((s.rows[1] - s.rows[0]) * (s.tiles[1] - s.tiles[0]) for s in found)
-    if area != a.rows * ceil_div(a.cols, config.cols):
+    if area != x.rows * ceil_div(x.cols, config.cols):
         return None        # gaps, or producers that overlap
     return found
 
@@ -170,13 +224,19 @@ def _fits(config, M, K, N, bias, epilogue, vmem_rows):
     return plan_op(config, M, K, N, bias, vmem_rows=vmem_rows, epilogue=epilogue) is not None
 
 
-def _consumer_plan(config, op, room):
-    """The consumer's plan with every M block in a buffer of its own, within
-    `room` VMEM rows, or None."""
-    KT = ceil_div(op.K, config.rows)
+def _plan(config, op, vmem_rows):
     ep = op.epilogue and op.epilogue.kind
-    plan = plan_op(config, op.M, op.K, op.N, op.bias_kind, vmem_rows=min(room, op.M * KT),
-                   epilogue=ep)
+    return plan_op(config, op.M, op.K, op.N, op.bias_kind, vmem_rows=vmem_rows, epilogue=ep)
+
+
+def _consumer_plan(config, op, room, a_handed):
+    """The consumer's plan within `room` VMEM rows, every M block in a buffer of
+    its own when its activations are handed off; or None. (Of weights only
+    the tile counts matter: the segment plans the op again.)"""
+    if not a_handed:
+        return _plan(config, op, room)
+    KT = ceil_div(op.K, config.rows)
+    plan = _plan(config, op, min(room, op.M * KT))
     if plan is None:
         return None
     plan = replace(plan, a_buffers=plan.blocks)
@@ -187,12 +247,25 @@ def _with_copy(op):
     return op if op.epilogue is not None else replace(op, epilogue=Epilogue("copy"))
 
 
+def _aligned(config, ops, limits, items):
+    """Whether every transposed source's producer cuts its rows into blocks
+    that start a tile (its transposed blocks then fill whole weight tiles)."""
+    ring = RING_SLOTS * config.rows
+    for h in items:
+        for s in h.sources:
+            if s.transposed:
+                plan = _plan(config, ops[s.producer], limits[s.producer] - ring)
+                if plan is None or (plan.blocks > 1 and plan.Mb % config.cols):
+                    return False
+    return True
+
+
 def plan_handoffs(config, ops):
     """The `Handoffs` of `ops` (MatmulOps and VectorOps in program order),
-    taken in op order while each region fits beside those already live and
-    every op in its range still has a plan below it. Tiles must line up: a
-    result tile (cols wide) is a K tile (rows deep) only when rows == cols,
-    and K must be whole tiles."""
+    taken in op order (activations, then weights) while each region fits
+    beside those already live and every op in its range still has a plan
+    below it. Tiles must line up: a result tile (cols wide) is a K tile (rows
+    deep) only when rows == cols, and K must be whole tiles."""
     ops, ring = list(ops), RING_SLOTS * config.rows
     limits, items = [config.vmem_rows] * len(ops), []
     if not config.vpu or config.rows != config.cols:
@@ -200,26 +273,36 @@ def plan_handoffs(config, ops):
     for k, op in enumerate(ops):
         if not isinstance(op, MatmulOp) or op.K % config.rows:
             continue
-        sources = _sources(config, ops, k)
-        if sources is None:
-            continue
-        first = min(s.producer for s in sources)
-        top = min(limits[first:k + 1])
-        plan = _consumer_plan(config, op, top - ring)
-        if plan is None:
-            continue
-        base = top - plan.blocks * plan.Mb * plan.KT
-        trial = list(ops)
-        for s in sources:
-            trial[s.producer] = _with_copy(trial[s.producer])
-        if not all(_fits(config, o.M, o.K, o.N, o.bias_kind, o.epilogue and o.epilogue.kind,
-                         min(limits[j], base) - ring)
-                   for j, o in enumerate(trial[first:k], first)):
-            continue
-        ops = trial
-        for j in range(first, k + 1):
-            limits[j] = min(limits[j], base)
-        items.append(Handoff(k, base, plan, tuple(sources)))
+        for operand in ("a", "b"):
+            sources = _sources(config, ops, k, operand)
+            if sources is None:
+                continue
+            first = min(s.producer for s in sources)
+            top = min(limits[first:k + 1])
+            a_handoff = next((h for h in items if h.consumer == k), None)
+            # The consumer's plan: made once, with its activations' hand-off.
+            plan = (a_handoff.plan if a_handoff else
+                    _consumer_plan(config, op, top - ring, operand == "a"))
+            if plan is None:
+                continue
+            h = Handoff(k, operand, 0, plan, tuple(sources), config.cols)
+            base = top - h.rows
+            trial, trial_limits = list(ops), list(limits)
+            for s in sources:
+                trial[s.producer] = _with_copy(trial[s.producer])
+            for j in range(first, k + 1):
+                trial_limits[j] = min(limits[j], base)
+            h = replace(h, base=base)
+            # Every op in the range still plans below the region (the
+            # consumer too, unless its activations are handed off).
+            last = k if operand == "b" and a_handoff is None else k - 1
+            if base < ring or not _aligned(config, trial, trial_limits, items + [h]) or not all(
+                    _fits(config, o.M, o.K, o.N, o.bias_kind, o.epilogue and o.epilogue.kind,
+                          trial_limits[j] - ring)
+                    for j, o in enumerate(trial[first:last + 1], first)):
+                continue
+            ops, limits = trial, trial_limits
+            items.append(h)
     return Handoffs(tuple(items), tuple(ops), tuple(limits), _stored(ops, items))
 
 

@@ -76,6 +76,7 @@ class _Placed:
     ep_base: int         # accumulator row of its epilogue's parameters
     ring: _Ring = None   # a fused segment's shared rows
     handed: bool = False # its activations are a `Handoff`'s region (a_base), not loaded
+    weights: object = None   # the `Handoff` whose region holds its weights, or None
     handoffs: tuple = () # the (`Handoff`, `Source`) pairs its epilogue writes
     unstored: tuple = () # outputs that stay on the chip only
 
@@ -125,6 +126,7 @@ def plan_segments(config, ops, handoffs=None, first=0):
         ep = op.epilogue
         limit = config.vmem_rows if handoffs is None else handoffs.limits[first + i]
         handed = handoffs and handoffs.to(first + i)
+        weights = handoffs and handoffs.to(first + i, "b")
         plan = handed.plan if handed else plan_op(
             config, op.M, op.K, op.N, op.bias_kind, epilogue=ep and ep.kind,
             vmem_rows=limit - RING_SLOTS * config.rows)
@@ -144,7 +146,7 @@ def plan_segments(config, ops, handoffs=None, first=0):
         if handoffs is not None:
             outs = (tuple(handoffs.of(first + i)),
                     tuple(w for w in op.writes if handoffs.keeps(first + i, w)))
-        item = (i, op, plan, limit, handed, outs)
+        item = (i, op, plan, limit, handed, outs, weights)
         if current and (depends or (ep is None) != (current[0][1].epilogue is None)
                         or not _place(config, current + [item])):
             segments.append(_place(config, current))
@@ -165,19 +167,20 @@ def _place(config, items):
     vmem = RING_SLOTS * config.rows + sum(item[2].vmem_rows for item in items if not item[4])
     a_base = RING_SLOTS * config.rows
 
-    def placed_op(i, op, plan, handed, outs, *regions):
+    def placed_op(i, op, plan, handed, outs, weights, *regions):
         nonlocal a_base
         base = handed.base if handed else a_base
         if not handed:
             a_base += plan.vmem_rows
         pairs, unstored = outs or ((), ())
         return i, _Placed(op, plan, base, *regions, handed=bool(handed), handoffs=pairs,
-                          unstored=unstored)
+                          unstored=unstored, weights=weights or None)
 
     if items[0][1].epilogue is None:
         placed, acc = [], 0
-        for i, op, plan, _, handed, outs in items:
-            placed.append(placed_op(i, op, plan, handed, outs, acc, acc + plan.out_rows, 0))
+        for i, op, plan, _, handed, outs, weights in items:
+            placed.append(placed_op(i, op, plan, handed, outs, weights, acc, acc + plan.out_rows,
+                                    0))
             acc += plan.acc_rows
     else:
         plans = [item[2] for item in items]
@@ -191,9 +194,10 @@ def _place(config, items):
         ring = _Ring(buffers, slot, res_base, res_slot, scratch_base, acc, vmem, t_slot)
         vmem += buffers * t_slot
         placed = []
-        for i, op, plan, _, handed, outs in items:
+        for i, op, plan, _, handed, outs, weights in items:
             bias_rows = plan.NT if plan.bias == "row" else 0
-            placed.append(placed_op(i, op, plan, handed, outs, 0, acc, acc + bias_rows, ring))
+            placed.append(placed_op(i, op, plan, handed, outs, weights, 0, acc, acc + bias_rows,
+                                    ring))
             acc += bias_rows + plan.param_rows
     return placed if vmem <= limit and acc <= config.acc_rows else None
 
@@ -278,11 +282,16 @@ class _Segment(FusedGroups):
             loads.append(dict(acc_row=self.bias_block_row(grp, jj),
                               ext_addr=op.bias.addr + grp.m0 * op.bias.stride + 4 * j * c,
                               rows=grp.mrows, row_bytes=4 * ncols, ext_stride=op.bias.stride))
-        loads.append(dict(vmem_row=(n % self.W) * r,
-                          ext_addr=op.b.addr + t * r * op.b.stride + 2 * j * c,
-                          rows=k_rows, row_bytes=2 * ncols, ext_stride=op.b.stride))
+        if p.weights is None:
+            loads.append(dict(vmem_row=(n % self.W) * r,
+                              ext_addr=op.b.addr + t * r * op.b.stride + 2 * j * c,
+                              rows=k_rows, row_bytes=2 * ncols, ext_stride=op.b.stride))
         for i, load in enumerate(loads):
             prog.load(**load, pop_next=(i == 0 and n >= self.W), push_next=(i == len(loads) - 1))
+        if not loads:
+            # Nothing to load (activations and weights handed off): the load
+            # engine passes the tokens on.
+            prog.sync("load", pop_next=n >= self.W, push_next=True)
 
     def step(self, prog, n):
         """Step n's LOADW and MATMUL, its STORE after the last K tile, and the
@@ -292,7 +301,8 @@ class _Segment(FusedGroups):
         op, plan, c = p.op, p.plan, cfg.cols
         j = grp.j0 + jj
         k_rows = min(cfg.rows, op.K - t * cfg.rows)
-        prog.loadw(vmem_row=(n % self.W) * cfg.rows, k_rows=k_rows, pop_prev=True)
+        wrow = (n % self.W) * cfg.rows if p.weights is None else p.weights.weight_row(t, j)
+        prog.loadw(vmem_row=wrow, k_rows=k_rows, pop_prev=True)
         if t > 0:
             seed, seed_row = SeedMode.ACC, self.out_row(grp, jj)
         elif op.bias_kind == "row":

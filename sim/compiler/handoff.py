@@ -220,8 +220,23 @@ def _sources(config, ops, k, operand):
 
 
 @functools.lru_cache(maxsize=4096)
-def _fits(config, M, K, N, bias, epilogue, vmem_rows):
-    return plan_op(config, M, K, N, bias, vmem_rows=vmem_rows, epilogue=epilogue) is not None
+def _steps(config, M, K, N, bias, epilogue, vmem_rows):
+    """MATMUL steps of the plan within `vmem_rows`, or None if none fits."""
+    plan = plan_op(config, M, K, N, bias, vmem_rows=vmem_rows, epilogue=epilogue)
+    return None if plan is None else plan.steps
+
+
+def _no_worse(config, op, was, vmem_rows):
+    """Whether `op` (perhaps now with a copy epilogue) still plans within
+    `vmem_rows` in no more steps than `was` did with the whole VMEM: a
+    hand-off must not cut another op into smaller blocks."""
+    ring = RING_SLOTS * config.rows
+
+    def steps(o, rows):
+        return _steps(config, o.M, o.K, o.N, o.bias_kind, o.epilogue and o.epilogue.kind, rows)
+
+    new = steps(op, vmem_rows - ring)
+    return new is not None and new <= steps(was, config.vmem_rows - ring)
 
 
 def _plan(config, op, vmem_rows):
@@ -247,6 +262,21 @@ def _with_copy(op):
     return op if op.epilogue is not None else replace(op, epilogue=Epilogue("copy"))
 
 
+def _refit(config, ops, items, sources):
+    """`items` with the plans of consumers that `sources` turn into producers
+    with a copy epilogue made again for that epilogue, or None if their
+    activations' layout (Mb, blocks) would change."""
+    for s in sources:
+        old = next((h.plan for h in items if h.consumer == s.producer and h.operand == "a"), None)
+        if old is None or old.epilogue is not None or ops[s.producer].epilogue is None:
+            continue
+        new = _consumer_plan(config, ops[s.producer], old.vmem_rows, True)
+        if new is None or (new.Mb, new.blocks) != (old.Mb, old.blocks):
+            return None
+        items = [replace(h, plan=new) if h.consumer == s.producer else h for h in items]
+    return list(items)
+
+
 def _aligned(config, ops, limits, items):
     """Whether every transposed source's producer cuts its rows into blocks
     that start a tile (its transposed blocks then fill whole weight tiles)."""
@@ -266,7 +296,7 @@ def plan_handoffs(config, ops):
     beside those already live and every op in its range still has a plan
     below it. Tiles must line up: a result tile (cols wide) is a K tile (rows
     deep) only when rows == cols, and K must be whole tiles."""
-    ops, ring = list(ops), RING_SLOTS * config.rows
+    given, ops, ring = list(ops), list(ops), RING_SLOTS * config.rows
     limits, items = [config.vmem_rows] * len(ops), []
     if not config.vpu or config.rows != config.cols:
         return Handoffs((), tuple(ops), tuple(limits))
@@ -293,16 +323,22 @@ def plan_handoffs(config, ops):
             for j in range(first, k + 1):
                 trial_limits[j] = min(limits[j], base)
             h = replace(h, base=base)
-            # Every op in the range still plans below the region (the
-            # consumer too, unless its activations are handed off).
+            refit = _refit(config, trial, items, sources)
+            if refit is None:
+                continue
+            # Every op in the range still plans below the region, in no more
+            # steps (the consumer too, unless its activations are handed off:
+            # then its plan is the one above).
             last = k if operand == "b" and a_handoff is None else k - 1
-            if base < ring or not _aligned(config, trial, trial_limits, items + [h]) or not all(
-                    _fits(config, o.M, o.K, o.N, o.bias_kind, o.epilogue and o.epilogue.kind,
-                          trial_limits[j] - ring)
-                    for j, o in enumerate(trial[first:last + 1], first)):
+            if (base < ring or not _aligned(config, trial, trial_limits, items + [h])
+                    or (operand == "a" and plan.steps > _steps(
+                        config, op.M, op.K, op.N, op.bias_kind, op.epilogue and op.epilogue.kind,
+                        config.vmem_rows - ring))
+                    or not all(_no_worse(config, trial[j], given[j], trial_limits[j])
+                               for j in range(first, last + 1))):
                 continue
             ops, limits = trial, trial_limits
-            items.append(h)
+            items = refit + [h]
     return Handoffs(tuple(items), tuple(ops), tuple(limits), _stored(ops, items))
 
 

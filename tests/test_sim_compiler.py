@@ -479,3 +479,44 @@ def test_weights_are_handed_off_too_so_attention_touches_memory_only_for_its_wei
     for t, data in zip(temps, got[True][1]):
         assert np.isnan(data.astype(np.float32)).all()
         assert _dma_count(config, got[True][2].program, t) == 0
+
+
+@pytest.mark.parametrize("M", [16, 24])
+def test_the_ffn_keeps_its_residual_in_the_accumulator(M):
+    """x1 = LN(x @ Wo + r) in fp32 with a bf16 copy, h = GELU(x1b @ W1),
+    LN(h @ W2 + x1): x1b and h are handed off in VMEM, the residual x1 in
+    accumulator rows that the last LayerNorm reads in place of its residual
+    buffers. Nothing but the inputs, weights and the output touches memory;
+    the same bits as through memory."""
+    from dataclasses import replace
+    from mxu.sim.compiler.epilogue import Epilogue
+    from mxu.sim.compiler.handoff import plan_handoffs
+    config, H, F = SHAPES["4x4"].replace(vpu=True), 12, 16
+    got = {}
+    for handoffs in (False, True):
+        mem, rng = Memory(config), np.random.default_rng(SEED + 14)
+
+        def put(shape, scale=1.0, dtype="bf16"):
+            return mem.put(rng.standard_normal(shape) * scale, dtype)
+
+        def temp(cols, dtype="bf16"):
+            return replace(mem.put(np.full((M, cols), np.nan), dtype), transient=handoffs)
+
+        ctx, wo, w1, w2 = put((M, H)), put((H, H), 0.3), put((H, F), 0.3), put((F, H), 0.3)
+        r = put((M, H), dtype="fp32")
+        ln = [mem.put(np.stack([rng.standard_normal(H), rng.standard_normal(H), np.ones(H)]),
+                      "fp32") for _ in range(2)]
+        x1, x1b, h, out = temp(H, "fp32"), temp(H), temp(F), mem.empty(M, H, "fp32")
+        ops = [MatmulOp(ctx, wo, x1, epilogue=Epilogue("add_layer_norm", extra=x1b, other=r,
+                                                      params=ln[0], eps=1e-5)),
+               MatmulOp(x1b, w1, h, put((1, F), dtype="fp32"), epilogue=Epilogue("gelu")),
+               MatmulOp(h, w2, out, epilogue=Epilogue("add_layer_norm", other=x1, params=ln[1],
+                                                      eps=1e-5))]
+        compiled = mem.run(ops, handoffs=handoffs)
+        got[handoffs] = mem.get(out), [mem.get(t) for t in (x1, x1b, h)], compiled, (x1, x1b, h)
+    ho = plan_handoffs(config, ops)
+    assert sorted((h.consumer, h.operand) for h in ho.items) == [(1, "a"), (2, "a"), (2, "other")]
+    golden.assert_bits_equal(got[True][0], got[False][0], "residual in the accumulator")
+    for t, data in zip(got[True][3], got[True][1]):
+        assert np.isnan(data.astype(np.float32)).all()
+        assert _dma_count(config, got[True][2].program, t) == 0

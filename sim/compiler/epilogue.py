@@ -226,9 +226,11 @@ class FusedGroups:
             if m < 0:
                 continue
             grp, _, _ = self.locate(m)
-            ep = self.placed[grp.op].op.epilogue
+            p = self.placed[grp.op]
+            ep = p.op.epilogue
             early = grp.index < self.buffers
-            if m != grp.start or ep.kind != "add_layer_norm" or (m == n) != early:
+            if (m != grp.start or ep.kind != "add_layer_norm" or (m == n) != early
+                    or p.residual is not None):
                 continue
             if n >= grp.end:
                 raise AssertionError("a residual load lands after its group (plan_op prevents this)")
@@ -237,6 +239,9 @@ class FusedGroups:
         return loads
 
     def residual_row(self, grp):
+        residual = self.placed[grp.op].residual
+        if residual is not None:           # handed off: in its region for good
+            return residual.residual_row(grp.m0)
         return self.ring.res_base + self.ring.res_slot * (grp.index % self.buffers)
 
     def epilogue_tiles(self, grp):
@@ -264,7 +269,7 @@ class FusedGroups:
         for handoff, source in p.handoffs:
             for jj in range(grp.size):
                 for off, rows, row in handoff.pieces(source, grp.m0, grp.mrows, grp.j0 + jj):
-                    emit.op(VpuOp.PASS, x.tile(jj) + off, rows, row, to_vmem=True,
+                    emit.op(VpuOp.PASS, x.tile(jj) + off, rows, row, to_vmem=handoff.to_vmem,
                             transpose=source.transposed)
         if emit.emitted:
             flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)

@@ -15,10 +15,15 @@ the consumer's region, laid out as the consumer reads it:
 * weights, tile by tile: row k of tile (t, j) at ``base + (t * NT + j) *
   rows + k`` (LOADW reads it there instead of a ring slot; nothing loaded).
 
-Regions are stacked down from the top of VMEM and live from the first
-producer's op to the consumer's: every op in between plans below them
-(`Handoffs.limits`). A transient output (`Operand.transient`) that no other
-op reads is not stored at all.
+An add + LayerNorm epilogue's fp32 residual (`Epilogue.other`) can come the
+same way, into *accumulator* rows laid out as its residual buffers, one per
+M block: row m of tile t at ``base + (m // Mb) * NT * Mb + t * Mb + m % Mb``.
+
+Regions are stacked down from the top of VMEM (of the accumulator) and live
+from the first producer's op to the consumer's: every op in between plans
+below them (`Handoffs.limits`, `Handoffs.acc_limits`), and in no more steps
+than it would without them. A transient output (`Operand.transient`) that no
+other op reads is not stored at all.
 """
 
 import functools
@@ -50,9 +55,10 @@ class Source:
 
 @dataclass(frozen=True)
 class Handoff:
-    """Op `consumer`'s `operand` ("a" or "b") in VMEM rows from `base`, in the
-    layout of its `plan` (whose ``a_buffers`` is its block count when the
-    activations are handed off), written by the epilogues of its `sources`."""
+    """Op `consumer`'s `operand` ("a" or "b" in VMEM, "other" in the
+    accumulator) in rows from `base`, in the layout of its `plan` (whose
+    ``a_buffers`` is its block count when the activations are handed off),
+    written by the epilogues of its `sources`."""
     consumer: int
     operand: str
     base: int
@@ -63,7 +69,25 @@ class Handoff:
     @property
     def rows(self):
         p = self.plan
-        return p.blocks * p.Mb * p.KT if self.operand == "a" else p.KT * p.NT * self.tile
+        return {"a": p.blocks * p.Mb * p.KT, "b": p.KT * p.NT * self.tile,
+                "other": p.blocks * p.NT * p.Mb}[self.operand]
+
+    @property
+    def to_vmem(self):
+        return self.operand != "other"
+
+    @property
+    def in_acc(self):
+        return self.operand == "other"
+
+    @property
+    def first(self):
+        """The first op of the region's range: its first producer."""
+        return min(s.producer for s in self.sources)
+
+    def residual_row(self, m0):
+        """The first accumulator row of the residual of the block holding row m0."""
+        return self.base + (m0 // self.plan.Mb) * self.plan.NT * self.plan.Mb
 
     def weight_row(self, t, j):
         """The VMEM row of weight tile (t, j)."""
@@ -88,6 +112,8 @@ class Handoff:
     def _run(self, c, t, transposed):
         """(rows to the next cut, VMEM row) of the consumer's row c of tile t."""
         T, Mb, KT = self.tile, self.plan.Mb, self.plan.KT
+        if self.operand == "other":
+            return (c // Mb + 1) * Mb - c, self.residual_row(c) + t * Mb + c % Mb
         if self.operand == "a":
             return (c // Mb + 1) * Mb - c, self.base + (c // Mb) * Mb * KT + t * Mb + c % Mb
         if transposed:
@@ -108,7 +134,14 @@ class Handoffs:
     items: tuple
     ops: tuple
     limits: tuple
+    acc_limits: tuple
     stored: frozenset = frozenset()
+
+    def plan(self, consumer):
+        """The plan a consumer of handed-off activations or residual is
+        compiled with (its regions' layout), or None."""
+        h = self.to(consumer, "a") or self.to(consumer, "other")
+        return None if h is None else h.plan
 
     def to(self, consumer, operand="a"):
         return next((h for h in self.items if h.consumer == consumer and h.operand == operand),
@@ -184,107 +217,217 @@ def _weight_source(config, i, out, b, transposed):
     return Source(i, out, (r, r + b.rows), (c // tile, (c + b.cols) // tile), -r, -c // tile)
 
 
-def _producer_ok(op, out):
+OPERANDS = ("other", "a", "b")    # a consumer's hand-offs, in the order they are tried
+
+
+def _operand(op, name):
+    if name == "other":
+        ep = op.epilogue
+        return ep.other if ep is not None and ep.kind == "add_layer_norm" else None
+    return getattr(op, name)
+
+
+def _producer_ok(op, out, operand):
     return (isinstance(op, MatmulOp) and not op.relu and op.bias_kind != "matrix"
-            and out.dtype == "bf16")
+            and out.dtype == ("fp32" if operand == "other" else "bf16")
+            and (operand == "b" or not op.transposed))
 
 
 def _sources(config, ops, k, operand):
-    """The `Source`s that cover op k's `operand` ("a" or "b") exactly, or
-    None: the outputs of earlier matmuls with no ReLU and no matrix bias,
-    bf16, disjoint, whole tiles, and no vector op in between. Weights come
-    from one producer, which may be a transpose; activations from any number
-    of row-major ones."""
-    x = getattr(ops[k], operand)
+    """The `Source`s that cover op k's `operand` ("a", "b" or "other")
+    exactly, or None: the outputs of earlier matmuls with no ReLU and no
+    matrix bias, bf16 (fp32 for a residual), disjoint, whole tiles, and no
+    vector op in between. Weights and residuals come from one producer (of
+    weights, perhaps a transpose); activations from any number."""
+    x = _operand(ops[k], operand)
+    if x is None:
+        return None
     found = []
     for i in range(k):
         for out in _writes(ops[i]):
             if not out.overlaps(x):
                 continue
-            op = ops[i]
-            if not _producer_ok(op, out) or (operand == "a" and op.transposed):
+            if not _producer_ok(ops[i], out, operand):
                 return None
-            source = (_source(config, i, out, x) if operand == "a" else
-                      _weight_source(config, i, out, x, op.transposed))
+            source = (_weight_source(config, i, out, x, ops[i].transposed) if operand == "b"
+                      else _source(config, i, out, x))
             if source is None:
                 return None
             found.append(source)
     if not found or any(not isinstance(o, MatmulOp) for o in ops[found[0].producer:k]):
         return None
-    if operand == "b":
-        return found if len(found) == 1 else None
+    if operand != "a":
+        return found if len(found) == 1 and _covers(config, found, x) else None
+    return found if _covers(config, found, x) else None
+
+
+def _covers(config, found, x):
+    """Whether the sources cover x's tiles once each (no gaps, no overlaps)."""
+    if found[0].transposed:
+        return True       # one source, whole tiles of x by `_weight_source`
     area = sum((s.rows[1] - s.rows[0]) * (s.tiles[1] - s.tiles[0]) for s in found)
-    if area != x.rows * ceil_div(x.cols, config.cols):
-        return None        # gaps, or producers that overlap
-    return found
+    return area == x.rows * ceil_div(x.cols, config.cols)
 
 
 @functools.lru_cache(maxsize=4096)
-def _steps(config, M, K, N, bias, epilogue, vmem_rows):
-    """MATMUL steps of the plan within `vmem_rows`, or None if none fits."""
-    plan = plan_op(config, M, K, N, bias, vmem_rows=vmem_rows, epilogue=epilogue)
+def _steps(config, M, K, N, bias, epilogue, vmem_rows, acc_rows):
+    """MATMUL steps of the plan within the rows given, or None if none fits."""
+    plan = plan_op(config, M, K, N, bias, vmem_rows=vmem_rows, acc_rows=acc_rows,
+                   epilogue=epilogue)
     return None if plan is None else plan.steps
 
 
-def _no_worse(config, op, was, vmem_rows):
-    """Whether `op` (perhaps now with a copy epilogue) still plans within
-    `vmem_rows` in no more steps than `was` did with the whole VMEM: a
-    hand-off must not cut another op into smaller blocks."""
-    ring = RING_SLOTS * config.rows
-
-    def steps(o, rows):
-        return _steps(config, o.M, o.K, o.N, o.bias_kind, o.epilogue and o.epilogue.kind, rows)
-
-    new = steps(op, vmem_rows - ring)
-    return new is not None and new <= steps(was, config.vmem_rows - ring)
+def _op_steps(config, op, vmem_rows, acc_rows):
+    return _steps(config, op.M, op.K, op.N, op.bias_kind, op.epilogue and op.epilogue.kind,
+                  vmem_rows, acc_rows)
 
 
-def _plan(config, op, vmem_rows):
-    ep = op.epilogue and op.epilogue.kind
-    return plan_op(config, op.M, op.K, op.N, op.bias_kind, vmem_rows=vmem_rows, epilogue=ep)
+def _full_steps(config, op):
+    return _op_steps(config, op, config.vmem_rows - RING_SLOTS * config.rows, config.acc_rows)
 
 
-def _consumer_plan(config, op, room, a_handed):
-    """The consumer's plan within `room` VMEM rows, every M block in a buffer of
-    its own when its activations are handed off; or None. (Of weights only
-    the tile counts matter: the segment plans the op again.)"""
-    if not a_handed:
-        return _plan(config, op, room)
-    KT = ceil_div(op.K, config.rows)
-    plan = _plan(config, op, min(room, op.M * KT))
-    if plan is None:
-        return None
+def _consumer_plan(config, op, vmem_rows, acc_rows, a_handed, resident):
+    """The consumer's plan within the rows given, every M block in a buffer of
+    its own when its activations are handed off, without residual buffers
+    when its residual is; or None. (Of weights only the tile counts matter:
+    without other hand-offs the segment plans the op again.)"""
+    KT, ep = ceil_div(op.K, config.rows), op.epilogue and op.epilogue.kind
+    plan = plan_op(config, op.M, op.K, op.N, op.bias_kind,
+                   vmem_rows=min(vmem_rows, op.M * KT) if a_handed else vmem_rows,
+                   acc_rows=acc_rows, epilogue=ep, resident=resident)
+    if plan is None or not a_handed:
+        return plan
     plan = replace(plan, a_buffers=plan.blocks)
-    return plan if plan.vmem_rows <= room else None
+    return plan if plan.vmem_rows <= vmem_rows else None
 
 
 def _with_copy(op):
     return op if op.epilogue is not None else replace(op, epilogue=Epilogue("copy"))
 
 
-def _refit(config, ops, items, sources):
-    """`items` with the plans of consumers that `sources` turn into producers
-    with a copy epilogue made again for that epilogue, or None if their
-    activations' layout (Mb, blocks) would change."""
+@dataclass
+class _State:
+    """What `plan_handoffs` has decided so far."""
+    ops: list
+    limits: list
+    acc_limits: list
+    items: list
+
+    def fixed(self, k):
+        """The plan op k's regions are laid out for, or None."""
+        h = next((h for h in self.items if h.consumer == k and h.operand != "b"), None)
+        return None if h is None else h.plan
+
+    def copy(self):
+        return _State(list(self.ops), list(self.limits), list(self.acc_limits), list(self.items))
+
+
+def _take(config, given, state, k, operand, sources):
+    """`state` with op k's `operand` handed off from `sources`, or None if it
+    does not fit or would make an op take more steps."""
+    ring, op = RING_SLOTS * config.rows, state.ops[k]
+    fixed = state.fixed(k)
+    if operand == "other":
+        # The region takes about M * NT rows; the consumer plans below that.
+        plan = _consumer_plan(config, op, state.limits[k] - ring,
+                              state.acc_limits[k] - op.M * ceil_div(op.N, config.cols),
+                              False, True)
+    elif operand == "a":
+        plan = (replace(fixed, a_buffers=fixed.blocks) if fixed else
+                _consumer_plan(config, op, config.vmem_rows - ring, state.acc_limits[k], True,
+                               False))
+    else:
+        plan = fixed or plan_op(config, op.M, op.K, op.N, op.bias_kind)
+    if plan is None or (operand != "b" and plan.steps > _full_steps(config, op)):
+        return None
+    h = Handoff(k, operand, 0, plan, tuple(sources), config.cols)
+    top = config.acc_rows if operand == "other" else config.vmem_rows
+    base = _fit(state.items, h, top)
+    if base is None or (operand != "other" and base < ring):
+        return None
+    new = state.copy()
     for s in sources:
-        old = next((h.plan for h in items if h.consumer == s.producer and h.operand == "a"), None)
-        if old is None or old.epilogue is not None or ops[s.producer].epilogue is None:
+        new.ops[s.producer] = _with_copy(new.ops[s.producer])
+    # The consumer's plan is its regions' layout: an "a" hand-off after an
+    # "other" one widens a_buffers, which the "other" region does not see.
+    new.items = [replace(x, plan=plan) if x.consumer == k and operand == "a" else x
+                 for x in new.items] + [replace(h, base=base)]
+    new.limits = _limits(new.items, len(new.ops), config.vmem_rows, acc=False)
+    new.acc_limits = _limits(new.items, len(new.ops), config.acc_rows, acc=True)
+    if not _refit(config, new, sources) or not _aligned(config, new):
+        return None
+    last = k if fixed is None and operand == "b" else k - 1
+    if operand == "other" and plan.acc_rows > new.acc_limits[k]:
+        return None
+    return new if all(_no_worse(config, new, given, j) for j in range(h.first, last + 1)) else None
+
+
+def _fit(items, h, top):
+    """The highest base for `h`'s region, below `top` and clear of every region
+    in the same memory whose range overlaps its range; or None."""
+    busy = [(x.base, x.base + x.rows) for x in items
+            if x.in_acc == h.in_acc and x.first <= h.consumer and h.first <= x.consumer]
+    for base in sorted([top - h.rows] + [lo - h.rows for lo, _ in busy], reverse=True):
+        if base >= 0 and all(base + h.rows <= lo or base >= hi for lo, hi in busy):
+            return base
+    return None
+
+
+def _limits(items, n, top, acc):
+    """Per op: the rows below every region in that memory live at it."""
+    out = [top] * n
+    for h in items:
+        if h.in_acc == acc:
+            for j in range(h.first, h.consumer + 1):
+                out[j] = min(out[j], h.base)
+    return out
+
+
+def _no_worse(config, state, given, j):
+    """Whether op j still fits below the regions live at it, in no more steps
+    than the op as given with the whole chip: a hand-off must not cut another
+    op into smaller blocks."""
+    ring, fixed = RING_SLOTS * config.rows, state.fixed(j)
+    vmem, acc = state.limits[j] - ring, state.acc_limits[j]
+    if fixed is not None:
+        a_handed = any(h.consumer == j and h.operand == "a" for h in state.items)
+        return fixed.acc_rows <= acc and (a_handed or fixed.vmem_rows <= vmem)
+    steps = _op_steps(config, state.ops[j], vmem, acc)
+    return steps is not None and steps <= _full_steps(config, given[j])
+
+
+def _refit(config, state, sources):
+    """Make the plans of consumers that `sources` turn into producers with a
+    copy epilogue again for that epilogue; False if their regions' layout
+    (Mb, blocks) would change."""
+    for s in sources:
+        old = state.fixed(s.producer)
+        if old is None or old.epilogue is not None:
             continue
-        new = _consumer_plan(config, ops[s.producer], old.vmem_rows, True)
+        a_handed = old.a_buffers == old.blocks and any(
+            h.consumer == s.producer and h.operand == "a" for h in state.items)
+        new = _consumer_plan(config, state.ops[s.producer],
+                             old.vmem_rows if a_handed else
+                             state.limits[s.producer] - RING_SLOTS * config.rows,
+                             state.acc_limits[s.producer], a_handed, old.resident)
         if new is None or (new.Mb, new.blocks) != (old.Mb, old.blocks):
-            return None
-        items = [replace(h, plan=new) if h.consumer == s.producer else h for h in items]
-    return list(items)
+            return False
+        state.items = [replace(h, plan=new) if h.consumer == s.producer else h
+                       for h in state.items]
+    return True
 
 
-def _aligned(config, ops, limits, items):
+def _aligned(config, state):
     """Whether every transposed source's producer cuts its rows into blocks
     that start a tile (its transposed blocks then fill whole weight tiles)."""
     ring = RING_SLOTS * config.rows
-    for h in items:
+    for h in state.items:
         for s in h.sources:
             if s.transposed:
-                plan = _plan(config, ops[s.producer], limits[s.producer] - ring)
+                op = state.ops[s.producer]
+                plan = plan_op(config, op.M, op.K, op.N, op.bias_kind,
+                               vmem_rows=state.limits[s.producer] - ring,
+                               acc_rows=state.acc_limits[s.producer], epilogue="transpose")
                 if plan is None or (plan.blocks > 1 and plan.Mb % config.cols):
                     return False
     return True
@@ -292,54 +435,22 @@ def _aligned(config, ops, limits, items):
 
 def plan_handoffs(config, ops):
     """The `Handoffs` of `ops` (MatmulOps and VectorOps in program order),
-    taken in op order (activations, then weights) while each region fits
-    beside those already live and every op in its range still has a plan
-    below it. Tiles must line up: a result tile (cols wide) is a K tile (rows
-    deep) only when rows == cols, and K must be whole tiles."""
-    given, ops, ring = list(ops), list(ops), RING_SLOTS * config.rows
-    limits, items = [config.vmem_rows] * len(ops), []
-    if not config.vpu or config.rows != config.cols:
-        return Handoffs((), tuple(ops), tuple(limits))
-    for k, op in enumerate(ops):
-        if not isinstance(op, MatmulOp) or op.K % config.rows:
-            continue
-        for operand in ("a", "b"):
-            sources = _sources(config, ops, k, operand)
-            if sources is None:
+    taken op by op (residual, activations, weights) while each region fits
+    beside those already live and every op in its range still plans below it
+    in no more steps. Tiles must line up: a result tile (cols wide) is a K
+    tile (rows deep) only when rows == cols, and K must be whole tiles."""
+    given = list(ops)
+    state = _State(list(ops), [config.vmem_rows] * len(ops), [config.acc_rows] * len(ops), [])
+    if config.vpu and config.rows == config.cols:
+        for k, op in enumerate(given):
+            if not isinstance(op, MatmulOp) or op.K % config.rows:
                 continue
-            first = min(s.producer for s in sources)
-            top = min(limits[first:k + 1])
-            a_handoff = next((h for h in items if h.consumer == k), None)
-            # The consumer's plan: made once, with its activations' hand-off.
-            plan = (a_handoff.plan if a_handoff else
-                    _consumer_plan(config, op, top - ring, operand == "a"))
-            if plan is None:
-                continue
-            h = Handoff(k, operand, 0, plan, tuple(sources), config.cols)
-            base = top - h.rows
-            trial, trial_limits = list(ops), list(limits)
-            for s in sources:
-                trial[s.producer] = _with_copy(trial[s.producer])
-            for j in range(first, k + 1):
-                trial_limits[j] = min(limits[j], base)
-            h = replace(h, base=base)
-            refit = _refit(config, trial, items, sources)
-            if refit is None:
-                continue
-            # Every op in the range still plans below the region, in no more
-            # steps (the consumer too, unless its activations are handed off:
-            # then its plan is the one above).
-            last = k if operand == "b" and a_handoff is None else k - 1
-            if (base < ring or not _aligned(config, trial, trial_limits, items + [h])
-                    or (operand == "a" and plan.steps > _steps(
-                        config, op.M, op.K, op.N, op.bias_kind, op.epilogue and op.epilogue.kind,
-                        config.vmem_rows - ring))
-                    or not all(_no_worse(config, trial[j], given[j], trial_limits[j])
-                               for j in range(first, last + 1))):
-                continue
-            ops, limits = trial, trial_limits
-            items = refit + [h]
-    return Handoffs(tuple(items), tuple(ops), tuple(limits), _stored(ops, items))
+            for operand in OPERANDS:
+                sources = _sources(config, state.ops, k, operand)
+                new = sources and _take(config, given, state, k, operand, sources)
+                state = new or state
+    return Handoffs(tuple(state.items), tuple(state.ops), tuple(state.limits),
+                    tuple(state.acc_limits), _stored(state.ops, state.items))
 
 
 def _stored(ops, items):

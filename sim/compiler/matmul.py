@@ -77,6 +77,7 @@ class _Placed:
     ring: _Ring = None   # a fused segment's shared rows
     handed: bool = False # its activations are a `Handoff`'s region (a_base), not loaded
     weights: object = None   # the `Handoff` whose region holds its weights, or None
+    residual: object = None  # the `Handoff` whose accumulator rows hold its residual, or None
     handoffs: tuple = () # the (`Handoff`, `Source`) pairs its epilogue writes
     unstored: tuple = () # outputs that stay on the chip only
 
@@ -124,12 +125,14 @@ def plan_segments(config, ops, handoffs=None, first=0):
     for i, op in enumerate(ops):
         op.check(config)
         ep = op.epilogue
-        limit = config.vmem_rows if handoffs is None else handoffs.limits[first + i]
-        handed = handoffs and handoffs.to(first + i)
-        weights = handoffs and handoffs.to(first + i, "b")
-        plan = handed.plan if handed else plan_op(
-            config, op.M, op.K, op.N, op.bias_kind, epilogue=ep and ep.kind,
-            vmem_rows=limit - RING_SLOTS * config.rows)
+        limit, acc_limit = config.vmem_rows, config.acc_rows
+        handed = weights = residual = fixed = None
+        if handoffs is not None:
+            limit, acc_limit = handoffs.limits[first + i], handoffs.acc_limits[first + i]
+            handed, weights, residual = (handoffs.to(first + i, x) for x in ("a", "b", "other"))
+            fixed = handoffs.plan(first + i)
+        plan = fixed or plan_op(config, op.M, op.K, op.N, op.bias_kind, epilogue=ep and ep.kind,
+                                vmem_rows=limit - RING_SLOTS * config.rows, acc_rows=acc_limit)
         if plan is None:
             KT, room = ceil_div(op.K, config.rows), config.vmem_rows - RING_SLOTS * config.rows
             why = (f"one activation row needs {KT} VMEM rows and {room} are free beside the "
@@ -146,7 +149,7 @@ def plan_segments(config, ops, handoffs=None, first=0):
         if handoffs is not None:
             outs = (tuple(handoffs.of(first + i)),
                     tuple(w for w in op.writes if handoffs.keeps(first + i, w)))
-        item = (i, op, plan, limit, handed, outs, weights)
+        item = (i, op, plan, (limit, acc_limit), handed, outs, (weights, residual))
         if current and (depends or (ep is None) != (current[0][1].epilogue is None)
                         or not _place(config, current + [item])):
             segments.append(_place(config, current))
@@ -163,23 +166,24 @@ def _place(config, items):
     get regions of their own; a fused segment's ops share a `_Ring` of output,
     residual and working rows. An op whose activations are handed off
     (docs/compiler.md) reads them where the hand-off put them."""
-    limit = min(item[3] for item in items)
+    limit = min(item[3][0] for item in items)
+    acc_limit = min(item[3][1] for item in items)
     vmem = RING_SLOTS * config.rows + sum(item[2].vmem_rows for item in items if not item[4])
     a_base = RING_SLOTS * config.rows
 
-    def placed_op(i, op, plan, handed, outs, weights, *regions):
+    def placed_op(i, op, plan, handed, outs, operands, *regions):
         nonlocal a_base
         base = handed.base if handed else a_base
         if not handed:
             a_base += plan.vmem_rows
         pairs, unstored = outs or ((), ())
         return i, _Placed(op, plan, base, *regions, handed=bool(handed), handoffs=pairs,
-                          unstored=unstored, weights=weights or None)
+                          unstored=unstored, weights=operands[0], residual=operands[1])
 
     if items[0][1].epilogue is None:
         placed, acc = [], 0
-        for i, op, plan, _, handed, outs, weights in items:
-            placed.append(placed_op(i, op, plan, handed, outs, weights, acc, acc + plan.out_rows,
+        for i, op, plan, _, handed, outs, operands in items:
+            placed.append(placed_op(i, op, plan, handed, outs, operands, acc, acc + plan.out_rows,
                                     0))
             acc += plan.acc_rows
     else:
@@ -194,12 +198,12 @@ def _place(config, items):
         ring = _Ring(buffers, slot, res_base, res_slot, scratch_base, acc, vmem, t_slot)
         vmem += buffers * t_slot
         placed = []
-        for i, op, plan, _, handed, outs, weights in items:
+        for i, op, plan, _, handed, outs, operands in items:
             bias_rows = plan.NT if plan.bias == "row" else 0
-            placed.append(placed_op(i, op, plan, handed, outs, weights, 0, acc, acc + bias_rows,
+            placed.append(placed_op(i, op, plan, handed, outs, operands, 0, acc, acc + bias_rows,
                                     ring))
             acc += bias_rows + plan.param_rows
-    return placed if vmem <= limit and acc <= config.acc_rows else None
+    return placed if vmem <= limit and acc <= acc_limit else None
 
 
 class _Segment(FusedGroups):

@@ -43,6 +43,7 @@ class OpPlan:
     bias: str        # "none", "row" or "matrix"
     epilogue: str = None   # the kind of a fused `Epilogue`, or None
     t_rows: int = 0        # VMEM rows of one group of a transpose epilogue
+    resident: bool = False # the residual is on the chip already (a hand-off): no buffers
 
     @property
     def blocks(self):
@@ -112,7 +113,9 @@ class OpPlan:
     @property
     def residual_rows(self):
         """Rows of one residual buffer (one per output buffer)."""
-        return 0 if self.epilogue is None else epilogue_residual_rows(self.epilogue, self.NT, self.Mb)
+        if self.epilogue is None or self.resident:
+            return 0
+        return epilogue_residual_rows(self.epilogue, self.NT, self.Mb)
 
     @property
     def param_rows(self):
@@ -128,11 +131,13 @@ def _pow2_floor(n):
 
 
 def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RING_SLOTS,
-            epilogue=None):
+            epilogue=None, resident=False):
     """The largest M block (then the widest group) whose buffers fit in
     `vmem_rows` VMEM rows (after the weight ring) and `acc_rows` accumulator
     rows; None if even one activation row does not fit. `epilogue`: the kind
-    of a fused `Epilogue`; a row-wise one needs every N tile in one group."""
+    of a fused `Epilogue`; a row-wise one needs every N tile in one group.
+    `resident`: an add_layer_norm's residual is in accumulator rows already
+    (a hand-off), so it needs no buffers and no loads."""
     r, c = config.rows, config.cols
     vmem_rows = config.vmem_rows - ring * r if vmem_rows is None else vmem_rows
     acc_rows = config.acc_rows if acc_rows is None else acc_rows
@@ -149,12 +154,12 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         # blocks are shorter than that).
         buffers = 1 if blocks == 1 else min(blocks, max(2, ceil_div(ring, KT * NT) + 1))
         t_rows = transpose_vmem_rows(config, G, Mb) if epilogue == "transpose" else 0
-        p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias, epilogue, t_rows)
+        p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias, epilogue, t_rows, resident)
         fits = (p.vmem_rows + p.out_buffers * t_rows <= vmem_rows
                 and p.acc_rows <= acc_rows)
         # A residual buffer is refilled by the loads of the step `ring` after
         # its group's first (docs/vpu.md, "Fused epilogues").
-        short = epilogue == "add_layer_norm" and KT * G <= ring
+        short = epilogue == "add_layer_norm" and KT * G <= ring and not resident
         return p if fits and not short and _spaced(p, ring) else None
 
     # Start from the largest block whose activations can fit at all.

@@ -66,7 +66,7 @@ class Handoff:
     sources: tuple
     tile: int           # rows = cols of the chip
 
-    @property
+    @functools.cached_property
     def rows(self):
         p = self.plan
         return {"a": p.blocks * p.Mb * p.KT, "b": p.KT * p.NT * self.tile,
@@ -80,7 +80,7 @@ class Handoff:
     def in_acc(self):
         return self.operand == "other"
 
-    @property
+    @functools.cached_property
     def first(self):
         """The first op of the region's range: its first producer."""
         return min(s.producer for s in self.sources)
@@ -270,10 +270,14 @@ def _covers(config, found, x):
 
 
 @functools.lru_cache(maxsize=4096)
+def _cached_plan(config, M, K, N, bias, epilogue, vmem_rows, acc_rows):
+    return plan_op(config, M, K, N, bias, vmem_rows=vmem_rows, acc_rows=acc_rows,
+                   epilogue=epilogue)
+
+
 def _steps(config, M, K, N, bias, epilogue, vmem_rows, acc_rows):
     """MATMUL steps of the plan within the rows given, or None if none fits."""
-    plan = plan_op(config, M, K, N, bias, vmem_rows=vmem_rows, acc_rows=acc_rows,
-                   epilogue=epilogue)
+    plan = _cached_plan(config, M, K, N, bias, epilogue, vmem_rows, acc_rows)
     return None if plan is None else plan.steps
 
 
@@ -315,8 +319,18 @@ class _State:
 
     def fixed(self, k):
         """The plan op k's regions are laid out for, or None."""
-        h = next((h for h in self.items if h.consumer == k and h.operand != "b"), None)
+        h = self.to(k, "a") or self.to(k, "other")
         return None if h is None else h.plan
+
+    def to(self, k, operand):
+        return self.index.get((k, operand))
+
+    @property
+    def index(self):
+        if getattr(self, "_index", None) is None or self._indexed is not self.items:
+            self._index = {(h.consumer, h.operand): h for h in self.items}
+            self._indexed = self.items
+        return self._index
 
     def copy(self):
         return _State(list(self.ops), list(self.limits), list(self.acc_limits), list(self.items))
@@ -352,8 +366,8 @@ def _take(config, given, state, k, operand, sources):
     # "other" one widens a_buffers, which the "other" region does not see.
     new.items = [replace(x, plan=plan) if x.consumer == k and operand == "a" else x
                  for x in new.items] + [replace(h, base=base)]
-    new.limits = _limits(new.items, len(new.ops), config.vmem_rows, acc=False)
-    new.acc_limits = _limits(new.items, len(new.ops), config.acc_rows, acc=True)
+    limits = new.acc_limits if h.in_acc else new.limits     # only h's rows are new
+    limits[h.first:k + 1] = [min(x, base) for x in limits[h.first:k + 1]]
     if not _refit(config, new, sources) or not _aligned(config, new):
         return None
     last = k if fixed is None and operand == "b" else k - 1
@@ -365,22 +379,15 @@ def _take(config, given, state, k, operand, sources):
 def _fit(items, h, top):
     """The highest base for `h`'s region, below `top` and clear of every region
     in the same memory whose range overlaps its range; or None."""
-    busy = [(x.base, x.base + x.rows) for x in items
-            if x.in_acc == h.in_acc and x.first <= h.consumer and h.first <= x.consumer]
-    for base in sorted([top - h.rows] + [lo - h.rows for lo, _ in busy], reverse=True):
-        if base >= 0 and all(base + h.rows <= lo or base >= hi for lo, hi in busy):
-            return base
-    return None
-
-
-def _limits(items, n, top, acc):
-    """Per op: the rows below every region in that memory live at it."""
-    out = [top] * n
-    for h in items:
-        if h.in_acc == acc:
-            for j in range(h.first, h.consumer + 1):
-                out[j] = min(out[j], h.base)
-    return out
+    busy = sorted(((x.base, x.base + x.rows) for x in items
+                   if x.in_acc == h.in_acc and x.first <= h.consumer and h.first <= x.consumer),
+                  key=lambda span: -span[1])
+    rows, ceiling = h.rows, top          # walk the gaps from the top down
+    for lo, hi in busy:
+        if ceiling - hi >= rows:
+            return ceiling - rows
+        ceiling = min(ceiling, lo)
+    return ceiling - rows if ceiling >= rows else None
 
 
 def _no_worse(config, state, given, j):
@@ -390,8 +397,7 @@ def _no_worse(config, state, given, j):
     ring, fixed = RING_SLOTS * config.rows, state.fixed(j)
     vmem, acc = state.limits[j] - ring, state.acc_limits[j]
     if fixed is not None:
-        a_handed = any(h.consumer == j and h.operand == "a" for h in state.items)
-        return fixed.acc_rows <= acc and (a_handed or fixed.vmem_rows <= vmem)
+        return fixed.acc_rows <= acc and (state.to(j, "a") is not None or fixed.vmem_rows <= vmem)
     steps = _op_steps(config, state.ops[j], vmem, acc)
     return steps is not None and steps <= _full_steps(config, given[j])
 
@@ -425,9 +431,9 @@ def _aligned(config, state):
         for s in h.sources:
             if s.transposed:
                 op = state.ops[s.producer]
-                plan = plan_op(config, op.M, op.K, op.N, op.bias_kind,
-                               vmem_rows=state.limits[s.producer] - ring,
-                               acc_rows=state.acc_limits[s.producer], epilogue="transpose")
+                plan = _cached_plan(config, op.M, op.K, op.N, op.bias_kind, "transpose",
+                                    state.limits[s.producer] - ring,
+                                    state.acc_limits[s.producer])
                 if plan is None or (plan.blocks > 1 and plan.Mb % config.cols):
                     return False
     return True
@@ -456,13 +462,15 @@ def plan_handoffs(config, ops):
 def _stored(ops, items):
     """(producer, output) pairs that must still be stored: not transient, or
     read by an op that does not have them in VMEM."""
-    stored = set()
+    handed = {}            # (producer, output) -> the consumers that have it on the chip
     for h in items:
         for s in h.sources:
-            readers = [j for j, o in enumerate(ops) if j > s.producer and j != h.consumer
-                       and any(r.overlaps(s.operand) for r in _reads(o))]
-            handed = {x.consumer for x in items for t in x.sources
-                      if t.producer == s.producer and t.operand == s.operand}
-            if not s.operand.transient or any(j not in handed for j in readers):
-                stored.add((s.producer, s.operand))
+            handed.setdefault((s.producer, s.operand), set()).add(h.consumer)
+    reads = [_reads(o) for o in ops]
+    stored = set()
+    for (producer, out), consumers in handed.items():
+        if not out.transient or any(
+                j not in consumers and any(r.overlaps(out) for r in reads[j])
+                for j in range(producer + 1, len(ops))):
+            stored.add((producer, out))
     return frozenset(stored)

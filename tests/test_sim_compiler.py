@@ -481,13 +481,15 @@ def test_weights_are_handed_off_too_so_attention_touches_memory_only_for_its_wei
         assert _dma_count(config, got[True][2].program, t) == 0
 
 
-@pytest.mark.parametrize("M", [16, 24])
-def test_the_ffn_keeps_its_residual_in_the_accumulator(M):
+@pytest.mark.parametrize("M, producer", [(16, "layer_norm"), (24, "layer_norm"), (16, "plain")])
+def test_the_ffn_keeps_its_residual_in_the_accumulator(M, producer):
     """x1 = LN(x @ Wo + r) in fp32 with a bf16 copy, h = GELU(x1b @ W1),
-    LN(h @ W2 + x1): x1b and h are handed off in VMEM, the residual x1 in
-    accumulator rows that the last LayerNorm reads in place of its residual
-    buffers. Nothing but the inputs, weights and the output touches memory;
-    the same bits as through memory."""
+    LN(h @ W2 + x1): x1b and h are handed off in VMEM, the residual x1 stays
+    in the LayerNorm's output buffers (in place), which the last LayerNorm
+    reads instead of its residual buffers. A plain producer of x1 (x1 = x @
+    Wo, FFN up on an input) copies it into accumulator rows instead. Nothing
+    but the inputs, weights and the output touches memory; the same bits as
+    through memory."""
     from dataclasses import replace
     from mxu.sim.compiler.epilogue import Epilogue
     from mxu.sim.compiler.handoff import plan_handoffs
@@ -507,15 +509,21 @@ def test_the_ffn_keeps_its_residual_in_the_accumulator(M):
         ln = [mem.put(np.stack([rng.standard_normal(H), rng.standard_normal(H), np.ones(H)]),
                       "fp32") for _ in range(2)]
         x1, x1b, h, out = temp(H, "fp32"), temp(H), temp(F), mem.empty(M, H, "fp32")
-        ops = [MatmulOp(ctx, wo, x1, epilogue=Epilogue("add_layer_norm", extra=x1b, other=r,
-                                                      params=ln[0], eps=1e-5)),
+        first = MatmulOp(ctx, wo, x1, epilogue=Epilogue("add_layer_norm", extra=x1b, other=r,
+                                                        params=ln[0], eps=1e-5))
+        if producer == "plain":
+            first, x1b = MatmulOp(ctx, wo, x1), put((M, H))
+        ops = [first,
                MatmulOp(x1b, w1, h, put((1, F), dtype="fp32"), epilogue=Epilogue("gelu")),
                MatmulOp(h, w2, out, epilogue=Epilogue("add_layer_norm", other=x1, params=ln[1],
                                                       eps=1e-5))]
         compiled = mem.run(ops, handoffs=handoffs)
-        got[handoffs] = mem.get(out), [mem.get(t) for t in (x1, x1b, h)], compiled, (x1, x1b, h)
+        temps = (x1, h) if producer == "plain" else (x1, x1b, h)
+        got[handoffs] = mem.get(out), [mem.get(t) for t in temps], compiled, temps
     ho = plan_handoffs(config, ops)
-    assert sorted((h.consumer, h.operand) for h in ho.items) == [(1, "a"), (2, "a"), (2, "other")]
+    want = [(2, "a", False), (2, "other", False)] if producer == "plain" else \
+        [(1, "a", False), (2, "a", False), (2, "other", True)]
+    assert sorted((h.consumer, h.operand, h.in_place) for h in ho.items) == want
     golden.assert_bits_equal(got[True][0], got[False][0], "residual in the accumulator")
     for t, data in zip(got[True][3], got[True][1]):
         assert np.isnan(data.astype(np.float32)).all()

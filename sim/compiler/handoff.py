@@ -65,6 +65,7 @@ class Handoff:
     plan: OpPlan
     sources: tuple
     tile: int           # rows = cols of the chip
+    in_place: bool = False   # a residual left in its producer's output buffers (at base)
 
     @functools.cached_property
     def rows(self):
@@ -136,6 +137,11 @@ class Handoffs:
     limits: tuple
     acc_limits: tuple
     stored: frozenset = frozenset()
+
+    def out_base(self, producer):
+        """The accumulator row where `producer` puts its output buffers, when
+        a consumer reads its result there (an in-place residual), or None."""
+        return next((h.base for h in self.items if h.in_place and h.first == producer), None)
 
     def plan(self, consumer):
         """The plan a consumer of handed-off activations or residual is
@@ -336,11 +342,52 @@ class _State:
         return _State(list(self.ops), list(self.limits), list(self.acc_limits), list(self.items))
 
 
+def _in_place(config, given, state, k, sources):
+    """`state` with op k's residual left where its producer's LayerNorm wrote
+    it, or None. That needs a producer whose groups each have an output
+    buffer of their own (a row-wise epilogue, no more M blocks than buffers),
+    laid out as the consumer's residual (same M blocks, N tiles): the
+    producer's segment puts its output buffers at the top of the accumulator
+    (`_Ring.out_base`) and nothing uses those rows until the consumer."""
+    (s,), op = sources, state.ops[k]
+    prod = state.ops[s.producer]
+    if s.operand != prod.c or prod.epilogue is None or not prod.epilogue.row_wise:
+        return None
+    ring = RING_SLOTS * config.rows
+    pplan = state.fixed(s.producer) or _cached_plan(
+        config, prod.M, prod.K, prod.N, prod.bias_kind, prod.epilogue.kind,
+        state.limits[s.producer] - ring, state.acc_limits[s.producer])
+    if pplan is None or pplan.blocks > pplan.out_buffers:
+        return None
+    h = Handoff(k, "other", config.acc_rows - pplan.out_rows, None, tuple(sources), config.cols,
+                in_place=True)
+    plan = _consumer_plan(config, op, state.limits[k] - ring, h.base, False, True)
+    if (plan is None or (plan.Mb, plan.blocks) != (pplan.Mb, pplan.blocks)
+            or plan.steps > _full_steps(config, op) or pplan.acc_rows - pplan.out_rows > h.base):
+        return None
+    h = replace(h, plan=plan)
+    if pplan.acc_rows - pplan.out_rows > state.acc_limits[s.producer] or any(
+            x.in_acc and x.first <= k and s.producer <= x.consumer and x.base + x.rows > h.base
+            for x in state.items):
+        return None          # the producer's other rows, or another region, in the way
+    new = state.copy()
+    new.items = new.items + [h]
+    new.acc_limits[s.producer + 1:k + 1] = [min(x, h.base)
+                                            for x in new.acc_limits[s.producer + 1:k + 1]]
+    ok = plan.acc_rows <= new.acc_limits[k] and all(
+        _no_worse(config, new, given, j) for j in range(s.producer + 1, k))
+    return new if ok else None
+
+
 def _take(config, given, state, k, operand, sources):
     """`state` with op k's `operand` handed off from `sources`, or None if it
     does not fit or would make an op take more steps."""
     ring, op = RING_SLOTS * config.rows, state.ops[k]
     fixed = state.fixed(k)
+    if operand == "other" and fixed is None:
+        new = _in_place(config, given, state, k, sources)
+        if new is not None:
+            return new
     if operand == "other":
         # The region takes about M * NT rows; the consumer plans below that.
         plan = _consumer_plan(config, op, state.limits[k] - ring,

@@ -63,6 +63,7 @@ class _Ring:
     rows: int            # all of it
     t_base: int = 0      # VMEM row of a transpose epilogue's slots
     t_slot: int = 0      # VMEM rows of one
+    out_base: int = 0    # accumulator row of the output slots
 
 
 @dataclass(frozen=True)
@@ -145,12 +146,17 @@ def plan_segments(config, ops, handoffs=None, first=0):
             raise ValueError(f"op {i}: a {op.M}x{op.K} @ {op.K}x{op.N} matmul does not fit the "
                              f"chip: {why}")
         depends = any(r.overlaps(w) for _, o, *_ in current for w in o.writes for r in op.reads)
+        # A producer whose output buffers a later op reads in place has a
+        # segment of its own (the buffers' layout is its alone).
+        solo = handoffs is not None and (handoffs.out_base(first + i) is not None or any(
+            handoffs.out_base(first + c[0]) is not None for c in current))
         outs = ()
         if handoffs is not None:
             outs = (tuple(handoffs.of(first + i)),
                     tuple(w for w in op.writes if handoffs.keeps(first + i, w)))
-        item = (i, op, plan, (limit, acc_limit), handed, outs, (weights, residual))
-        if current and (depends or (ep is None) != (current[0][1].epilogue is None)
+        out_base = handoffs.out_base(first + i) if handoffs is not None else None
+        item = (i, op, plan, (limit, acc_limit, out_base), handed, outs, (weights, residual))
+        if current and (depends or solo or (ep is None) != (current[0][1].epilogue is None)
                         or not _place(config, current + [item])):
             segments.append(_place(config, current))
             current = []
@@ -191,11 +197,17 @@ def _place(config, items):
         buffers = min(p.out_buffers for p in plans)
         slot = max(p.G * p.Mb for p in plans)
         res_slot = max(p.residual_rows for p in plans)
-        res_base = buffers * slot
+        # The output slots come first, or at `out_base` when a later op reads
+        # them there (an in-place residual: the segment has only that op).
+        out_base = items[0][3][2]
+        res_base = buffers * slot if out_base is None else 0
         scratch_base = res_base + buffers * res_slot
         acc = scratch_base + max(p.scratch_rows for p in plans)
         t_slot = max(p.t_rows for p in plans)
-        ring = _Ring(buffers, slot, res_base, res_slot, scratch_base, acc, vmem, t_slot)
+        ring = _Ring(buffers, slot, res_base, res_slot, scratch_base, acc, vmem, t_slot,
+                     out_base or 0)
+        if out_base is not None and out_base + buffers * slot > config.acc_rows:
+            return None
         vmem += buffers * t_slot
         placed = []
         for i, op, plan, _, handed, outs, operands in items:
@@ -203,6 +215,7 @@ def _place(config, items):
             placed.append(placed_op(i, op, plan, handed, outs, operands, 0, acc, acc + bias_rows,
                                     ring))
             acc += bias_rows + plan.param_rows
+    acc_limit = min(acc_limit, items[0][3][2] or acc_limit)
     return placed if vmem <= limit and acc <= acc_limit else None
 
 
@@ -249,7 +262,7 @@ class _Segment(FusedGroups):
     def out_row(self, grp, jj):
         p = self.placed[grp.op]
         if self.fused:
-            return self.ring.slot * (grp.index % self.buffers) + jj * p.plan.Mb
+            return self.ring.out_base + self.ring.slot * (grp.index % self.buffers) + jj * p.plan.Mb
         return p.out_base + ((grp.g % 2) * p.plan.G + jj) * p.plan.Mb
 
     def bias_block_row(self, grp, jj):

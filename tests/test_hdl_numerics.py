@@ -16,8 +16,14 @@ from mxu.verif.numerics_dut import NumericsTestTop
 
 SEED = 20261122
 # cocotb drives one vector per step from Python: 200k per unit on Verilator in
-# `make test`; Icarus' VPI is slower, so it gets a smaller share.
+# `make test`; Icarus' VPI is slower, so it gets a smaller share. The MAC
+# streams drive seven MACs per vector and take a quarter (`tb_numerics`).
 COCOTB_VECTORS = {"verilator": 200_000, "icarus": 20_000}
+_UNITS = ["multiplier", "adder", "fp32_to_bf16", "mac_streams"]
+# The MAC streams on Icarus take nearly three minutes: `slow`. The same RTL runs
+# them on Verilator, and the MAC on Icarus in `test_simulate_mac_other_simulators`.
+_COCOTB_CASES = [pytest.param(unit, sim, id=f"{unit}-{sim}", marks=pytest.mark.slow if (
+    unit, sim) == ("mac_streams", "icarus") else ()) for unit in _UNITS for sim in COCOTB_VECTORS]
 
 
 def _needs(simulator):
@@ -25,8 +31,7 @@ def _needs(simulator):
         pytest.skip("Icarus Verilog (iverilog) not installed; install it to run this case")
 
 
-@pytest.mark.parametrize("simulator", ["verilator", "icarus"])
-@pytest.mark.parametrize("unit", ["multiplier", "adder", "fp32_to_bf16", "mac_streams"])
+@pytest.mark.parametrize("unit, simulator", _COCOTB_CASES)
 def test_cocotb_numerics(unit, simulator, tmp_path):
     _needs(simulator)
     build = cocotb_build(to_verilog(NumericsTestTop()), "top", simulator, name="numerics")

@@ -5,7 +5,7 @@ reset and a good program, and random programs against the ISA's functional model
 import numpy as np
 import pytest
 
-from chip_configs import TINY
+from chip_configs import TINY, run_cocotb_chip
 from mxu.hdl.isa import ErrorCode
 from mxu.sim import Chip
 from mxu.sim import Program
@@ -150,22 +150,16 @@ def test_random_programs_against_the_model(chip, case):
                              f"random program (seed {SEED + 100 + case})")
 
 
-@pytest.mark.parametrize("simulator,pause", [("verilator", 0), ("verilator", 50)])
-def test_cocotb_programs(simulator, pause, tmp_path):
+@pytest.mark.parametrize("pause", [0, 50])
+def test_cocotb_programs(pause, tmp_path):
     """The same programs through cocotb, with cocotbext-axi's AxiRam as memory
-    (random pauses on every AXI channel at pause=50). Verilator only: under
-    Icarus 11 the whole chip's handshakes read X in the first cycles (docs/testing.md);
-    its units run on Icarus in their own regressions."""
-    import dataclasses
-    import json
-
-    from mxu.sim.backends.cocotb import cocotb_build
-    from mxu.sim.backends.verilog import chip_verilog
-    from mxu.sim.backends.cocotb import cocotb_test
-    build = cocotb_build(chip_verilog(CFG), "top", simulator, name=f"chip{CFG.rows}x{CFG.cols}")
-    args = {"config": dataclasses.asdict(CFG), "pause": pause, "seed": SEED}
-    cocotb_test(build, "top", "mxu.verif.tb_chip", simulator, test_dir=tmp_path,
-                extra_env={"MXU_TB_ARGS": json.dumps(args)})
+    (random pauses on every AXI channel at pause=50). On the 4x4 chip with the
+    vector unit, whose Verilator build tests/test_sim_vector.py shares (a chip
+    build costs two minutes; the programs here issue no VECTOR instruction, and
+    the chip without it runs them natively above). Verilator only: under
+    Icarus 11 the whole chip's handshakes read X in the first cycles
+    (docs/testing.md); its units run on Icarus in their own regressions."""
+    run_cocotb_chip("mxu.verif.tb_chip", pause, SEED, tmp_path)
 
 
 @pytest.mark.slow

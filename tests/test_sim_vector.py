@@ -6,7 +6,7 @@ non-square chip with the vector unit (docs/vpu.md)."""
 import numpy as np
 import pytest
 
-from chip_configs import TINY, VPU_SHAPES
+from chip_configs import TINY, VPU_SHAPES, run_cocotb_chip
 from mxu.hdl.isa import ErrorCode
 from mxu.sim import Chip, Program
 from mxu.verif import golden, programs
@@ -228,18 +228,7 @@ def test_cocotb_vector_programs(pause, tmp_path):
     4x4 chip with the vector unit (Verilator; the fast lanes, held to the RTL
     lanes by `test_fast_lanes_give_the_same_results_and_cycles`: the protocol
     is what this test is for)."""
-    import dataclasses
-    import json
-
-    from mxu.sim.backends.cocotb import cocotb_build, cocotb_test
-    from mxu.sim.backends.fast_vpu import vpu_cpp_source
-    from mxu.sim.backends.verilog import chip_verilog
-    cfg = VPU_SHAPES["4x4"]
-    build = cocotb_build(chip_verilog(cfg, fast_lanes=True), "top", "verilator",
-                         name="chip4x4_vpu", cpp_text=vpu_cpp_source())
-    args = {"config": dataclasses.asdict(cfg), "pause": pause, "seed": SEED}
-    cocotb_test(build, "top", "mxu.verif.tb_vector", "verilator", test_dir=tmp_path,
-                extra_env={"MXU_TB_ARGS": json.dumps(args)})
+    run_cocotb_chip("mxu.verif.tb_vector", pause, SEED, tmp_path)
 
 
 def test_fast_lanes_give_the_same_results_and_cycles():

@@ -17,7 +17,7 @@ from mxu.verif.numerics_dut import NumericsTestTop
 SEED = 20261122
 # cocotb drives one vector per step from Python: 200k per unit on Verilator in
 # `make test`; Icarus' VPI is slower, so it gets a smaller share. The MAC
-# streams drive seven MACs per vector and take a quarter (`tb_numerics`).
+# streams drive seven MACs per vector and take a tenth (`tb_numerics`).
 COCOTB_VECTORS = {"verilator": 200_000, "icarus": 20_000}
 _UNITS = ["multiplier", "adder", "fp32_to_bf16", "mac_streams"]
 # The MAC streams on Icarus take nearly three minutes: `slow`. The same RTL runs

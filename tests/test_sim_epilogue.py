@@ -1,8 +1,8 @@
 """Fused epilogues (``Chip.matmul(..., then=kind)``, docs/vpu.md "Fused
 epilogues"): the vector unit's layer op on each group of a matmul's output
-tiles while the array computes the next. Every kind, on a square chip with
-the RTL lanes and a non-square one with the fast lanes, over several M blocks
-and N groups: bit-exact to the golden VPU form, equal to the unfused program
+tiles while the array computes the next. Every kind, on a square and a
+non-square chip (fast lanes, held to the RTL ones in tests/test_sim_vector.py),
+over several M blocks and N groups: bit-exact to the golden VPU form, equal to the unfused program
 (the matmul into an fp32 tensor, then `Chip.vector`), race-free, and with
 clear errors for bad input."""
 
@@ -25,8 +25,8 @@ KINDS = ("softmax", "gelu", "layer_norm", "add_layer_norm", "transpose")
 
 @pytest.fixture(scope="module", params=sorted(VPU_SHAPES))
 def chip(request):
-    # The RTL lanes on 4x4 (the build test_sim_vector uses too), the fast ones on 3x5.
-    return Chip(VPU_SHAPES[request.param], fast_mac=request.param != "4x4")
+    # The fast lanes (the builds test_sim_vector uses too).
+    return Chip(VPU_SHAPES[request.param], fast_mac=True)
 
 
 class Case:

@@ -17,10 +17,10 @@ SEED = 20261123
 
 @pytest.fixture(scope="module", params=sorted(VPU_SHAPES))
 def chip(request):
-    # RTL lanes on the 4x4 chip; the 3x5 chip takes the fast lanes, which
-    # `test_fast_lanes_give_the_same_results_and_cycles` holds to the RTL's
-    # bits and cycles (an RTL-lane build costs two minutes of `make test`).
-    return Chip(VPU_SHAPES[request.param], fast_mac=request.param != "4x4")
+    # The fast lanes, which `test_fast_lanes_give_the_same_results_and_cycles`
+    # holds to the RTL's bits and cycles (`slow`: an RTL-lane chip build is three
+    # CPU minutes; the RTL lane and VectorAlu run in tests/test_hdl_vpu.py).
+    return Chip(VPU_SHAPES[request.param], fast_mac=True)
 
 
 def _fresh(chip):
@@ -231,6 +231,7 @@ def test_cocotb_vector_programs(pause, tmp_path):
     run_cocotb_chip("mxu.verif.tb_vector", pause, SEED, tmp_path)
 
 
+@pytest.mark.slow
 def test_fast_lanes_give_the_same_results_and_cycles():
     """The fast vector lane (`mxu.sim.backends.fast_vpu`, C generated from
     `mxu.hdl.vecmath`) against the RTL lane on the chip: the vector program and

@@ -159,7 +159,7 @@ def _is_elf(path):
         return f.read(4) == b"\x7fELF"
 
 
-def cached_build(kind, name, key, build, *, artifacts, keep=(), prune=True, what=None):
+def cached_build(kind, name, key, build, *, artifacts, keep=(), prune=True, what=None, quiet=False):
     """The directory of a build that is up to date, building it if needed.
 
     Parameters
@@ -181,6 +181,8 @@ def cached_build(kind, name, key, build, *, artifacts, keep=(), prune=True, what
         False keeps the whole build directory.
     what : str
         How the status line names the build.
+    quiet : bool
+        No status line: for a step of another build, which shows its own.
     """
     entry = cache_root() / kind / f"{name}-{content_hash(tool_versions(), *key)}"
     with _locked(_lock_path(entry)):
@@ -192,8 +194,11 @@ def cached_build(kind, name, key, build, *, artifacts, keep=(), prune=True, what
             print(f"mxu: rebuilding {kind}/{entry.name}: {reason}", file=sys.stderr)
         shutil.rmtree(entry, ignore_errors=True)
         entry.mkdir(parents=True)
-        with BuildStatus(what or f"{kind} {name}", cache_root()) as status:
-            build(entry, status)
+        if quiet:
+            build(entry, lambda phase: None)
+        else:
+            with BuildStatus(what or f"{kind} {name}", cache_root()) as status:
+                build(entry, status)
         if prune:
             _prune(entry, [*artifacts, *keep, "build.log"])
         record = {}

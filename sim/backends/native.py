@@ -4,6 +4,9 @@ through ctypes: the fast path, with no VPI and no Python in the per-cycle loop
 
 import ctypes
 import functools
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +28,11 @@ _GENERATORS = ("verilog.py", "fast_array.py", "fast_vpu.py", "harness.py", "unit
 _FLAGS = ("--cc", "--exe", "-O3", "--x-assign", "fast", "--x-initial", "fast",
           "--noassert", "-Wno-fatal", "-Wno-lint", "-Wno-style", "--prefix", "Vtop",
           "--top-module", "top")
+# g++ levels (the variables of verilated.mk): -O2 for the code that runs every
+# cycle and for the run-time library, none for the "slow" code that runs once
+# (constructors, initial and settle), which is about half of a large model's C++
+# and compiles four times faster at -O0.
+_OPT_VARS = ("OPT_FAST=-O2", "OPT_SLOW=-O0", "OPT_GLOBAL=-O2")
 
 
 @functools.cache
@@ -54,6 +62,7 @@ def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=(), e
     source compiled in too (its generator is one of the keyed sources)."""
     setup_environment()
     flags = _FLAGS + tuple(extra_flags)
+    make_vars = _OPT_VARS + tuple(make_vars)
     library = f"lib{name}.so"
 
     def build(directory, status):
@@ -67,10 +76,11 @@ def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=(), e
             sources.append(str(directory / "generated.cpp"))
         status("Verilator: Verilog to C++")
         # The include path is not part of the key: clones at other paths share builds.
-        _run(["verilator", *flags, "-Mdir", str(obj), "-CFLAGS", f"-fPIC -O2 -I{CSRC} -I{CSRC / 'lz4'}",
+        _run(["verilator", *flags, "-Mdir", str(obj), "-CFLAGS", f"-fPIC -I{CSRC} -I{CSRC / 'lz4'}",
               "-LDFLAGS", "-shared", "-o", str(directory / library), *sources],
              log, f"Verilator on {name}")
         status("compiling C++")
+        _reuse_runtime(obj, make_vars, log)
         _run(["make", "-j", "2", "-C", str(obj), "-f", "Vtop.mk", *make_vars], log,
              f"compiling {name}")
 
@@ -78,6 +88,48 @@ def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=(), e
                          build,
                          artifacts=[library], what=f"{name} (Verilator, native)")
     return entry / library
+
+
+def _runtime_objects(obj):
+    """The Verilator run-time library's objects that the model in `obj` links
+    (``VM_GLOBAL_FAST`` and ``VM_GLOBAL_SLOW`` of its ``Vtop_classes.mk``)."""
+    text = (obj / "Vtop_classes.mk").read_text()
+    names = []
+    for block in re.findall(r"^VM_GLOBAL_(?:FAST|SLOW) \+= \\\n((?:  \S+ \\\n)*)", text, re.M):
+        names += [line.split()[0] + ".o" for line in block.splitlines()]
+    return names
+
+
+def _reuse_runtime(obj, make_vars, log):
+    """Put the Verilator run-time objects into `obj` before ``make`` runs, from a
+    cache entry keyed by their exact compile commands, so that a build compiles
+    only its own model and harness: every build links the same ``verilated.o``
+    and friends, about 15 CPU seconds of g++ each time otherwise
+    (docs/cache.md). ``make`` then finds them newer than their sources."""
+    names = _runtime_objects(obj)
+    if not names:
+        return
+    dry = subprocess.run(["make", "-n", "-s", "--no-print-directory", "-C", str(obj), "-f", "Vtop.mk",
+                          *make_vars, *names], capture_output=True, text=True)
+    commands = [line for line in dry.stdout.splitlines() if line.strip()]
+    if dry.returncode != 0 or len(commands) != len(names):
+        with open(log, "a") as f:
+            f.write(f"(run-time objects compiled in place: make -n gave {dry.stdout}{dry.stderr})\n")
+        return
+
+    def build(directory, status):
+        jobs = [subprocess.Popen(command, shell=True, cwd=directory, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True) for command in commands]
+        outputs = [job.communicate()[0] for job in jobs]
+        (directory / "build.log").write_text("".join(f"$ {c}\n{o}\n" for c, o in zip(commands, outputs)))
+        if any(job.returncode for job in jobs):
+            raise RuntimeError("compiling the Verilator run-time failed:\n" + "".join(outputs)[-3000:])
+
+    entry = cached_build("native", "verilator_runtime", commands, build, artifacts=names,
+                         quiet=True)
+    for name in names:
+        shutil.copyfile(entry / name, obj / name)
+        os.utime(obj / name)
 
 
 def load_native(library):

@@ -31,12 +31,51 @@ __all__ = ["Program"]
 _DEP_NAMES = ("pop_prev", "pop_next", "push_prev", "push_next")
 
 
+def _render(entry):
+    if not isinstance(entry, tuple):
+        return entry
+    opcode, fields, deps = entry
+    shown = ", ".join(f"{k}={v}" for k, v in fields.items())
+    flags = " ".join(k for k, v in deps.items() if v)
+    return f"{opcode.name} {shown}" + (f" [{flags}]" if flags else "")
+
+
+class Listing(list):
+    """A program's text, one string per instruction, made when it is read: a
+    model's programs hold hundreds of thousands of instructions, and formatting
+    each as it is emitted cost seconds that only an error message or a profile
+    ever looks at. Slices and ``+=`` move the unformatted entries."""
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return Listing(list.__getitem__(self, index))
+        return _render(list.__getitem__(self, index))
+
+    def __iter__(self):
+        return map(_render, list.__iter__(self))
+
+    def extend(self, other):
+        list.extend(self, list.__iter__(other) if isinstance(other, Listing) else other)
+
+    def __iadd__(self, other):
+        self.extend(other)
+        return self
+
+    def __repr__(self):
+        return repr(list(self))
+
+    def __eq__(self, other):
+        return list(self) == list(other)
+
+    __hash__ = None
+
+
 class Program:
     """A list of encoded instructions; `to_bytes` gives the image the chip fetches."""
 
     def __init__(self):
         self.words = []
-        self.text = []
+        self.text = Listing()
 
     def __len__(self):
         return len(self.words)
@@ -47,9 +86,7 @@ class Program:
             raise TypeError(f"unknown dependency flags {sorted(unknown)}")
         word = isa.encode(opcode, deps={k: int(bool(v)) for k, v in deps.items()}, **fields)
         self.words.append(word)
-        shown = ", ".join(f"{k}={v}" for k, v in fields.items())
-        flags = " ".join(k for k, v in deps.items() if v)
-        self.text.append(f"{opcode.name} {shown}" + (f" [{flags}]" if flags else ""))
+        self.text.append((opcode, fields, deps))
         return self
 
     def load(self, *, ext_addr, rows, row_bytes, ext_stride=None, vmem_row=None, acc_row=None,

@@ -44,7 +44,8 @@ class RegisterFile(wiring.Component):
     ---------
     bus : In(AXI4LiteSignature(addr_width=12, data_width=32))
     start, soft_reset : Out(1)
-        One-cycle pulses from CTRL writes.
+        One-cycle pulses, registered: the cycle after a CTRL write is taken
+        (with the write response).
     prog_base, prog_len : Out(32)
     busy, done : In(1); error : In(ErrorCode); error_pc : In(32)
     counters : In(ArrayLayout(64, len(COUNTERS)))
@@ -71,11 +72,17 @@ class RegisterFile(wiring.Component):
         with m.If(bus.bvalid & bus.bready):
             m.d.sync += b_pending.eq(0)
         waddr = bus.awaddr[2:HOST_ADDR_BITS]
+        # start and soft_reset are registered pulses, the cycle after the write:
+        # both reset large parts of the core, so a combinational path from the
+        # bus would make the next-state logic of those registers depend on the
+        # chip's inputs (a longer path in hardware; in a Verilated model, all
+        # of it evaluated again whenever an input changes).
+        m.d.sync += [self.start.eq(0), self.soft_reset.eq(0)]
         with m.If(take_w):
             m.d.sync += [b_pending.eq(1), bus.bresp.eq(AxiResp.OKAY)]
             with m.Switch(waddr):
                 with m.Case(REG["CTRL"] >> 2):
-                    m.d.comb += [self.start.eq(bus.wdata[0] & ~self.busy),
+                    m.d.sync += [self.start.eq(bus.wdata[0] & ~self.busy),
                                  self.soft_reset.eq(bus.wdata[1])]
                 with m.Case(REG["PROG_BASE"] >> 2):
                     m.d.sync += self.prog_base.eq(bus.wdata)

@@ -20,7 +20,7 @@ from mxu.hdl import vecmath
 from mxu.hdl.isa import VpuOp
 from mxu.hdl.vpu import lane_latency
 
-__all__ = ["fast_vpu_lane_verilog", "vpu_cpp_source", "CppOps"]
+__all__ = ["fast_vpu_lane_verilog", "fast_vpu_adder_verilog", "vpu_cpp_source", "CppOps"]
 
 
 class CppOps:
@@ -176,3 +176,26 @@ def fast_vpu_lane_verilog():
     """(module name, Verilog) of the fast lane (``mxu_vpu_f32`` from `vpu_cpp_source`)."""
     name = "mxu_vpu_lane_fast"
     return name, _TEMPLATE.format(name=name, last=lane_latency() - 1)
+
+
+_ADDER_TEMPLATE = """\
+module {name}(a, b, s);
+  import "DPI-C" pure function int unsigned mxu_vpu_f32(input int unsigned op,
+      input int unsigned a, input int unsigned b);
+  input [31:0] a, b;
+  output [31:0] s;
+  assign s = mxu_vpu_f32(32'd{op}, a, b);
+endmodule
+"""
+
+
+@functools.cache
+def fast_vpu_adder_verilog():
+    """(module name, Verilog) of a stand-in for `Fp32Adder` (ports ``a``, ``b``,
+    ``s``; combinational) whose sum is the C ``f_add`` of `vpu_cpp_source`:
+    the reduction tree behind the fast lanes (15 adders on 16 columns)
+    otherwise keeps the chip evaluating RTL fp32 adders every cycle, and the
+    vector chip ran at half the speed of the chip without it even with the
+    unit idle."""
+    name = "mxu_vpu_fadd_fast"
+    return name, _ADDER_TEMPLATE.format(name=name, op=VpuOp.ADD.value)

@@ -4,15 +4,55 @@ import contextlib
 import functools
 
 from amaranth.back import verilog
+from amaranth.hdl import ClockDomain, ClockSignal, Module, ResetSignal, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In
 
 from mxu.hdl.array import SystolicArray
 from mxu.hdl.pe import ProcessingElement
 
 from .fast_array import fast_datapath_verilog
-from .fast_vpu import fast_vpu_lane_verilog
+from .fast_vpu import fast_vpu_adder_verilog, fast_vpu_lane_verilog
 
 __all__ = ["to_verilog", "lean_verilog", "pe_verilog", "vpu_lane_verilog", "array_verilog",
            "chip_verilog", "dma_system_verilog"]
+
+
+class RegisteredReset(wiring.Component):
+    """Simulation top: `component` with the same ports, whose ``sync`` reset is
+    the ``rst`` input taken through a flip-flop (the chip leaves reset one
+    cycle after ``rst`` falls).
+
+    Amaranth writes every register's next state as combinational logic that
+    ends in ``if (rst)``. With ``rst`` a top-level input, Verilator evaluates
+    all of that logic in its input-combinational region, at every ``eval()``
+    (twice a cycle in our harnesses) besides after the clock edge; from a
+    flip-flop it is evaluated once a cycle. Measured on the 16x16 chip with the
+    vector unit: docs/simulation.md."""
+
+    def __init__(self, component):
+        self._inner = component
+        members = dict(component.signature.members.items())
+        if {"clk", "rst"} & set(members):
+            raise ValueError("the component already has a port named clk or rst")
+        super().__init__({**members, "clk": In(1), "rst": In(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.chip = inner = self._inner
+        m.domains.sync = ClockDomain()
+        rst_q = Signal(init=1, reset_less=True)
+        m.d.sync += rst_q.eq(self.rst)
+        m.d.comb += [ClockSignal("sync").eq(self.clk), ResetSignal("sync").eq(rst_q)]
+        for name, member in inner.signature.members.items():
+            ours, theirs = getattr(self, name), getattr(inner, name)
+            if not member.is_port:
+                wiring.connect(m, wiring.flipped(ours), theirs)
+            elif member.flow == In:
+                m.d.comb += theirs.eq(ours)
+            else:
+                m.d.comb += ours.eq(theirs)
+        return m
 
 
 def to_verilog(component, name="top"):
@@ -114,9 +154,15 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None):
     # With the vector unit, its lane is a module of its own too (with
     # `fast_lanes`, default `fast_mac`, the stand-in whose element op is a C
     # call, `mxu.sim.backends.fast_vpu`).
+    # The fast lanes come with fast fp32 adders for the reduction tree.
     fast_lanes = fast_mac if fast_lanes is None else fast_lanes
-    lane_name, lane = ((fast_vpu_lane_verilog if fast_lanes else vpu_lane_verilog)()
-                       if config.vpu else (None, ""))
+    vpu_modules, vpu = None, ""
+    if config.vpu:
+        lane_name, lane = (fast_vpu_lane_verilog if fast_lanes else vpu_lane_verilog)()
+        vpu_modules, vpu = {"lane": lane_name}, lane
+        if fast_lanes:
+            vpu_modules["fadd"], adder = fast_vpu_adder_verilog()
+            vpu += adder
     chip = MxuChip(config, pe_module=pe_name, datapath_module=datapath_name, trace=trace,
-                   vpu_modules={"lane": lane_name} if config.vpu else None)
-    return pe + lane + lean_verilog(chip)
+                   vpu_modules=vpu_modules)
+    return pe + vpu + lean_verilog(RegisteredReset(chip))

@@ -225,7 +225,7 @@ class SimulatedChip:
         `waves_cycles` cycles (None: to the end).
     waves_scope : str
         Record only the signals under this hierarchy ("TOP" is the whole chip;
-        e.g. "TOP.top.core.compute" for the compute engine).
+        e.g. "TOP.top.chip.core.compute" for the compute engine).
     waves_depth : int or None
         Hierarchy levels to record below `waves_scope` (None: all). A warning is
         printed when the file is projected to exceed 1 GiB.

@@ -166,7 +166,7 @@ void *mxu_chip_new(uint64_t mem_bytes, uint32_t data_bytes) {
 void mxu_chip_free(void *h) { delete static_cast<Chip *>(h); }
 
 // Start recording a waveform of the signals at most `levels` levels below the
-// hierarchy `scope` ("TOP", "TOP.top.core", ...; levels 0: everything) -- traced
+// hierarchy `scope` ("TOP", "TOP.top.chip.core", ...; levels 0: everything) -- traced
 // builds only; -1 otherwise, -2 if the file could not be opened.
 int mxu_chip_trace(void *h, const char *path, int levels, const char *scope) {
 #if VM_TRACE

@@ -15,8 +15,8 @@ import numpy as np
 
 from mxu.hdl import isa
 from mxu.hdl.dma import DmaDir, DmaError, DmaSpace
-from mxu.hdl.isa import (BINARY_VPU_OPS, TOKEN_LINKS, BMode, Engine, ErrorCode, Opcode, SeedMode,
-                         VpuOp)
+from mxu.hdl.isa import (BINARY_VPU_OPS, TOKEN_BITS, TOKEN_LINKS, BMode, Engine, ErrorCode,
+                         Opcode, SeedMode, VpuOp)
 from mxu.verif import golden
 from mxu.verif.dma_model import Descriptor, DmaModel
 
@@ -238,7 +238,9 @@ class IsaModel:
                     if error is not ErrorCode.NONE:
                         result.error, result.pc = error, ipc
                         return result
-                    self._tokens(engine, f, tokens, "push", +1)
+                    if not self._tokens(engine, f, tokens, "push", +1):
+                        result.error, result.pc = ErrorCode.TOKEN_OVERFLOW, ipc
+                        return result
                     progress = True
             if halted and not any(queues.values()):
                 return result
@@ -255,9 +257,15 @@ class IsaModel:
 
     @staticmethod
     def _tokens(engine, f, tokens, kind, step):
+        """Pop or push the instruction's tokens; False if a push overflows its
+        counter (TOKEN_BITS wide, docs/isa.md)."""
         for side in ("prev", "next"):
             if f["deps"][f"{kind}_{side}"]:
-                tokens[token_counters(engine, side, f)[kind == "pop"]] += step
+                name = token_counters(engine, side, f)[kind == "pop"]
+                if tokens[name] + step >= 1 << TOKEN_BITS:
+                    return False
+                tokens[name] += step
+        return True
 
     def _execute(self, opcode, f, result):
         if opcode in (Opcode.LOAD, Opcode.STORE):

@@ -365,6 +365,9 @@ class Dma(wiring.Component):
             self.acc_read.req.payload.eq(d.chip_row + rd_r),
         ]
         rd_fire = rd_req & Mux(is_vmem, self.vmem_read.req.ready, self.acc_read.req.ready)
+        # A request is held until taken, even when an error response stops the
+        # store (stream rule; docs/formal.md).
+        s.rd_waiting = rd_req & ~rd_fire
         m.d.sync += rd_pending.eq(rd_fire & ~clear)
         with m.If(rd_fire):
             m.d.sync += [rd_r.eq(rd_r + 1), rd_a.eq(rd_a + d.ext_stride),
@@ -464,7 +467,7 @@ class Dma(wiring.Component):
         inflight, is_load, is_vmem, last_off = s.inflight, s.is_load, s.is_vmem, s.last_off
         ld_a, ld_ba, ld_end, ld_k, ld_r = s.ld_a, s.ld_ba, s.ld_end, s.ld_k, s.ld_r
         out_valid, rd_a, rd_r, run, seg_len = s.out_valid, s.rd_a, s.rd_r, s.run, s.seg_len
-        total, w_beat = s.total, s.w_beat
+        total, w_beat, rd_waiting = s.total, s.w_beat, s.rd_waiting
         chip_rows = Mux(is_vmem, c.vmem_rows, c.acc_rows)
         limit = Signal(range(RBX + 1))
         with m.If(is_vmem):
@@ -529,7 +532,8 @@ class Dma(wiring.Component):
                     m.next = "RUN"
             with m.State("RUN"):
                 m.d.comb += [self.busy.eq(1), run.eq(1)]
-                with m.If((~bg_active | abort) & (inflight == 0) & ~bg_fire & ~out_valid):
+                with m.If((~bg_active | abort) & (inflight == 0) & ~bg_fire & ~out_valid
+                          & ~rd_waiting):
                     m.next = "COMPLETE"
             with m.State("COMPLETE"):
                 m.d.comb += [self.busy.eq(1), self.done.valid.eq(1), clear.eq(1)]

@@ -1,5 +1,5 @@
 """``mxu`` commands that check the chip against the golden model: ``demo``,
-``matmul`` and ``mac``. They plug into the ``mxu`` command line through the
+``matmul`` and ``mac``; and ``prove``, the formal proofs (`mxu.verif.formal`). They plug into the ``mxu`` command line through the
 ``mxu.commands`` entry-point group (docs/architecture.md)."""
 
 import sys
@@ -147,7 +147,7 @@ def _common_flags(parser):
 
 
 def register(sub):
-    """Add ``demo``, ``matmul`` and ``mac`` to the ``mxu`` subcommand parser `sub`."""
+    """Add ``demo``, ``matmul``, ``mac`` and ``prove`` to the ``mxu`` subcommand parser `sub`."""
     demo = sub.add_parser("demo", help="run the main job on the simulated chip")
     demo.add_argument("--vectors", type=positive_int, default=200_000,
                       help="random MACs streamed through the RTL MacUnit")
@@ -181,3 +181,6 @@ def register(sub):
     mac.add_argument("--simulator", default="verilator", choices=["verilator", "icarus", "amaranth"],
                      help="simulator to run the RTL on")
     mac.set_defaults(func=cmd_mac)
+
+    from .formal.prove import add_parser
+    add_parser(sub)

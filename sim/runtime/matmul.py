@@ -13,9 +13,22 @@ from ..compiler.epilogue import EPILOGUE_KINDS, Epilogue, epilogue_operands
 from ..compiler.vector import VectorOp
 from .tensor import DeviceTensor
 
-__all__ = ["MatmulCall", "prepare_matmul", "check_flag"]
+__all__ = ["MatmulCall", "prepare_matmul", "check_flag", "check_matmul_fits"]
 
 _FLOATS = (np.float16, np.float32, np.float64)
+
+
+def check_matmul_fits(config, M, K, N):
+    """ValueError naming the limit if a fresh chip's external memory cannot hold
+    a ``M x K @ K x N`` matmul's operands (bf16 A and B, fp32 C, each region
+    64-byte aligned): the check a caller makes before it builds anything."""
+    def region(nbytes):
+        return -(-nbytes // 64) * 64
+    need = region(2 * M * K) + region(2 * K * N) + region(4 * M * N)
+    if need > config.ext_mem_bytes:
+        raise ValueError(f"a {M}x{K} @ {K}x{N} matmul needs {need:,} bytes of external memory "
+                         f"(bf16 A and B, fp32 C); the chip has {config.ext_mem_bytes:,} "
+                         f"(ChipConfig.ext_mem_bytes)")
 
 
 def check_flag(value, name):

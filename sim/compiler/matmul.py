@@ -132,7 +132,7 @@ def plan_segments(config, ops, handoffs=None, first=0):
             limit, acc_limit = handoffs.limits[first + i], handoffs.acc_limits[first + i]
             handed, weights, residual = (handoffs.to(first + i, x) for x in ("a", "b", "other"))
             fixed = handoffs.plan(first + i)
-        plan = fixed or plan_op(config, op.M, op.K, op.N, op.bias_kind, epilogue=ep and ep.kind,
+        plan = fixed or plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args(),
                                 vmem_rows=limit - RING_SLOTS * config.rows, acc_rows=acc_limit)
         if plan is None:
             KT, room = ceil_div(op.K, config.rows), config.vmem_rows - RING_SLOTS * config.rows

@@ -118,7 +118,7 @@ class GoldenLlama:
 
     def _layer(self, i, lw, x, xn, batch, starts, cos, sin):
         c = self.config
-        H, KV, d = c.hidden, c.kv_dim, c.head_dim
+        H, KV = c.hidden, c.kv_dim
         qkv = self._matmul(xn, self._qkv[i])
         swapped = self._matmul(xn, self._fold[i]) if self.rope_mode == "fold" else None
         q = _bf16(self._rope(qkv[:, :H], swapped[:, :H] if swapped is not None else None,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from mxu.hdl.isa import Opcode, VpuOp, field_value
 
-from .layerops import (COPY, EPILOGUE_KINDS, LAYER_OPS, emit_rms_norm, emit_rope, emit_silu_mul,
+from .layerops import (EPILOGUE_KINDS, LAYER_OPS, emit_rms_norm, emit_rope, emit_silu_mul,
                        layer_op)
 from .operands import Operand, Scatter
 from .program import Program
@@ -92,10 +92,10 @@ class Epilogue:
         return tuple(o for o in (self.other, self.params) if o is not None)
 
     def out_cols(self, N):
-        """The width of the result as stored: N, or half of it when paired."""
+        """The widest result it stores of N columns: N, or half when paired."""
         return N // 2 if self.is_paired else N
 
-    def check(self, config, M, N):
+    def check(self, config, M, N, width=None):
         if not config.vpu:
             raise ValueError("a matmul epilogue needs a chip with the vector unit (vpu=True)")
         if self.kind not in LAYER_OPS:
@@ -108,7 +108,7 @@ class Epilogue:
             raise ValueError("only a rope epilogue takes paired=True (silu_mul always is)")
         if self.transpose and self.kind not in ("rope", "transpose"):
             raise ValueError(f"a {self.kind} epilogue cannot write its result transposed")
-        width = self.out_cols(N)
+        width = self.out_cols(N) if width is None else width
         other_cols = self.other.cols if self.kind == "rope" and self.other is not None else None
         want = epilogue_operands(self.kind, M, width, c, self.other is not None, other_cols)
         for name in ("other", "params"):

@@ -35,6 +35,8 @@ import numpy as np
 
 from mxu.hdl.isa import VpuOp
 
+from .vector import Tiles
+
 __all__ = ["LayerOp", "LAYER_OPS", "layer_op", "EPILOGUE_KINDS", "COPY"]
 
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -155,7 +157,6 @@ def emit_rms_norm(emit, x, gamma, eps, dst, sq, row):
     The spare lanes of a partial tile hold +0 (a matmul's padded columns, the
     DMA's padding), so x*x adds nothing there. `sq`: x.count tiles; `row`: m
     spare rows; `gamma`: a one-row matrix."""
-    from .vector import Tiles
     r = Tiles(row, x.m, x.cols, x.cols)
     emit.map(VpuOp.MUL, x, sq, b_row=x.base)
     emit.reduce("sum", sq, row, sq)

@@ -166,8 +166,11 @@ class MatmulOp:
 
     @property
     def out_cols(self):
-        """Columns of the stored result: N, or N / 2 for a paired epilogue."""
-        return self.N if self.epilogue is None else self.epilogue.out_cols(self.N)
+        """Columns of the stored result: N, or what c holds of a paired
+        epilogue's (at most N / 2: its tiles alternate)."""
+        if self.epilogue is None or not self.epilogue.is_paired:
+            return self.N
+        return self.c.rows if self.transposed else self.c.cols
 
     @property
     def reads(self):
@@ -228,6 +231,11 @@ class MatmulOp:
             raise ValueError(f"inner dimensions differ: a is {self.M}x{self.K}, "
                              f"b is {self.b.rows}x{self.N}")
         N = self.out_cols
+        if self.epilogue is not None and self.epilogue.is_paired and \
+                not self.N // 2 - config.cols < N <= self.N // 2:
+            raise ValueError(f"a paired epilogue's result is {N} columns: its {self.N} "
+                             f"alternate in tiles of {config.cols}, so it holds "
+                             f"{self.N // 2 - config.cols + 1} to {self.N // 2}")
         shape = (N, self.M) if self.transposed else (self.M, N)
         if isinstance(self.c, Scatter) and self.c.transposed != self.transposed:
             raise ValueError("a Scatter of a transposed result must say transposed=True, and "
@@ -248,7 +256,7 @@ class MatmulOp:
         if self.epilogue is not None:
             if self.relu:
                 raise ValueError("a matmul with an epilogue takes no relu")
-            self.epilogue.check(config, self.M, self.N)
+            self.epilogue.check(config, self.M, self.N, self.out_cols)
             for out in self.writes:
                 for read in self.reads:
                     if out.overlaps(read):

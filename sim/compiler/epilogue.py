@@ -149,16 +149,19 @@ def epilogue_scratch(kind, count, G, Mb):
     return layout, at
 
 
-def epilogue_param_rows(kind, count):
+def epilogue_param_rows(kind, count, M):
     """Accumulator rows of an epilogue's parameters: the softmax bias row,
-    LayerNorm's gamma, beta and ones, RMSNorm's gamma -- a row per tile each."""
-    return layer_op(kind).params * count
+    LayerNorm's gamma, beta and ones, RMSNorm's gamma -- a row per tile each
+    -- or a causal softmax's mask, M rows per tile."""
+    return layer_op(kind).param_rows(count, M)
 
 
 def epilogue_param_loads(ep, base, cols):
     """The LOADs (as keyword dicts) of an epilogue's parameter rows (softmax
     bias, LayerNorm gamma/beta/ones, RMSNorm gamma) into accumulator rows from `base`."""
     desc = ep.desc
+    if ep.kind == "masked_softmax":
+        return tile_moves(ep.other, 0, ep.other.rows, Tiles(base, ep.other.rows, ep.other.cols, cols))
     if ep.kind == "softmax" and ep.other is not None:
         count = ep.other.cols // cols
         return [dict(acc_row=base, ext_addr=ep.other.addr, rows=count, row_bytes=4 * cols,
@@ -188,14 +191,16 @@ def out_tiles(ep, G):
     return [(k, k) for k in range(G)]
 
 
-def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=0, **first):
+def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=0, m0=0,
+                  **first):
     """The VECTORs of `ep` on the group `x` (a `Tiles` in the accumulator,
     updated in place; its first tile is the op's tile `j0`): `params`,
     `scratch` and `residual` are the accumulator rows of its parameters
     (`epilogue_param_rows`), working rows (`epilogue_scratch`) and the
-    group's row operand (a residual, a mask, a RoPE table); `vmem`: the VMEM
-    row a transpose's blocks start at (`transpose_vmem_rows`), None when they
-    go nowhere but to hand-offs. `first`: flags of the first instruction.
+    group's row operand (a residual, a RoPE table); `vmem`: the VMEM row a
+    transpose's blocks start at (`transpose_vmem_rows`), None when they go
+    nowhere but to hand-offs; `m0`: the group's first result row (a causal
+    mask's row). `first`: flags of the first instruction.
     Returns the emitter and the accumulator row where each output's tiles
     start (a `Tiles` per output: c, extra)."""
     count = -(-x.n // x.cols)
@@ -209,7 +214,10 @@ def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=
         bias = Tiles(params, 1, x.n, x.cols) if ep.other is not None else None
         emit.softmax(x, bias, x, x.like(at["scratch"]), at["spare"])
     elif ep.kind == "masked_softmax":
-        emit.per_tile(VpuOp.ADD, x, None, x, rows=x.like(residual))
+        # The mask's rows of this group: row m0 + i of tile t at params + t*M + m0 + i.
+        M = ep.other.rows
+        for t in range(x.count):
+            emit.op(VpuOp.ADD, x.tile(t), x.m, x.tile(t), b_row=params + t * M + m0)
         emit.softmax(x, None, x, x.like(at["scratch"]), at["spare"])
     elif ep.kind == "gelu":
         emit.gelu(x, x, [x.like(at["scratch"] + i * (x.rows + 1) + 1) for i in range(4)], split=2)
@@ -324,7 +332,7 @@ class FusedGroups:
         vmem = ring.t_base + (grp.index % self.buffers) * ring.t_slot
         stored = op.c not in p.unstored
         emit, outs = emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, ring.scratch_base,
-                                   self.residual_row(grp), j0=grp.j0, pop_prev=True)
+                                   self.residual_row(grp), j0=grp.j0, m0=grp.m0, pop_prev=True)
         blocks = self.transposed_blocks(grp) if op.transposed and stored else []
         for t, k, off, height, slot, *_ in blocks:
             emit.op(VpuOp.PASS, x.tile(t) + off, height, vmem + slot * cfg.cols, to_vmem=True,

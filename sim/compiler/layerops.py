@@ -18,11 +18,13 @@ accumulator tiles):
 
 * ``params``: rows shared by every row of ``r`` (a softmax's bias row,
   LayerNorm's gamma/beta/ones, RMSNorm's gamma), loaded once per op into
-  ``param_rows`` accumulator rows;
-* ``other``: a row operand, one row per row of ``r`` (a residual, a causal
-  mask, RoPE's cos|sin table), loaded with each group into a buffer of its
-  own; its width is N (``row_operand = "same"``) or a table whose period
-  divides N (``"table"``).
+  ``param_rows`` accumulator rows -- or, for a causal softmax, its whole
+  mask, a bias row per row of ``r`` (``per_row``: the mask is the op's,
+  loaded once however many groups read it);
+* ``other``: a row operand, one row per row of ``r`` (a residual, RoPE's
+  cos|sin table), loaded with each group into a buffer of its own; its width
+  is N (``row_operand = "same"``) or a table whose period divides N
+  (``"table"``).
 
 A *paired* op (SiLU(gate) * up, RoPE folded into the weights) reads two
 result tiles for each output tile: the matmul's N tiles alternate (tile 2j
@@ -55,6 +57,7 @@ class LayerOp:
     row_wise : a row's result needs the whole row (groups are every N tile).
     buffers : output buffers a fused segment of this kind cycles through.
     params : parameter rows per N tile (0: none).
+    per_row : the parameters are a row per result row (M rows per N tile).
     row_operand : None, "same" (``other`` is M x N) or "table" (M x 2P: a
         period P of cos, then of sin; output column n uses column n mod P).
     paired : output tile j is made of result tiles 2j and 2j+1.
@@ -74,6 +77,11 @@ class LayerOp:
     passes: int = 1
     outputs: tuple = ("x", "x")
     min_group: int = 1
+    per_row: bool = False
+
+    def param_rows(self, count, M):
+        """Accumulator rows of its parameters for an M x (count tiles) result."""
+        return self.params * count * (M if self.per_row else 1)
 
     # ---- the rows it needs ------------------------------------------------------
     def scratch(self, count, G, Mb):
@@ -124,7 +132,7 @@ class LayerOp:
 
 _OPS = [
     LayerOp("softmax", "softmax", row_wise=True, params=1, passes=10),
-    LayerOp("masked_softmax", "softmax", row_wise=True, row_operand="same", passes=10),
+    LayerOp("masked_softmax", "softmax", row_wise=True, params=1, per_row=True, passes=10),
     LayerOp("layer_norm", "layer_norm", row_wise=True, buffers=2, params=3, passes=12),
     LayerOp("add_layer_norm", "layer_norm", row_wise=True, buffers=2, params=3,
             row_operand="same", passes=13),

@@ -27,7 +27,8 @@ from .vector import VectorOp
 __all__ = ["Lowering", "lower_matmul", "cols_of", "rows_of"]
 
 # Kinds that have a `VectorOp` form, for when the fused op does not fit.
-_UNFUSED = {"softmax", "layer_norm", "add_layer_norm", "gelu", "transpose", "rms_norm"}
+_UNFUSED = {"softmax", "masked_softmax", "layer_norm", "add_layer_norm", "gelu", "transpose",
+            "rms_norm"}
 
 
 def cols_of(x, k0, k1):
@@ -121,9 +122,12 @@ def _lower_fused(config, a, b, c, bias, ep):
             bf = ep.extra if fp32 else c
             other = ops_scratch[1] if zeros else (
                 ep.params if ep.kind in ("layer_norm", "rms_norm") else ep.other)
-            vector = VectorOp(ep.kind, r, out=c if fp32 else None, out_bf16=bf, other=other,
+            # A causal mask is the VectorOp softmax's bias with a row per row.
+            masked = ep.kind == "masked_softmax"
+            vector = VectorOp("softmax" if masked else ep.kind, r, out=c if fp32 else None,
+                              out_bf16=bf, other=other,
                               params=ep.params if ep.kind == "add_layer_norm" else None,
-                              group=M, scale=ep.scale, eps=ep.eps)
+                              group=1 if masked else M, scale=ep.scale, eps=ep.eps)
         vector.check(config)
         return ops + [vector]
 

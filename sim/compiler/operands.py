@@ -106,6 +106,10 @@ class Scatter:
         return self.pieces[0][1].cols
 
     @property
+    def row_bytes(self):
+        return self.cols * self.elem
+
+    @property
     def span(self):
         spans = [o.span for o in self.operands]
         return min(a for a, _ in spans), max(b for _, b in spans)

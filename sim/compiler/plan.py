@@ -123,7 +123,7 @@ class OpPlan:
 
     @property
     def param_rows(self):
-        return 0 if self.epilogue is None else epilogue_param_rows(self.epilogue, self.NT)
+        return 0 if self.epilogue is None else epilogue_param_rows(self.epilogue, self.NT, self.M)
 
     @property
     def epilogue_rows(self):

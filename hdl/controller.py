@@ -76,7 +76,9 @@ class Decoder(wiring.Component):
                                  reserved.eq((vec.flags.reserved != 0)
                                              | (vec.op.as_value() > VpuOp.RMAX.value)
                                              | (vec.flags.b_mode.as_value() > BMode.SCALAR.value)
-                                             | (vec.flags.transpose & ~vec.flags.to_vmem))]
+                                             | (vec.flags.transpose & ~vec.flags.to_vmem)
+                                             # lanes pair up only on an even row
+                                             | (vec.flags.swap if c.cols % 2 else 0))]
             with m.Case(Opcode.HALT):
                 m.d.comb += [known.eq(1), self.halt.eq(1),
                              reserved.eq((deps.as_value() != 0) | (halt.flags != 0)

@@ -249,14 +249,17 @@ class VectorFlags(data.Struct):
     b_mode: BMode
     to_vmem: 1       # write VMEM rows (fp32 -> bf16, RNE) instead of accumulator rows
     transpose: 1     # with to_vmem: the result rows become VMEM columns
-    reserved: 4
+    swap: 1          # a's lanes in pairs (2i, 2i+1) read as (-a[2i+1], a[2i]): RoPE's rotation
+    reserved: 3
 
 
 class VectorInstr(data.Struct):
     """VECTOR: for i in 0..rows-1, dst[dst_row + i] = op(acc[a_row + i], b_i)
     (docs/vpu.md). With ``transpose`` (rows <= vmem_row_elems), VMEM row
     dst_row + j holds element j of every result row instead, row i in
-    element i."""
+    element i. With ``swap`` (chips with an even number of columns), lane
+    2i of ``a`` reads ``-a[2i+1]`` and lane 2i+1 reads ``a[2i]`` (the pair
+    rotation of RoPE, docs/llm.md)."""
     opcode: Opcode
     deps: Deps
     flags: VectorFlags

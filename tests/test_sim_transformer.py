@@ -12,7 +12,7 @@ from mxu.sim import Chip
 from mxu.sim.models import SentenceEncoder
 from mxu.sim.models.sentence import bucket_length
 from mxu.sim.runtime import hostops
-from mxu.sim.runtime.layers import Encoder, EncoderConfig, EncoderWeights
+from mxu.sim.models.encoder import Encoder, EncoderConfig, EncoderWeights
 from mxu.verif import golden
 from mxu.verif.transformer import golden_forward, reference_forward
 

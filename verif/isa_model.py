@@ -65,7 +65,8 @@ def check_instruction(config, word):
         if opcode is Opcode.VECTOR:
             fl = f["flags"]
             bad = bad or f["op"] > VpuOp.RMAX.value or fl["b_mode"] > BMode.SCALAR.value \
-                or (fl["transpose"] and not fl["to_vmem"])
+                or (fl["transpose"] and not fl["to_vmem"]) \
+                or (fl["swap"] and config.cols % 2)
     if bad:
         return ErrorCode.ILLEGAL_INSTR, opcode, f
     if opcode is Opcode.LOADW:
@@ -286,12 +287,14 @@ class IsaModel:
 
     def _vector(self, f, result):
         """VECTOR through the golden vector unit (`mxu.verif.vpu.vector_alu`)."""
-        from mxu.verif.vpu import vector_alu
+        from mxu.verif.vpu import swap_pairs, vector_alu
         c = self.config
         (a0, a1), b, (d0, d1), space = vector_accesses(c, f)
         n = f["rows"]
         acc = self.acc.view(np.uint32)
         a = acc[a0:a1].copy()
+        if f["flags"]["swap"]:
+            a = swap_pairs(a)
         if b is None:
             bits = np.full((n, c.cols), f["imm"] if f["flags"]["b_mode"] == BMode.SCALAR.value
                            else 0, np.uint32)

@@ -9,7 +9,12 @@ from dataclasses import dataclass, fields, replace
 
 from .mac import MAC_STAGES
 
-__all__ = ["ChipConfig"]
+__all__ = ["ChipConfig", "MEASURED_FMAX_MHZ"]
+
+# Fmax of a preset's whole chip, placed and routed on the LFE5U-85F at
+# nextpnr's default seed (docs/synth.md has the run and its commit): what
+# cycle counts are turned into seconds with (`mxu generate`'s tokens/s).
+MEASURED_FMAX_MHZ = {"fpga": 56.3}
 
 
 def _is_pow2(n):

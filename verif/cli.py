@@ -10,7 +10,8 @@ import numpy as np
 from mxu.hdl import ChipConfig
 from mxu.hdl.mac import MAC_STAGES
 from mxu.sim import Chip, simulate_mac
-from mxu.sim.cli import array_size, embed_texts, nonnegative_int, positive_int
+from mxu.sim.cli import (array_size, embed_texts, generate_text, nonnegative_int,
+                         positive_int)
 from mxu.sim.report import format_table
 
 from . import golden, vectors
@@ -110,9 +111,14 @@ def cmd_demo(args):
         print()
         print("all-MiniLM-L6-v2, every matmul on the chip (mxu embed):")
         embed_texts(DEMO_TEXTS, ChipConfig())
+    if not args.no_generate:
+        print()
+        print("SmolLM2-135M-Instruct, every matmul and layer op on the chip (mxu generate):")
+        generate_text(DEMO_PROMPT, max_new_tokens=args.demo_tokens)
     return 0 if ok and ok_mac else 1
 
 
+DEMO_PROMPT = "The capital of France is"
 DEMO_TEXTS = ("The cat sits on the mat.", "A kitten is resting on a rug.",
               "Matrix multiplication on a systolic array.")
 
@@ -159,6 +165,10 @@ def register(sub):
     _common_flags(demo)
     demo.add_argument("--no-embed", action="store_true",
                       help="skip the sentence-embedding part (all-MiniLM-L6-v2 on the chip)")
+    demo.add_argument("--no-generate", action="store_true",
+                      help="skip the text generation (SmolLM2-135M on the chip)")
+    demo.add_argument("--demo-tokens", type=positive_int, default=6,
+                      help="tokens the demo generates (default 6)")
     demo.set_defaults(func=cmd_demo)
 
     mm = sub.add_parser("matmul", help="a random matmul on a simulated chip of any array size, "

@@ -46,6 +46,7 @@ class OpPlan:
     resident: bool = False # the residual is on the chip already (a hand-off): no buffers
     row_tiles: int = 0     # tiles of one row of the epilogue's row operand (0: none)
     paired: bool = False   # a paired epilogue: groups take N tiles two by two
+    hide: int = 1          # N tiles per group that hide the array's latency (see `rest`)
 
     @property
     def blocks(self):
@@ -59,7 +60,10 @@ class OpPlan:
         tail). Tiny K keeps G (a matrix bias buffer must last the ring's steps)."""
         if self.epilogue is not None:
             return self.G       # an epilogue's buffers and scratch are laid out for G tiles
-        return 1 if self.KT >= RING_SLOTS else self.G
+        # K tile t+1 of an output tile is seeded with t's partial sums: with
+        # short blocks (a decode step's few rows) a group of one tile would
+        # wait the array's whole latency at every step; `hide` tiles cover it.
+        return min(self.G, self.hide) if self.KT >= RING_SLOTS else self.G
 
     def groups_of_block(self, last=False):
         """(first N tile, tiles) of each group of an M block. The `last` block
@@ -153,6 +157,8 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
     bb = config.axi_data_bytes
     w_beats = r * ceil_div(2 * c, bb)
     desc = layer_op(epilogue) if epilogue is not None else None
+    # Cycles from a MATMUL's seed read to its result row in the accumulator.
+    latency = r * config.mac_stages + c + 8
     transposed = epilogue == "transpose" if transposed is None else transposed
     paired = bool(paired or (desc is not None and desc.paired))
     row_tiles = 0
@@ -171,13 +177,19 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         t_rows = (out_g * (ceil_div(Mb, config.vmem_row_elems) + pieces - 1) * c
                   if transposed else 0)
         p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias, epilogue, t_rows, resident, row_tiles,
-                   paired)
+                   paired, hide_for(Mb))
         fits = (p.vmem_rows + p.out_buffers * t_rows <= vmem_rows
                 and p.acc_rows <= acc_rows)
         # A row operand's buffer is refilled by the loads of the step `ring`
         # after its group's first (docs/vpu.md, "Fused epilogues").
         short = row_tiles and KT * G <= ring and not resident
         return p if fits and not short and _spaced(p, ring) else None
+
+    def hide_for(Mb):
+        """Tiles a group needs so that a tile's next K step finds its partial
+        sums written: a step lasts about max(Mb, rows) cycles (a short tile
+        waits for its weights, which enter a row per cycle)."""
+        return min(NT, MAX_GROUP, 1 << (ceil_div(latency, max(Mb, r)) - 1).bit_length())
 
     # Start from the largest block whose activations can fit at all.
     Mb = min(M, _MAX_ROWS, max(1, vmem_rows // KT if M <= vmem_rows // KT else vmem_rows // (2 * KT)))
@@ -188,7 +200,8 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         # accumulator rows; wider ones last longer (a matrix bias with few K
         # tiles needs that), so both are tried before the block shrinks.
         act_beats = Mb * ceil_div(2 * r, bb)
-        want = min(NT, MAX_GROUP, ceil_div(act_beats, max(1, Mb - w_beats)))
+        hide = hide_for(Mb)
+        want = min(NT, MAX_GROUP, max(hide, ceil_div(act_beats, max(1, Mb - w_beats))))
         if desc is not None and desc.row_wise:
             sizes = [NT]
         else:

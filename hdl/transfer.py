@@ -51,6 +51,7 @@ class TransferEngine(wiring.Component):
         m = Module()
         ins = self.cmd.payload
         inflight = Signal(range(3))
+        self.inflight = inflight    # for the formal proof's invariant (docs/formal.md)
         failed = Signal()
         is_sync = ins.opcode == Opcode.SYNC
         d = self.dma_cmd.payload

@@ -174,7 +174,10 @@ def transfer_harness(config):
 
     def extra(m, dut):
         stream_check(m, dut.cmd, source=ENV, sink=DUT, name="transfer.cmd")
-        stream_check(m, dut.dma_cmd, source=DUT, sink=ENV, name="transfer.dma_cmd")
+        # After an error completion the engine refuses further commands and
+        # withdraws one it offered (docs/formal.md).
+        stream_check(m, dut.dma_cmd, source=DUT, sink=ENV, name="transfer.dma_cmd",
+                     exempt=dut.error != ErrorCode.NONE)
         stream_check(m, dut.dma_done, source=ENV, sink=DUT, name="transfer.dma_done")
         stream_check(m, dut.complete, source=DUT, sink=ENV, name="transfer.complete")
         # The DMA answers each command once.
@@ -185,6 +188,8 @@ def transfer_harness(config):
         prop(m, ENV, "transfer.dma_done_after_cmd", out != 0, when=dut.dma_done.valid)
         prop(m, DUT, "transfer.dma_commands_max", out <= 2, witness=out == 2)
         prop(m, DUT, "transfer.inv.idle", dut.idle == (out == 0), cover=False)
+        return After(lambda m: prop(m, DUT, "transfer.inv.inflight", dut.inflight == out,
+                                    cover=False))
 
     return Harness(dut, extra)
 
@@ -444,9 +449,11 @@ def dma_harness(config, direction, *, dma=None):
                                  name="dma.axi")
         m.submodules.axi = axi
         attach(m, axi.tap, dut.axi)
-        # The other direction's channels are never used (nothing to cover).
+        # The other direction's channels are never used (nothing to cover), and
+        # never answer (in the chip they are not connected).
         for ch in ("aw", "w") if load else ("ar",):
             prop(m, DUT, f"dma.axi.{ch}.unused", ~getattr(dut.axi, f"{ch}valid"), cover=False)
+        prop(m, ENV, "dma.env.no_answer_unused", ~(dut.axi.bvalid if load else dut.axi.rvalid))
         stream_check(m, dut.cmd, source=ENV, sink=DUT, name="dma.cmd")
         prop(m, ENV, "dma.env.direction", dut.cmd.payload.dir == direction, when=dut.cmd.valid)
         stream_check(m, dut.done, source=DUT, sink=ENV, name="dma.done")

@@ -77,6 +77,50 @@ def run(bus, prefills, batches, context, steps):
     return rows
 
 
+FIDELITY_TEXT = ("The history of computing is a story of machines that grew smaller and faster "
+                 "every decade. Early computers filled whole rooms, used vacuum tubes, and could "
+                 "add a few thousand numbers each second.")
+PROMPTS = ["The capital of France is", "Once upon a time, there was a", "The best way to learn "
+           "a new language is", "Water boils at a temperature of", "In 1969, the first humans",
+           "A good breakfast includes", "The largest planet in our solar system is",
+           "To make a cup of tea, you"]
+
+
+def fidelity(tokens, prompts, new_tokens):
+    """Against the float32 reference: teacher-forced next-token argmax agreement
+    over `tokens` of one text (one prefill on the chip, checked bit for bit
+    against the golden Llama form), and greedy continuations of `prompts`
+    (one batch on the chip) against the reference's."""
+    from mxu.verif.llama import GoldenLlama, reference_logits
+    lm = CausalLM("SmolLM2-135M-Instruct")
+    tok = lm.tokenizer
+    ids = tok.encode(FIDELITY_TEXT)[:tokens]
+    chip = lm.logits_ids(ids)
+    gold = GoldenLlama(lm.weights, rows=16, lanes=16).forward([(0, ids)], logits="all")[0]
+    exact = np.array_equal(chip.view(np.uint32), gold.view(np.uint32))
+    ref = reference_logits(lm.weights, ids)
+    agree = float(np.mean(chip.argmax(1) == ref.argmax(1)))
+    rms = float(np.sqrt(np.mean((chip - ref) ** 2)))
+    print(f"teacher-forced, {len(ids)} tokens: argmax agreement {100 * agree:.1f} %, logit rms "
+          f"difference {rms:.3f}, chip bit-exact to the golden Llama form: {exact}")
+    enc = [tok.encode(p) for p in prompts]
+    outs = lm.generate_ids(enc, max_new_tokens=new_tokens)
+    rows, same = [], 0
+    for p, e, out in zip(prompts, enc, outs):
+        seq = list(e)
+        for _ in range(len(out)):
+            seq.append(int(np.argmax(reference_logits(lm.weights, seq)[-1])))
+        want = seq[len(e):]
+        same += out == want
+        first = next((i for i, (a, b) in enumerate(zip(out, want)) if a != b), None)
+        rows.append([p, repr(tok.decode(out)), "identical" if out == want else
+                     f"differs from token {first}: {tok.decode(want)!r}"])
+    print(format_table(["prompt", "chip (greedy)", "float32 reference"], rows))
+    print(f"{same} of {len(prompts)} greedy continuations of {new_tokens} tokens identical; "
+          f"decode {lm.last_stats.decode.cycles:,} cycles in {lm.last_stats.decode.steps} steps "
+          f"at batch {len(prompts)}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bus", type=_int_list, default=[256], help="AXI widths in bits")
@@ -87,7 +131,13 @@ def main():
     parser.add_argument("--context", type=int, default=16,
                         help="positions in each cache before the decode steps")
     parser.add_argument("--steps", type=int, default=1, help="decode steps per batch")
+    parser.add_argument("--fidelity", action="store_true",
+                        help="only the fidelity against the float32 reference (48-token text, "
+                             "12-token greedy continuations of 8 prompts)")
     args = parser.parse_args()
+    if args.fidelity:
+        fidelity(48, PROMPTS, 12)
+        return
     rows = []
     for bus in args.bus:
         rows += run(bus, args.prefill, args.batch, args.context, args.steps)

@@ -173,8 +173,8 @@ class ChipConfig:
     def preset(cls, name):
         """A named configuration: ``"default"`` (16x16 simulation chip),
         ``"vpu"`` (the same with the vector unit and four accumulator banks,
-        docs/vpu.md), ``"llm"`` (the vpu chip with a 256-bit bus and 1 GiB of
-        external memory: a decoder LLM's weights and KV caches, docs/llm.md) or ``"fpga"`` (4x4, the largest array measured whose whole
+        docs/vpu.md), ``"llm"`` (the vpu chip with 1 GiB of external memory: a
+        decoder LLM's weights and KV caches, docs/llm.md) or ``"fpga"`` (4x4, the largest array measured whose whole
         chip places and routes on an LFE5U-85F, see docs/synth.md)."""
         try:
             return _PRESETS[name]
@@ -190,12 +190,12 @@ _PRESETS = {
     # would halve it while the array runs, four keep it at a row per cycle
     # (docs/vpu.md, "Fused epilogues").
     "vpu": ChipConfig(vpu=True, acc_banks=4),
-    # The decoder LLM (docs/llm.md): SmolLM2-135M's bf16 weights (269 MB)
-    # and KV caches in a 1 GiB external memory; a 256-bit bus moves one VMEM
-    # row (16 bf16) per cycle, the rate at which the array takes weight rows,
-    # so a decode step at batch 1 streams its weights at the bus's rate and
-    # the array keeps up (at batch 16 the two meet).
-    "llm": ChipConfig(vpu=True, acc_banks=4, axi_data_bits=256, ext_mem_bytes=1 << 30),
+    # The decoder LLM (docs/llm.md): the vpu chip with 1 GiB of external
+    # memory for SmolLM2-135M's bf16 weights (269 MB) and KV caches. The bus
+    # stays 128 bits: a decode step then streams its weights at the bus's
+    # rate at every batch up to 32, where the array's compute meets it
+    # (wider buses: docs/llm.md, "The bus").
+    "llm": ChipConfig(vpu=True, acc_banks=4, ext_mem_bytes=1 << 30),
     # LFE5U-85F, measured (docs/synth.md): the whole 8x8 chip needs 77.5k of the
     # 83.6k LUT4 and does not place; 8x6 places but does not route; 4x4 places
     # and routes at 54.4 MHz (38 % of the LUT4s). mac_stages 7: the PE closes at

@@ -28,13 +28,24 @@ def _same(got, want, what):
     golden.assert_bits_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), what)
 
 
-@pytest.fixture(scope="module", params=sorted(VPU_SHAPES))
-def tiny(request):
-    cfg = VPU_SHAPES[request.param]
+def _tiny(shape):
+    cfg = VPU_SHAPES[shape]
     weights = LlamaWeights.random(TINY, seed=3)
     lm = CausalLM.from_weights(weights, chip=Chip(cfg, fast_mac=True))
     return lm, GoldenLlama(weights, rows=cfg.rows, lanes=cfg.cols,
                            rope=rope_mode(cfg, TINY.head_dim))
+
+
+@pytest.fixture(scope="module", params=sorted(VPU_SHAPES))
+def tiny(request):
+    """The tiny Llama on the 4x4 chip (RoPE by the lane swap) and the 3x5 chip
+    (odd columns: RoPE folded into the projections)."""
+    return _tiny(request.param)
+
+
+@pytest.fixture(scope="module")
+def tiny4():
+    return _tiny("4x4")
 
 
 def test_tiny_llama_prefill_and_batched_decode_are_bit_exact(tiny):
@@ -65,11 +76,11 @@ def test_tiny_llama_prefill_and_batched_decode_are_bit_exact(tiny):
             s.free()
 
 
-def test_prefill_logits_equal_token_by_token_decode(tiny):
+def test_prefill_logits_equal_token_by_token_decode(tiny4):
     """The logits of one prefill of n tokens are, row for row, those of n
     decode steps through the cache: the causal mask and the tree order of the
     softmax make both the same fp32 sums."""
-    lm, _ = tiny
+    lm, _ = tiny4
     ids = [11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 122, 133, 144, 155, 166, 177, 188]
     prefill = lm.logits_ids(ids)
     seq = lm.model.new_sequence(len(ids))
@@ -81,8 +92,8 @@ def test_prefill_logits_equal_token_by_token_decode(tiny):
         seq.free()
 
 
-def test_batched_decode_equals_one_sequence_at_a_time(tiny):
-    lm, _ = tiny
+def test_batched_decode_equals_one_sequence_at_a_time(tiny4):
+    lm, _ = tiny4
     prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8]]
     together = lm.generate_ids(prompts, max_new_tokens=4)
     alone = [lm.generate_ids([p], max_new_tokens=4)[0] for p in prompts]
@@ -90,8 +101,8 @@ def test_batched_decode_equals_one_sequence_at_a_time(tiny):
     assert lm.last_stats.decode.steps == 3 and lm.last_stats.prefill.steps == 1
 
 
-def test_sampling_is_seeded_and_bad_input_is_a_clear_error(tiny):
-    lm, _ = tiny
+def test_sampling_is_seeded_and_bad_input_is_a_clear_error(tiny4):
+    lm, _ = tiny4
     kw = dict(max_new_tokens=3, temperature=0.8, top_k=20)
     assert lm.generate_ids([[1, 2, 3]], seed=7, **kw) == lm.generate_ids([[1, 2, 3]], seed=7, **kw)
     with pytest.raises(ValueError, match="prompt is empty"):
@@ -139,22 +150,49 @@ def test_tokenizer_gives_llama_cpps_ids(smollm2_files):
     assert "<|im_start|>assistant" in tok.apply_chat_template("hi")
 
 
-def test_smollm2_generates_bit_exact_on_the_llm_chip(smollm2_files):
-    """Two greedy tokens of SmolLM2-135M on the llm preset chip (fast MAC): the
-    prefill and a decode step, each equal to the golden Llama form."""
-    weights, meta = smollm2_files
-    chip = Chip(ChipConfig.preset("llm"), fast_mac=True)
+@pytest.fixture(scope="module")
+def smollm2(smollm2_files):
     from mxu.sim.models.tokenizer import GgufTokenizer
-    lm = CausalLM.from_weights(weights, GgufTokenizer(meta), chip=chip, name="SmolLM2")
+    weights, meta = smollm2_files
+    return CausalLM.from_weights(weights, GgufTokenizer(meta),
+                                 chip=Chip(ChipConfig.preset("llm"), fast_mac=True),
+                                 name="SmolLM2-135M-Instruct")
+
+
+def test_smollm2_prefill_is_bit_exact_on_the_llm_chip(smollm2):
+    """SmolLM2-135M on the llm preset chip (fast MAC): one prefill, every
+    position's logits equal the golden Llama form's, and its next token is the
+    float32 reference's."""
+    from mxu.verif.llama import reference_logits
+    lm = smollm2
     ids = lm.tokenizer.encode("The capital of France is")
-    seq = lm.model.new_sequence(16)
-    gold = GoldenLlama(weights, rows=16, lanes=16)
+    got = lm.logits_ids(ids)
+    want = GoldenLlama(lm.weights, rows=16, lanes=16).forward([(0, ids)], logits="all")[0]
+    _same(got, want, "SmolLM2 prefill")
+    assert int(np.argmax(got[-1])) == int(np.argmax(reference_logits(lm.weights, ids)[-1]))
+    s = lm.last_stats.prefill
+    assert s.programs == lm.config.layers and 0 < s.mfu < 1 and 0 < s.roofline_share <= 1
+
+
+@pytest.mark.slow
+def test_smollm2_generates_bit_exact_on_the_llm_chip(smollm2):
+    """Two prompts generate together (prefill each, then batched decode):
+    every step's logits equal the golden Llama form's."""
+    lm = smollm2
+    prompts = [lm.tokenizer.encode(t) for t in ("The capital of France is", "1, 2, 3, 4,")]
+    gold = GoldenLlama(lm.weights, rows=16, lanes=16)
+    seqs = [lm.model.new_sequence(16) for _ in prompts]
     try:
-        got, _ = lm.model.step([seq], [ids])
-        _same(got[0], gold.forward([(0, ids)])[0], "SmolLM2 prefill")
-        token = int(np.argmax(got[0]))
-        got, stats = lm.model.step([seq], [[token]])
-        _same(got[0], gold.forward([(0, [token])])[0], "SmolLM2 decode step")
-        assert stats.programs == weights.config.layers
+        nxt = []
+        for k, (s, p) in enumerate(zip(seqs, prompts)):
+            got, _ = lm.model.step([s], [p])
+            _same(got[0], gold.forward([(k, p)])[0], f"SmolLM2 prefill {k}")
+            nxt.append(int(np.argmax(got[0])))
+        for step in range(2):
+            got, _ = lm.model.step(seqs, [[t] for t in nxt])
+            for k, (g, w) in enumerate(zip(got, gold.forward([(k, [t]) for k, t in enumerate(nxt)]))):
+                _same(g, w, f"SmolLM2 decode step {step}, sequence {k}")
+            nxt = [int(np.argmax(g)) for g in got]
     finally:
-        seq.free()
+        for s in seqs:
+            s.free()

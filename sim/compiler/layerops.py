@@ -39,7 +39,7 @@ from mxu.hdl.isa import VpuOp
 
 from .vector import Tiles
 
-__all__ = ["LayerOp", "LAYER_OPS", "layer_op", "EPILOGUE_KINDS", "COPY"]
+__all__ = ["LayerOp", "LAYER_OPS", "layer_op", "EPILOGUE_KINDS", "VECTOR_KINDS", "COPY"]
 
 _FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -66,6 +66,8 @@ class LayerOp:
         "norm" the normalised copy in the op's scratch (add_rms_norm).
     min_group : the fewest N tiles a group takes (wide groups: fewer,
         longer VECTORs); 0 for row-wise ops.
+    vector_regions : matrices of the chunk's shape a `VectorOp` of this kind
+        works in (0: it has no VectorOp form, only the fused one).
     """
     name: str
     golden: str
@@ -78,6 +80,7 @@ class LayerOp:
     outputs: tuple = ("x", "x")
     min_group: int = 1
     per_row: bool = False
+    vector_regions: int = 0
 
     def param_rows(self, count, M):
         """Accumulator rows of its parameters for an M x (count tiles) result."""
@@ -131,22 +134,26 @@ class LayerOp:
 
 
 _OPS = [
-    LayerOp("softmax", "softmax", row_wise=True, params=1, passes=10),
+    LayerOp("softmax", "softmax", row_wise=True, params=1, passes=10, vector_regions=2),
     LayerOp("masked_softmax", "softmax", row_wise=True, params=1, per_row=True, passes=10),
-    LayerOp("layer_norm", "layer_norm", row_wise=True, buffers=2, params=3, passes=12),
+    LayerOp("layer_norm", "layer_norm", row_wise=True, buffers=2, params=3, passes=12,
+            vector_regions=3),
     LayerOp("add_layer_norm", "layer_norm", row_wise=True, buffers=2, params=3,
-            row_operand="same", passes=13),
-    LayerOp("rms_norm", "rms_norm", row_wise=True, buffers=2, params=1, passes=7),
+            row_operand="same", passes=13, vector_regions=4),
+    LayerOp("rms_norm", "rms_norm", row_wise=True, buffers=2, params=1, passes=7,
+            vector_regions=2),
     LayerOp("add_rms_norm", "rms_norm", row_wise=True, buffers=2, params=1, row_operand="same",
             passes=8, outputs=("x", "norm")),
-    LayerOp("gelu", "gelu", row_wise=False, passes=23, min_group=4),
+    LayerOp("gelu", "gelu", row_wise=False, passes=23, min_group=4, vector_regions=5),
     LayerOp("silu_mul", "silu_mul", row_wise=False, paired=True, passes=7, min_group=2),
     LayerOp("rope", "rope", row_wise=False, row_operand="table", passes=3),
     LayerOp("transpose", "scale", row_wise=False, passes=1),
-    LayerOp(COPY, "scale", row_wise=False, passes=0),
+    LayerOp(COPY, "scale", row_wise=False, passes=0, vector_regions=1),
 ]
 LAYER_OPS = {op.name: op for op in _OPS}
 EPILOGUE_KINDS = tuple(name for name in LAYER_OPS if name != COPY)
+# The kinds a `VectorOp` runs on tensors in external memory (vector.py).
+VECTOR_KINDS = tuple(name for name, op in LAYER_OPS.items() if op.vector_regions)
 
 
 def layer_op(kind):

@@ -29,10 +29,9 @@ from mxu.hdl.isa import VpuOp
 
 from .operands import Operand
 
-__all__ = ["Tiles", "VectorEmitter", "VectorOp", "emit_vector_op", "VECTOR_KINDS", "tile_moves",
+__all__ = ["Tiles", "VectorEmitter", "VectorOp", "emit_vector_op", "tile_moves",
            "flag_instruction"]
 
-VECTOR_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu", "copy", "rms_norm")
 
 _NEG_INF = float("-inf")
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -264,6 +263,7 @@ class VectorOp:
         return self.x.rows
 
     def check(self, config):
+        from .layerops import VECTOR_KINDS
         if self.kind not in VECTOR_KINDS:
             raise ValueError(f"VectorOp kind must be one of {VECTOR_KINDS}, not {self.kind!r}")
         for name in ("x", "out", "out_bf16", "out_t", "other", "params"):
@@ -276,8 +276,9 @@ class VectorOp:
             raise ValueError("a VectorOp needs an output")
 
 
-_REGIONS = {"softmax": 2, "layer_norm": 3, "add_layer_norm": 4, "gelu": 5, "copy": 1,
-            "rms_norm": 2}
+def _regions(kind):
+    from .layerops import LAYER_OPS
+    return LAYER_OPS[kind].vector_regions
 
 
 def _chunk_rows(config, op, count):
@@ -285,7 +286,7 @@ def _chunk_rows(config, op, count):
     rows fit the accumulator (and a transpose's blocks VMEM); for softmax a
     divisor of the bias group, for a transpose a multiple of vmem_row_elems."""
     c = config
-    limit = max(1, (c.acc_rows - 3 * count - 8) // (count * _REGIONS[op.kind] + 1))
+    limit = max(1, (c.acc_rows - 3 * count - 8) // (count * _regions(op.kind) + 1))
     if op.kind == "softmax":
         return max(d for d in range(1, min(op.group, limit) + 1) if op.group % d == 0)
     if op.out_t is not None:
@@ -326,7 +327,7 @@ def _emit_chunk(c, op, prog, r0, m, count, m_max):
     x = Tiles(0, m, op.x.cols, c.cols)
     region = count * m_max
     scratch = [x.like(region * (i + 1)) for i in range(4)]
-    spare = region * _REGIONS[op.kind]
+    spare = region * _regions(op.kind)
     params = Tiles(spare + m_max, 1, op.x.cols, c.cols)
     loads = _move_tiles(prog, "load", op.x, r0, m, x, {})
     if op.kind == "softmax":

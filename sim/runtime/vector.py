@@ -10,7 +10,8 @@ import numpy as np
 
 from mxu.hdl.dtypes import bfloat16
 
-from ..compiler.vector import VECTOR_KINDS, VectorOp
+from ..compiler.layerops import VECTOR_KINDS
+from ..compiler.vector import VectorOp
 from .tensor import DeviceTensor
 
 __all__ = ["VectorCall", "prepare_vector", "softmax_bias", "layer_norm_params", "rms_norm_params"]

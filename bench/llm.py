@@ -2,7 +2,7 @@
 length, decode cycles per step by batch with their share of the roofline,
 wall time and simulated cycles per second.
 
-    python bench/llm.py                       # the llm preset (256-bit bus)
+    python bench/llm.py                       # the llm preset (128-bit bus)
     python bench/llm.py --bus 128,512         # the same chip with other buses
     python bench/llm.py --prefill 16 --batch 1,16
 
@@ -123,7 +123,7 @@ def fidelity(tokens, prompts, new_tokens):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bus", type=_int_list, default=[256], help="AXI widths in bits")
+    parser.add_argument("--bus", type=_int_list, default=[128], help="AXI widths in bits")
     parser.add_argument("--prefill", type=_int_list, default=[16, 64, 256],
                         help="prompt lengths of the prefill rows")
     parser.add_argument("--batch", type=_int_list, default=[1, 4, 16, 32],

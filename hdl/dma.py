@@ -345,6 +345,7 @@ class Dma(wiring.Component):
             self.acc_write.payload.data.eq(out_data[:8 * RBA]),
         ]
         can_emit = ~out_valid | out_ready
+        s.out_written = out_valid & out_ready
         ends = Signal()
         shared = Signal()
         next_ends_here = Signal()
@@ -637,7 +638,10 @@ class Dma(wiring.Component):
         rx0, rx1 = s.rx
         d, LG = s.d, s.LG
         done0 = Signal()
-        m.d.comb += done0.eq(rx0.valid & rx0.issued & (rx0.bursts == 0) & ~s.out_valid)
+        # Complete in the cycle the last row is written (the token it frees is
+        # pushed a cycle later, when the row is in the memory).
+        m.d.comb += done0.eq(rx0.valid & rx0.issued & (rx0.bursts == 0)
+                             & (~s.out_valid | s.out_written))
         short = s.ld_r != rx0.rows
         m.d.comb += [
             self.done.valid.eq(done0 | s.fsm_done),

@@ -67,11 +67,16 @@ class TransferEngine(wiring.Component):
             d.ext_base.eq(ins.ext_addr),
             d.ext_stride.eq(ins.ext_stride),
         ]
-        # A SYNC waits until every transfer before it has completed.
+        # A SYNC waits until every transfer before it has completed. A command
+        # offered to the DMA stays offered until taken, even if an earlier one
+        # fails meanwhile (a stream's valid is never withdrawn).
         free = (inflight < 2) & ~failed
+        offered = Signal()
+        m.d.sync += offered.eq(self.dma_cmd.valid & ~self.dma_cmd.ready)
         m.d.comb += [
-            self.dma_cmd.valid.eq(self.cmd.valid & free & ~is_sync),
-            self.cmd.ready.eq(free & Mux(is_sync, inflight == 0, self.dma_cmd.ready)),
+            self.dma_cmd.valid.eq(self.cmd.valid & ~is_sync & (inflight < 2) & (~failed | offered)),
+            self.cmd.ready.eq(Mux(is_sync, free & (inflight == 0),
+                                  (inflight < 2) & (~failed | offered) & self.dma_cmd.ready)),
             self.dma_done.ready.eq(1),
             self.idle.eq(inflight == 0),
         ]

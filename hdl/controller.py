@@ -13,7 +13,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .fetch import FetchedInstr
-from .isa import (BINARY_VPU_OPS, INSTR_BITS, TOKEN_LINKS, VECTOR_LINK_BIT, BMode, DmaInstr,
+from .isa import (BINARY_VPU_OPS, INSTR_BITS, TOKEN_BITS, TOKEN_LINKS, VECTOR_LINK_BIT, BMode, DmaInstr,
                   Engine, ErrorCode, Header, HaltInstr, LoadWInstr, MatmulInstr, Opcode, Pushes,
                   SeedMode, SyncInstr, VectorInstr, VpuOp, engines_of)
 from .compute import ComputeCommand
@@ -76,7 +76,9 @@ class Decoder(wiring.Component):
                                  reserved.eq((vec.flags.reserved != 0)
                                              | (vec.op.as_value() > VpuOp.RMAX.value)
                                              | (vec.flags.b_mode.as_value() > BMode.SCALAR.value)
-                                             | (vec.flags.transpose & ~vec.flags.to_vmem))]
+                                             | (vec.flags.transpose & ~vec.flags.to_vmem)
+                                             # lanes pair up only on an even row
+                                             | (vec.flags.swap if c.cols % 2 else 0))]
             with m.Case(Opcode.HALT):
                 m.d.comb += [known.eq(1), self.halt.eq(1),
                              reserved.eq((deps.as_value() != 0) | (halt.flags != 0)
@@ -205,9 +207,13 @@ class Controller(wiring.Component):
         opcode and token waits (`mxu.hdl.trace`); zero for an engine the chip lacks.
     """
 
-    def __init__(self, config, *, trace=False):
+    def __init__(self, config, *, trace=False, token_bits=TOKEN_BITS):
+        if not isinstance(token_bits, int) or not 1 <= token_bits <= TOKEN_BITS:
+            raise ValueError(f"token_bits must be an integer from 1 to {TOKEN_BITS}, "
+                             f"not {token_bits!r}")
         self.config = config
         self.trace = trace
+        self.token_bits = token_bits
         self.engines = engines_of(config)
         done_stream = stream.Signature(Pushes, always_ready=True)
         commands = {Engine.LOAD: DmaInstr, Engine.COMPUTE: ComputeCommand(config),
@@ -295,10 +301,10 @@ class Controller(wiring.Component):
         # ---- tokens ---------------------------------------------------------------
         names = {n for pair in TOKEN_LINKS.values() for n in pair
                  if all(_ENGINE_LETTER[x] in queues for x in n.split("2"))}
-        tokens = {name: Signal(16, name=f"tokens_{name}") for name in sorted(names)}
+        tokens = {name: Signal(self.token_bits, name=f"tokens_{name}") for name in sorted(names)}
         inc = {name: [] for name in tokens}
         dec = {name: [] for name in tokens}
-        blocked, stalls, last_pc = {}, {}, {}
+        blocked, stalls, last_pc, pusher = {}, {}, {}, {}
         for e, q in queues.items():
             name = e.name.lower()
             cmd, complete = getattr(self, f"{name}_cmd"), getattr(self, f"{name}_complete")
@@ -323,6 +329,7 @@ class Controller(wiring.Component):
                     conds.append(~(want & mine) | (tokens[pair[1]] != 0))
                     dec[pair[1]].append(taken & want & mine)
                     inc[pair[0]].append(pushed & gives)
+                    pusher[pair[0]] = e
             m.d.comb += pop_ok.eq(Cat(*conds).all() if conds else 1)
             go = q.r_rdy & pop_ok & ~failed
             if e == Engine.COMPUTE:
@@ -333,7 +340,8 @@ class Controller(wiring.Component):
             pc = Signal(32, name=f"{name}_pc")
             with m.If(taken):
                 m.d.sync += pc.eq(head.pc)
-            last_pc[e] = pc
+            # A SYNC completes in the cycle it is taken, before `pc` holds it.
+            last_pc[e] = Mux(taken, head.pc, pc)
             blocked[e] = q.r_rdy & ~pop_ok
             if self.trace:
                 self._trace_engine(m, self.engine_trace[e.value], taken, head, hdr, blocked[e],
@@ -341,8 +349,20 @@ class Controller(wiring.Component):
             # A stall is a head waiting for a token (not for its engine to finish).
             stalls[e] = blocked[e]
             record.append((error != ErrorCode.NONE, error, pc))
+        # A push onto a full counter is an error (the run stops); the counter
+        # keeps its value rather than wrap to zero.
+        overflow = []
         for name, counter in tokens.items():
-            m.d.sync += counter.eq(counter + sum(inc[name]) - sum(dec[name]))
+            pushed, popped = Cat(*inc[name]).any(), Cat(*dec[name]).any()
+            full = (counter == (1 << self.token_bits) - 1) & pushed & ~popped
+            overflow.append((full, pusher[name]))
+            with m.If(~full):
+                m.d.sync += counter.eq(counter + pushed - popped)
+        # For the formal proofs' invariants (docs/formal.md).
+        self.queues, self.tokens, self.failed = queues, tokens, failed
+
+        for full, engine in overflow:
+            record.append((full, C(ErrorCode.TOKEN_OVERFLOW.value, 4), last_pc[engine]))
 
         # ---- deadlock: nothing in flight, and every waiting head lacks a token ----
         all_idle = Cat(*(getattr(self, f"{e.name.lower()}_idle") for e in queues)).all()

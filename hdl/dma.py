@@ -17,6 +17,12 @@ is its executable statement. In short:
   ``config.dma_max_outstanding`` bursts in flight, ID 0 (responses in order),
   ``WSTRB`` for partial beats. W never waits for AW (the W side gets burst
   lengths from the burst generator, not from the AW handshake).
+* Loads overlap: once a load's bursts are all issued, the next load is
+  checked and issues its bursts while the first one's data still arrives (a
+  receive context per load, two at most), so back-to-back small descriptors
+  keep the read channel busy; completions stay in order. A descriptor that
+  is not a load with data (a store, an illegal or empty one) waits until no
+  load is receiving.
 * Errors: illegal descriptors complete at once with an error code and no bus
   traffic. An error response (SLVERR/DECERR) stops the issue of new bursts; the
   bursts already issued are completed (all their beats and responses taken), so
@@ -157,6 +163,7 @@ class Dma(wiring.Component):
         self._row_reader(m, s)
         self._gearbox(m, s)
         self._control(m, s)
+        self._receive_contexts(m, s)
         return m
 
     def _descriptor(self, m, s):
@@ -172,6 +179,21 @@ class Dma(wiring.Component):
         total = Signal(len(d.rows) + len(d.row_bytes))  # rows * row_bytes
         first_end = Signal(A + 1)   # ext_base + row_bytes: the end of the first row
         clear = Signal()            # reset the data-path state between descriptors
+        # Receive contexts of loads whose data is arriving (rx[0]) or whose
+        # bursts are issuing or issued (rx[1]): what the load path needs of
+        # its descriptor, its bursts in flight, and its first row's addresses.
+        ctx = data.StructLayout({
+            "valid": 1, "issued": 1, "err": DmaError, "tag": 8, "vmem": 1, "coalesced": 1,
+            "rows": len(d.rows), "row_bytes": len(d.row_bytes), "chip_row": len(d.chip_row),
+            "stride": A, "bursts": range(c.dma_max_outstanding + 1),
+            "a": A + 1, "end": A + 1, "na": A + 1, "nend": A + 1, "be": A + 1,
+        })
+        rx = [Signal(ctx, name=f"rx{k}") for k in range(2)]
+        abort_err = Signal(DmaError)   # the first error response, for contexts it cuts short
+        s.ctx = ctx
+        s.rx = rx
+        s.shift = Signal()          # rx[0] completes and rx[1] moves up
+        s.abort_err = abort_err
         s.abort = abort
         s.clear = clear
         s.coalesced = coalesced
@@ -265,14 +287,25 @@ class Dma(wiring.Component):
         r_fire = axi.rvalid & axi.rready
         b_fire = axi.bvalid & axi.bready
         m.d.comb += axi.bready.eq(1)
-        done_burst = Mux(is_load, r_fire & axi.rlast, b_fire)
+        # R beats are a load's (a store takes no R), B responses a store's: the
+        # receive contexts may still hold loads while a store runs.
+        done_burst = (r_fire & axi.rlast) | b_fire
         m.d.sync += inflight.eq(inflight + bg_fire - done_burst)
-        resp = Mux(is_load, axi.rresp, axi.bresp)
-        resp_fire = Mux(is_load, r_fire, b_fire)
+        s.r_last = r_fire & axi.rlast
+        resp = Mux(r_fire, axi.rresp, axi.bresp)
+        resp_fire = r_fire | b_fire
+        is_load = r_fire
+        code = Mux(resp[0], DmaError.DECERR, DmaError.SLVERR)
+        s.r_error = Signal()           # an error response of a load's beat (its rx[0])
+        s.r_code = code
         with m.If(resp_fire & resp[1]):
             m.d.sync += abort.eq(1)
-            with m.If(err == DmaError.OK):
-                m.d.sync += err.eq(Mux(resp[0], DmaError.DECERR, DmaError.SLVERR))
+            with m.If(s.abort_err == DmaError.OK):
+                m.d.sync += s.abort_err.eq(code)
+            with m.If(is_load):
+                m.d.comb += s.r_error.eq(1)
+            with m.Elif(err == DmaError.OK):
+                m.d.sync += err.eq(code)
 
     def _load_path(self, m, s):
         """Load: R beats gathered and shifted into on-chip rows.
@@ -283,7 +316,12 @@ class Dma(wiring.Component):
         register compares in parallel instead of two chained adds and a compare
         from the descriptor (docs/synth.md, "Timing")."""
         A, BB, LG, RBA, RBV, RBX, axi = s.A, s.BB, s.LG, s.RBA, s.RBV, s.RBX, s.axi
-        coalesced, d, is_load, is_vmem, run = s.coalesced, s.d, s.is_load, s.is_vmem, s.run
+        d, rx0 = s.d, s.rx[0]
+        # The load path works for the receive context rx[0]; R beats go to it
+        # while it has bursts in flight (later beats are the next context's).
+        coalesced, is_vmem = rx0.coalesced, rx0.vmem
+        run = rx0.valid & (rx0.bursts != 0)
+        is_load = 1
         nslot = -(-(BB - 2 + RBX) // BB)
         slots = [Signal(8 * BB, name=f"ld_slot{i}") for i in range(nslot)]
         ld_k = Signal(range(nslot))
@@ -321,7 +359,8 @@ class Dma(wiring.Component):
         gathered = Cat(*[Mux(ld_k == i, axi.rdata, slots[i]) for i in range(nslot)])
         shifted = Signal(8 * RBX)
         m.d.comb += shifted.eq(gathered >> Cat(C(0, 3), ld_a[:LG]))
-        row_mask = Cat(*[(C(j, 8) < d.row_bytes).replicate(8) for j in range(RBX)])
+        row_mask = Cat(*[(C(j, 8) < rx0.row_bytes).replicate(8) for j in range(RBX)])
+        s.store_row_mask = Cat(*[(C(j, 8) < d.row_bytes).replicate(8) for j in range(RBX)])
         with m.If(out_valid & out_ready):
             m.d.sync += out_valid.eq(0)
         with m.If(process):
@@ -331,10 +370,10 @@ class Dma(wiring.Component):
                         m.d.sync += slots[i].eq(axi.rdata)
             with m.If(ends):
                 m.d.sync += [out_valid.eq(1), out_data.eq(shifted & row_mask),
-                             out_addr.eq(d.chip_row + ld_r),
-                             ld_r.eq(ld_r + 1), ld_more.eq(ld_r + 2 < d.rows),
+                             out_addr.eq(rx0.chip_row + ld_r),
+                             ld_r.eq(ld_r + 1), ld_more.eq(ld_r + 2 < rx0.rows),
                              ld_a.eq(ld_na), ld_end.eq(ld_nend),
-                             ld_na.eq(ld_na + d.ext_stride), ld_nend.eq(ld_nend + d.ext_stride)]
+                             ld_na.eq(ld_na + rx0.stride), ld_nend.eq(ld_nend + rx0.stride)]
                 with m.If(hold):
                     m.d.sync += ld_k.eq(0)
                 with m.Elif(shared):
@@ -354,7 +393,7 @@ class Dma(wiring.Component):
         s.ld_nend = ld_nend
         s.ld_r = ld_r
         s.out_valid = out_valid
-        s.row_mask = row_mask
+        s.row_mask = s.store_row_mask
 
     def _row_reader(self, m, s):
         """Store: on-chip rows read, through ReLU and fp32 -> bf16."""
@@ -379,6 +418,9 @@ class Dma(wiring.Component):
             self.acc_read.req.payload.eq(d.chip_row + rd_r),
         ]
         rd_fire = rd_req & Mux(is_vmem, self.vmem_read.req.ready, self.acc_read.req.ready)
+        # A request is held until taken, even when an error response stops the
+        # store (stream rule; docs/formal.md).
+        s.rd_waiting = rd_req & ~rd_fire
         m.d.sync += rd_pending.eq(rd_fire & ~clear)
         with m.If(rd_fire):
             m.d.sync += [rd_r.eq(rd_r + 1), rd_a.eq(rd_a + d.ext_stride),
@@ -483,7 +525,7 @@ class Dma(wiring.Component):
         ld_a, ld_be, ld_end, ld_k, ld_r = s.ld_a, s.ld_be, s.ld_end, s.ld_k, s.ld_r
         ld_more, ld_na, ld_nend = s.ld_more, s.ld_na, s.ld_nend
         out_valid, rd_a, rd_r, run, seg_len = s.out_valid, s.rd_a, s.rd_r, s.run, s.seg_len
-        total, w_beat = s.total, s.w_beat
+        total, w_beat, rd_waiting = s.total, s.w_beat, s.rd_waiting
         chip_rows = Mux(is_vmem, c.vmem_rows, c.acc_rows)
         limit = Signal(range(RBX + 1))
         with m.If(is_vmem):
@@ -500,13 +542,24 @@ class Dma(wiring.Component):
         ext_end = Signal(A + len(d.rows) + 2)
         m.d.comb += ext_end.eq(first_end + last_off)
 
-        m.d.comb += self.done.payload.tag.eq(d.tag)
-        m.d.comb += self.done.payload.error.eq(err)
+        rx0, rx1 = s.rx
+        # A descriptor that does not receive data waits until no load does, so
+        # that completions stay in order.
+        s.alloc = alloc = Signal()      # DECIDE gives a receive context to this load
+        s.issued = issued = Signal()    # RUN: the issuing load's bursts are all out
+        s.fsm_done = fsm_done = Signal()
+        bad = Signal()
+        m.d.comb += bad.eq((is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)
+                           | (d.row_bytes > limit) | misaligned
+                           | (d.chip_row + d.rows > chip_rows) | empty
+                           | (ext_end > c.ext_mem_bytes))
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += self.cmd.ready.eq(1)
-                with m.If(self.cmd.valid):
-                    m.d.sync += [d.eq(self.cmd.payload), err.eq(DmaError.OK), abort.eq(0)]
+                # After an error response, nothing new until the loads in flight drain.
+                m.d.comb += self.cmd.ready.eq(~abort | ~rx0.valid)
+                with m.If(self.cmd.valid & self.cmd.ready):
+                    m.d.sync += [d.eq(self.cmd.payload), err.eq(DmaError.OK), abort.eq(0),
+                                 s.abort_err.eq(DmaError.OK)]
                     m.next = "CHECK"
             with m.State("CHECK"):
                 m.d.comb += self.busy.eq(1)
@@ -518,7 +571,9 @@ class Dma(wiring.Component):
                 m.next = "DECIDE"
             with m.State("DECIDE"):
                 m.d.comb += self.busy.eq(1)
-                with m.If((is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)):
+                with m.If(rx0.valid & (bad | ~is_load)):
+                    pass                  # wait for the loads in flight
+                with m.Elif((is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)):
                     m.d.sync += err.eq(DmaError.BAD_OPTION)
                     m.next = "COMPLETE"
                 with m.Elif(limit < d.row_bytes):
@@ -535,31 +590,106 @@ class Dma(wiring.Component):
                 with m.Elif(ext_end >= c.ext_mem_bytes + 1):
                     m.d.sync += err.eq(DmaError.EXT_RANGE)
                     m.next = "COMPLETE"
-                with m.Else():
+                with m.Elif(~is_load | ~rx1.valid & ~s.shift & (~abort | ~rx0.valid)):
+                    # (After an error response, a load accepted meanwhile starts
+                    # afresh once the loads before it have drained.)
                     sl = Mux(coalesced, total, d.row_bytes)
+                    m.d.comb += alloc.eq(is_load)
                     m.d.sync += [
+                        abort.eq(abort & rx0.valid),
+                        s.abort_err.eq(Mux(abort & rx0.valid, s.abort_err, DmaError.OK)),
                         seg_len.eq(sl),
                         bg_active.eq(1), bg_seg.eq(d.ext_base),
                         bg_x.eq(Cat(C(0, LG), d.ext_base[LG:])),
                         bg_beats.eq(segment_beats(d.ext_base, sl, LG)),
                         bg_left.eq(Mux(coalesced, 1, d.rows)),
-                        ld_r.eq(0), ld_more.eq(d.rows >= 2), ld_a.eq(d.ext_base),
-                        ld_end.eq(first_end), ld_na.eq(d.ext_base + d.ext_stride),
-                        ld_nend.eq(first_end + d.ext_stride),
-                        ld_be.eq(Cat(C(0, LG), d.ext_base[LG:] + 1)), ld_k.eq(0),
                         rd_r.eq(0), rd_a.eq(d.ext_base),
                     ]
+                    with m.If(is_load & ~rx0.valid):
+                        # The load path is free: it takes this load's first row now.
+                        m.d.sync += [
+                            ld_r.eq(0), ld_more.eq(d.rows >= 2), ld_a.eq(d.ext_base),
+                            ld_end.eq(first_end), ld_na.eq(d.ext_base + d.ext_stride),
+                            ld_nend.eq(first_end + d.ext_stride),
+                            ld_be.eq(Cat(C(0, LG), d.ext_base[LG:] + 1)), ld_k.eq(0),
+                        ]
                     m.next = "RUN"
             with m.State("RUN"):
                 m.d.comb += [self.busy.eq(1), run.eq(1)]
-                with m.If((~bg_active | abort) & (inflight == 0) & ~bg_fire & ~out_valid):
+                with m.If(is_load):
+                    # Its bursts are out: the receive context completes it, and
+                    # the next descriptor may issue meanwhile.
+                    with m.If((~bg_active | abort) & ~bg_fire):
+                        m.d.comb += issued.eq(1)
+                        m.d.sync += bg_active.eq(0)
+                        m.next = "IDLE"
+                with m.Elif((~bg_active | abort) & (inflight == 0) & ~bg_fire & ~rd_waiting):
                     m.next = "COMPLETE"
             with m.State("COMPLETE"):
-                m.d.comb += [self.busy.eq(1), self.done.valid.eq(1), clear.eq(1)]
+                m.d.comb += [self.busy.eq(1), fsm_done.eq(1), clear.eq(1)]
                 m.d.sync += [bg_active.eq(0), gb_n.eq(0), gb_flush.eq(0), gb_data.eq(0),
                              gb_strb.eq(0), w_beat.eq(0), out_valid.eq(0)]
                 with m.If(self.done.ready):
                     m.next = "IDLE"
+
+    def _receive_contexts(self, m, s):
+        """The loads in flight: rx[0] receives its data, rx[1] (if any) has
+        issued its bursts or is issuing them. A context completes once its
+        bursts are all back and its last row written; rx[1] then moves up and
+        the load path takes its first row. Completions, of these and of the
+        descriptors the state machine completes itself, leave in order."""
+        rx0, rx1 = s.rx
+        d, LG = s.d, s.LG
+        done0 = Signal()
+        m.d.comb += done0.eq(rx0.valid & rx0.issued & (rx0.bursts == 0) & ~s.out_valid)
+        short = s.ld_r != rx0.rows
+        m.d.comb += [
+            self.done.valid.eq(done0 | s.fsm_done),
+            self.done.payload.tag.eq(Mux(done0, rx0.tag, d.tag)),
+            self.done.payload.error.eq(
+                Mux(done0, Mux(rx0.err != DmaError.OK, rx0.err,
+                               Mux(s.abort & short, s.abort_err, DmaError.OK)), s.err)),
+        ]
+        with m.If(rx0.valid):
+            m.d.comb += self.busy.eq(1)
+        m.d.comb += s.shift.eq(done0 & self.done.ready)
+        # Updates of this cycle, then the move up.
+        n0, n1 = Signal.like(rx0), Signal.like(rx1)
+        m.d.comb += [n0.eq(rx0), n1.eq(rx1)]
+        issuing_1 = rx1.valid
+        inc = s.bg_fire & (d.dir == DmaDir.LOAD)
+        with m.If(issuing_1):
+            m.d.comb += [n1.bursts.eq(rx1.bursts + inc), n0.bursts.eq(rx0.bursts - s.r_last)]
+            with m.If(s.issued):
+                m.d.comb += n1.issued.eq(1)
+        with m.Else():
+            m.d.comb += n0.bursts.eq(rx0.bursts + inc - s.r_last)
+            with m.If(s.issued):
+                m.d.comb += n0.issued.eq(1)
+        with m.If(s.r_error & (rx0.err == DmaError.OK)):
+            m.d.comb += n0.err.eq(s.r_code)
+        new = Signal.like(rx0)
+        m.d.comb += [
+            new.valid.eq(1), new.issued.eq(0), new.err.eq(DmaError.OK), new.tag.eq(d.tag),
+            new.vmem.eq(d.space == DmaSpace.VMEM), new.coalesced.eq(s.coalesced),
+            new.rows.eq(d.rows), new.row_bytes.eq(d.row_bytes), new.chip_row.eq(d.chip_row),
+            new.stride.eq(d.ext_stride), new.bursts.eq(0),
+            new.a.eq(d.ext_base), new.end.eq(s.first_end), new.na.eq(d.ext_base + d.ext_stride),
+            new.nend.eq(s.first_end + d.ext_stride), new.be.eq(Cat(C(0, LG), d.ext_base[LG:] + 1)),
+        ]
+        with m.If(s.alloc):
+            with m.If(~rx0.valid):
+                m.d.comb += n0.eq(new)
+            with m.Else():
+                m.d.comb += n1.eq(new)
+        with m.If(s.shift):
+            m.d.sync += [rx0.eq(n1), rx1.eq(0),
+                         # The load path takes the next context's first row.
+                         s.ld_r.eq(0), s.ld_more.eq(n1.rows > 1), s.ld_a.eq(n1.a),
+                         s.ld_end.eq(n1.end), s.ld_na.eq(n1.na), s.ld_nend.eq(n1.nend),
+                         s.ld_be.eq(n1.be), s.ld_k.eq(0)]
+        with m.Else():
+            m.d.sync += [rx0.eq(n0), rx1.eq(n1)]
 
 
 class DmaSystem(wiring.Component):

@@ -98,11 +98,14 @@ class InstructionFetch(wiring.Component):
 
         # ---- AR: one burst at a time, only when the queue has room for all of it.
         per_beat = max(1, bb // INSTR_BYTES)
+        # A burst must fit the queue with room to spare (the condition below),
+        # or a wide bus (several instructions a beat) would wait for room forever.
+        most = min(_BURST_BEATS, (_QUEUE_INSTRS - 2) // per_beat)
         to_boundary = (4096 - addr[:12]) // bb
         beats = Signal(range(_BURST_BEATS + 1))
-        m.d.comb += beats.eq(Mux(beats_left < _BURST_BEATS,
+        m.d.comb += beats.eq(Mux(beats_left < most,
                                  Mux(beats_left < to_boundary, beats_left, to_boundary),
-                                 Mux(to_boundary < _BURST_BEATS, to_boundary, _BURST_BEATS)))
+                                 Mux(to_boundary < most, to_boundary, most)))
         room = queue.level + (beats * per_beat) + 2 <= _QUEUE_INSTRS
         want = active & ~self.stop & ~self.error & (beats_left != 0) & (outstanding == 0) & room
         ar_pending = Signal()

@@ -28,7 +28,7 @@ from .fields import field_plan, struct_layout, pack_fields, unpack_fields
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "Opcode", "Engine", "SeedMode", "Deps", "Header",
     "DmaInstr", "LoadWInstr", "MatmulInstr", "SyncInstr", "HaltInstr", "LoopInstr", "VpuOp",
-    "BMode", "BINARY_VPU_OPS", "TOKEN_LINKS", "engines_of", "VectorFlags", "VectorInstr", "Pushes", "VECTOR_LINK_BIT", "INSTRUCTIONS", "ENGINE_OF", "ErrorCode",
+    "BMode", "BINARY_VPU_OPS", "TOKEN_LINKS", "TOKEN_BITS", "engines_of", "VectorFlags", "VectorInstr", "Pushes", "VECTOR_LINK_BIT", "INSTRUCTIONS", "ENGINE_OF", "ErrorCode",
     "encode", "decode", "field_table",
 ]
 
@@ -77,6 +77,7 @@ class ErrorCode(enum.Enum, shape=4):
     FETCH_ERROR = 7      # SLVERR/DECERR, or a program outside external memory / misaligned
     DEADLOCK = 8         # every engine waits for a token that nothing can give
     WEIGHT_OVERFLOW = 9  # LOADW while an earlier LOADW's tile is still unused
+    TOKEN_OVERFLOW = 10  # a push onto a token counter that already holds 2**TOKEN_BITS - 1
 
 
 class Deps(data.Struct):
@@ -85,6 +86,10 @@ class Deps(data.Struct):
     push_prev: 1
     push_next: 1
 
+
+TOKEN_BITS = 16
+"""Width of each dependency-token counter: at most 65,535 tokens outstanding
+on one link (docs/isa.md)."""
 
 VECTOR_LINK_BIT = 15
 """Bit of the instruction word (flag bit 7) that links a compute instruction's
@@ -244,14 +249,17 @@ class VectorFlags(data.Struct):
     b_mode: BMode
     to_vmem: 1       # write VMEM rows (fp32 -> bf16, RNE) instead of accumulator rows
     transpose: 1     # with to_vmem: the result rows become VMEM columns
-    reserved: 4
+    swap: 1          # a's lanes in pairs (2i, 2i+1) read as (-a[2i+1], a[2i]): RoPE's rotation
+    reserved: 3
 
 
 class VectorInstr(data.Struct):
     """VECTOR: for i in 0..rows-1, dst[dst_row + i] = op(acc[a_row + i], b_i)
     (docs/vpu.md). With ``transpose`` (rows <= vmem_row_elems), VMEM row
     dst_row + j holds element j of every result row instead, row i in
-    element i."""
+    element i. With ``swap`` (chips with an even number of columns), lane
+    2i of ``a`` reads ``-a[2i+1]`` and lane 2i+1 reads ``a[2i]`` (the pair
+    rotation of RoPE, docs/llm.md)."""
     opcode: Opcode
     deps: Deps
     flags: VectorFlags

@@ -11,7 +11,9 @@ __all__ = ["TransferEngine"]
 
 
 class TransferEngine(wiring.Component):
-    """Runs LOAD (or STORE) and SYNC instructions on one `Dma`, one at a time.
+    """Runs LOAD (or STORE) and SYNC instructions on one `Dma`: up to two
+    descriptors in flight (the DMA overlaps a load's data with the next
+    load's bursts, docs/memory.md), completed in order.
 
     Parameters
     ----------
@@ -48,7 +50,8 @@ class TransferEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         ins = self.cmd.payload
-        inflight = Signal()
+        inflight = Signal(range(3))
+        self.inflight = inflight    # for the formal proof's invariant (docs/formal.md)
         failed = Signal()
         is_sync = ins.opcode == Opcode.SYNC
         d = self.dma_cmd.payload
@@ -64,27 +67,27 @@ class TransferEngine(wiring.Component):
             d.ext_base.eq(ins.ext_addr),
             d.ext_stride.eq(ins.ext_stride),
         ]
-        free = ~inflight & ~failed
+        # A SYNC waits until every transfer before it has completed.
+        free = (inflight < 2) & ~failed
         m.d.comb += [
             self.dma_cmd.valid.eq(self.cmd.valid & free & ~is_sync),
-            self.cmd.ready.eq(free & (is_sync | self.dma_cmd.ready)),
+            self.cmd.ready.eq(free & Mux(is_sync, inflight == 0, self.dma_cmd.ready)),
             self.dma_done.ready.eq(1),
-            self.idle.eq(~inflight),
+            self.idle.eq(inflight == 0),
         ]
-        with m.If(self.dma_cmd.valid & self.dma_cmd.ready):
-            m.d.sync += inflight.eq(1)
         done = self.dma_done.valid
+        issue = self.dma_cmd.valid & self.dma_cmd.ready
+        m.d.sync += inflight.eq(inflight + issue - done)
         ok = self.dma_done.payload.error == DmaError.OK
         axi = ((self.dma_done.payload.error == DmaError.SLVERR)
                | (self.dma_done.payload.error == DmaError.DECERR))
         with m.If(done):
-            m.d.sync += inflight.eq(0)
-            with m.If(~ok):
+            with m.If(~ok & ~failed):
                 m.d.sync += [failed.eq(1),
                              self.error.eq(Mux(axi, ErrorCode.AXI_ERROR, ErrorCode.DMA_DESCRIPTOR))]
         sync_done = self.cmd.valid & self.cmd.ready & is_sync
         m.d.comb += [
-            self.complete.valid.eq((done & ok) | sync_done),
+            self.complete.valid.eq((done & ok & ~failed) | sync_done),
             self.complete.payload.as_value().eq(
                 Mux(sync_done, Cat(ins.deps.as_value(), ins.as_value()[VECTOR_LINK_BIT]),
                     self.dma_done.payload.tag[:5])),

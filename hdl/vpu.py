@@ -412,6 +412,21 @@ class _WriteRanges(wiring.Component):
         return m
 
 
+def _swap_pairs(row):
+    """Lanes (2i, 2i+1) of a row of fp32 words as (-row[2i+1], row[2i]): RoPE's
+    rotation of each pair (a lane without a partner, on an odd row, keeps its
+    word; the decoder refuses ``swap`` there)."""
+    lanes = []
+    for k in range(len(row)):
+        if k % 2 == 0 and k + 1 < len(row):
+            lanes.append(row[k + 1] ^ 0x80000000)
+        elif k % 2:
+            lanes.append(row[k - 1])
+        else:
+            lanes.append(row[k])
+    return Cat(*lanes)
+
+
 class VectorUnit(wiring.Component):
     """The vector engine: runs VECTOR (and SYNC) instructions, one accumulator
     row per cycle through a `VectorAlu` (docs/vpu.md).
@@ -424,7 +439,8 @@ class VectorUnit(wiring.Component):
     ``cols`` elements of VMEM row ``dst_row + i`` (the rest +0); with
     ``transpose`` as well (at most ``vmem_row_elems`` rows), the rows go
     through `RowTranspose` and become the columns of VMEM rows ``dst_row ..
-    dst_row + cols - 1``. The decoder has checked the operands (docs/isa.md);
+    dst_row + cols - 1``. With ``swap``, ``a``'s lanes enter the ALU in
+    rotated pairs (-a[2i+1], a[2i]) (RoPE, docs/llm.md). The decoder has checked the operands (docs/isa.md);
     this engine never fails.
 
     Operand reads run ahead of the ALU into small buffers, each port on its
@@ -480,7 +496,7 @@ class VectorUnit(wiring.Component):
         return data.StructLayout({
             "op": VpuOp, "b_source": 2,          # 0 none, 1 operand buffer, 2 imm
             "imm": 32, "dst": max(_addr_shape(c.acc_rows).width, _addr_shape(c.vmem_rows).width),
-            "to_vmem": 1, "transpose": 1, "last": 1, "push": Pushes,
+            "to_vmem": 1, "transpose": 1, "swap": 1, "last": 1, "push": Pushes,
         })
 
     def elaborate(self, platform):
@@ -575,6 +591,7 @@ class VectorUnit(wiring.Component):
             row_meta.dst.eq(cur.dst_row + Mux(cur.flags.transpose, 0, ia)),
             row_meta.to_vmem.eq(cur.flags.to_vmem),
             row_meta.transpose.eq(cur.flags.transpose),
+            row_meta.swap.eq(cur.flags.swap),
             row_meta.last.eq(last),
             row_meta.push.deps.eq(cur.deps),
         ]
@@ -601,10 +618,11 @@ class VectorUnit(wiring.Component):
         rm = meta(buf_a.r_data[row_bits:])
         needs_b = rm.b_source == 1
         go = buf_a.r_rdy & (~needs_b | buf_b.r_rdy) & beside.w_rdy
+        a = data.ArrayLayout(32, c.cols)(buf_a.r_data[:row_bits])
         m.d.comb += [
             alu.i.valid.eq(go),
             alu.i.payload.op.eq(rm.op),
-            alu.i.payload.a.eq(buf_a.r_data[:row_bits]),
+            alu.i.payload.a.eq(Mux(rm.swap, _swap_pairs(a), a.as_value())),
             alu.i.payload.b.eq(Mux(rm.b_source == 2, Cat(*([rm.imm] * c.cols)),
                                    Mux(needs_b, buf_b.r_data, 0))),
         ]

@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 
 from .driver.chip import ChipError
 
-__all__ = ["main", "register", "positive_int", "nonnegative_int"]
+__all__ = ["main", "register", "positive_int", "nonnegative_int", "array_size"]
 
 
 def _int_flag(text, low, words):
@@ -32,6 +32,21 @@ def _int_flag(text, low, words):
 def positive_int(text):
     """argparse type: an integer >= 1 (the error names the flag)."""
     return _int_flag(text, 1, "a positive integer")
+
+
+# The largest array the simulating commands build: a 64x64 chip's Verilator
+# build already takes hours (the 16x16 one about two minutes).
+MAX_SIM_ARRAY = 64
+
+
+def array_size(text):
+    """argparse type: array rows or columns for a simulated chip, 1..MAX_SIM_ARRAY."""
+    value = _int_flag(text, 1, "a positive integer")
+    if value > MAX_SIM_ARRAY:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_SIM_ARRAY} for a simulated chip (its build time grows with "
+            f"rows x cols), not {value}")
+    return value
 
 
 def nonnegative_int(text):
@@ -103,9 +118,13 @@ def cmd_profile(args):
     import numpy as np
     from mxu.hdl import ChipConfig
     from .runtime.chip import Chip
+    from .runtime.matmul import check_matmul_fits
     _writable(args.output, "-o")
     _writable(args.png, "--png")
-    chip = Chip(ChipConfig(rows=args.rows, cols=args.cols), fast_mac=not args.rtl, trace=True)
+    config = ChipConfig(rows=args.rows, cols=args.cols)
+    # Before the chip is built and the operands allocated.
+    check_matmul_fits(config, args.m, args.k, args.n)
+    chip = Chip(config, fast_mac=not args.rtl, trace=True)
     rng = np.random.default_rng(args.seed)
     A = rng.standard_normal((args.m, args.k)).astype(np.float32)
     B = rng.standard_normal((args.k, args.n)).astype(np.float32)
@@ -118,10 +137,11 @@ def cmd_profile(args):
     return 0
 
 
-def embed_texts(texts, config, rtl=False, out=None, profile=None, png=None):
+def embed_texts(texts, config, rtl=False, out=None, profile=None, png=None, vector_ops="host"):
     """Embed `texts` with all-MiniLM-L6-v2 on a simulated chip; print the cosine
     similarity matrix and the statistics (and a profile when `profile` names a
-    JSON file). Returns the embeddings."""
+    JSON file). `vector_ops` "chip" runs the layer ops on the vector unit
+    (the chip gets one). Returns the embeddings."""
     import contextlib
     from .models import SentenceEncoder
     from .report import format_table
@@ -130,8 +150,10 @@ def embed_texts(texts, config, rtl=False, out=None, profile=None, png=None):
     _writable(profile, "--profile")
     _writable(png, "--png")
     start = time.perf_counter()
+    if vector_ops == "chip" and not config.vpu:
+        config = config.replace(vpu=True, acc_banks=max(config.acc_banks, 4))
     chip = Chip(config, fast_mac=not rtl, trace=profile is not None)
-    encoder = SentenceEncoder("all-MiniLM-L6-v2", chip=chip)
+    encoder = SentenceEncoder("all-MiniLM-L6-v2", chip=chip, vector_ops=vector_ops)
     loaded = time.perf_counter() - start
     with chip.profile() if profile else contextlib.nullcontext() as prof:
         emb = encoder.encode(list(texts))
@@ -146,6 +168,8 @@ def embed_texts(texts, config, rtl=False, out=None, profile=None, png=None):
     rows = [
         ["model", f"all-MiniLM-L6-v2 on a {config.rows}x{config.cols} chip, "
                   f"{'RTL' if rtl else 'fast MAC'} PEs (model load {loaded:.1f} s)"],
+        ["layer ops", "vector unit, one program per layer" if vector_ops == "chip"
+         else "host (NumPy)"],
         ["tokens", f"{tokens:,}"],
         ["model GMACs", f"{s.model_macs / 1e9:.3f} ({s.macs / 1e9:.3f} with padding)"],
         ["chip cycles", f"{s.cycles:,} in {s.programs} programs ({s.cache_hits} from the cache)"],
@@ -163,8 +187,75 @@ def embed_texts(texts, config, rtl=False, out=None, profile=None, png=None):
 def cmd_embed(args):
     from mxu.hdl import ChipConfig
     embed_texts(args.texts, ChipConfig(rows=args.rows, cols=args.cols), rtl=args.rtl,
-                profile=args.profile, png=args.png)
+                profile=args.profile, png=args.png, vector_ops=args.vector_ops)
     return 0
+
+
+def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=None, seed=None,
+                  rtl=False, out=None):
+    """Generate with SmolLM2-135M-Instruct on the llm preset chip, streaming the
+    text to `out` as it comes, then print the statistics table. Returns the
+    generated text."""
+    from mxu.hdl import ChipConfig
+    from mxu.hdl.config import MEASURED_FMAX_MHZ
+    from .models import CausalLM
+    from .report import format_table
+    from .runtime.chip import Chip
+    out = out or sys.stdout
+    start = time.perf_counter()
+    lm = CausalLM("SmolLM2-135M-Instruct", chip=Chip(ChipConfig.preset("llm"), fast_mac=not rtl))
+    loaded = time.perf_counter() - start
+    shown = prompt if not chat else f"(chat) {prompt}"
+    print(shown, end="", file=out, flush=True)
+
+    def stream(index, piece):
+        print(piece, end="", file=out, flush=True)
+
+    text = lm.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                       top_k=top_k, seed=seed, stream=stream, chat=chat)
+    print(file=out)
+    s, cfg = lm.last_stats, lm.chip.config
+    fmax = MEASURED_FMAX_MHZ["fpga"]
+
+    def per_token(phase):
+        if not phase.tokens:
+            return "-"
+        return (f"{phase.cycles_per_token:,.0f} cycles/token, MFU {100 * phase.mfu:.1f} %, "
+                f"{100 * phase.roofline_share:.1f} % of the roofline")
+
+    decode_rate = (s.decode.tokens / (s.decode.cycles / (fmax * 1e6))) if s.decode.cycles else 0
+    rows = [
+        ["model", f"SmolLM2-135M-Instruct on the llm chip ({cfg.rows}x{cfg.cols}, vector unit, "
+                  f"{cfg.axi_data_bits}-bit bus), {'RTL' if rtl else 'fast MAC'} PEs "
+                  f"(load {loaded:.1f} s)"],
+        ["tokens", f"{s.prompt_tokens} prompt, {s.new_tokens} new"],
+        ["prefill", f"{s.prefill.cycles:,} cycles; {per_token(s.prefill)}"],
+        ["decode", f"{s.decode.cycles:,} cycles in {s.decode.steps} steps; {per_token(s.decode)}"
+         if s.decode.steps else "-"],
+        ["at the fpga preset's Fmax", f"{decode_rate:,.1f} decode tokens/s at {fmax} MHz "
+                                      f"(measured, docs/synth.md)" if decode_rate else "-"],
+        ["programs", f"{s.programs} (one per layer per step)"],
+        ["wall seconds", f"{s.wall_seconds:.1f} ({s.prefill.wall_seconds + s.decode.wall_seconds:.1f}"
+                         f" in chip runs)"],
+    ]
+    print(format_table(["", "mxu generate"], rows), file=out)
+    return text
+
+
+def cmd_generate(args):
+    generate_text(args.prompt, args.max_new_tokens, args.chat, args.temperature, args.top_k,
+                  args.seed, args.rtl)
+    return 0
+
+
+def _temperature(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text!r}")
+    return value
 
 
 def register(sub):
@@ -172,24 +263,43 @@ def register(sub):
     from mxu.hdl import ChipConfig
     embed = sub.add_parser("embed", help="embed texts with all-MiniLM-L6-v2 on the simulated chip")
     embed.add_argument("texts", nargs="+", help="the texts to embed")
-    embed.add_argument("--rows", type=positive_int, default=ChipConfig().rows,
+    embed.add_argument("--rows", type=array_size, default=ChipConfig().rows,
                        help="systolic array rows")
-    embed.add_argument("--cols", type=positive_int, default=ChipConfig().cols,
+    embed.add_argument("--cols", type=array_size, default=ChipConfig().cols,
                        help="systolic array columns")
     embed.add_argument("--rtl", action="store_true",
                        help="all-RTL PEs instead of the fast MAC model (same results, slower)")
     embed.add_argument("--profile", metavar="TRACE.json",
                        help="profile the forward: write Chrome trace-event JSON, print the stalls")
     embed.add_argument("--png", metavar="TIMELINE.png", help="with --profile: a timeline plot")
+    embed.add_argument("--vector-ops", choices=("host", "chip"), default="host",
+                       help="where softmax, LayerNorm and GELU run: host (NumPy) or chip (the "
+                            "vector unit, one program per layer)")
     embed.set_defaults(func=cmd_embed)
+
+    gen = sub.add_parser("generate", help="generate text with SmolLM2-135M-Instruct on the "
+                                          "simulated chip")
+    gen.add_argument("prompt", help="the text to continue")
+    gen.add_argument("--max-new-tokens", type=positive_int, default=16,
+                     help="tokens to generate (default 16)")
+    gen.add_argument("--chat", action="store_true",
+                     help="wrap the prompt in the model's chat template (from the GGUF file)")
+    gen.add_argument("--temperature", type=_temperature, default=0.0,
+                     help="0 (default) is greedy; else sample from softmax(logits / T)")
+    gen.add_argument("--top-k", type=positive_int, default=None,
+                     help="with a temperature: sample among the k likeliest tokens")
+    gen.add_argument("--seed", type=nonnegative_int, default=None, help="seed of the sampling")
+    gen.add_argument("--rtl", action="store_true",
+                     help="all-RTL PEs instead of the fast MAC model (same results, slower)")
+    gen.set_defaults(func=cmd_generate)
 
     prof = sub.add_parser("profile", help="profile one matmul: engine timeline and stalls")
     for flag, what in (("--m", "rows of A and C"), ("--k", "columns of A, rows of B"),
                        ("--n", "columns of B and C")):
         prof.add_argument(flag, type=positive_int, required=True, help=what)
-    prof.add_argument("--rows", type=positive_int, default=ChipConfig().rows,
+    prof.add_argument("--rows", type=array_size, default=ChipConfig().rows,
                       help="systolic array rows")
-    prof.add_argument("--cols", type=positive_int, default=ChipConfig().cols,
+    prof.add_argument("--cols", type=array_size, default=ChipConfig().cols,
                       help="systolic array columns")
     prof.add_argument("-o", "--output", metavar="TRACE.json", default="trace.json",
                       help="Chrome trace-event JSON for ui.perfetto.dev (default trace.json)")
@@ -229,6 +339,12 @@ def main(argv=None):
         if os.environ.get("MXU_DEBUG"):
             raise
         print(f"mxu {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except MemoryError as error:
+        if os.environ.get("MXU_DEBUG"):
+            raise
+        print(f"mxu {args.command}: error: the host ran out of memory"
+              + (f" ({error})" if str(error) else "") + "; ask for less", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"mxu {args.command}: interrupted", file=sys.stderr)

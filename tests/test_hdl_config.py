@@ -40,6 +40,10 @@ def test_non_square_rows_hold_the_wider_side():
 def test_presets():
     assert ChipConfig.preset("default") == ChipConfig()
     assert ChipConfig.preset("vpu") == ChipConfig(vpu=True, acc_banks=4)
+    llm = ChipConfig.preset("llm")
+    # The decoder's weights (SmolLM2-135M in bf16, 269 MB) and its caches fit.
+    assert llm.vpu and llm.ext_mem_bytes >= 512 << 20
+    assert llm.replace(ext_mem_bytes=ChipConfig().ext_mem_bytes) == ChipConfig.preset("vpu")
     fpga = ChipConfig.preset("fpga")
     assert (fpga.rows, fpga.cols, fpga.mac_stages) == (4, 4, 7)
     with pytest.raises(ValueError, match="unknown ChipConfig preset 'asic'"):

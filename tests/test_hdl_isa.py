@@ -38,7 +38,7 @@ def test_values_that_do_not_fit_are_rejected():
 def test_docs_tables_match_the_layouts():
     text = DOC.read_text()
     for layout in (isa.DmaInstr, isa.LoadWInstr, isa.MatmulInstr, isa.SyncInstr, isa.HaltInstr,
-                   isa.LoopInstr):
+                   isa.LoopInstr, isa.VectorInstr):
         assert field_table(layout) in text, f"docs/isa.md is out of date for {layout.__name__}"
     for code in isa.ErrorCode:
         assert f"`{code.name}`" in text

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from chip_configs import SHAPES, VPU_SHAPES
+from mxu.hdl import ChipConfig
 from mxu.sim import Chip
 from mxu.sim.models import SentenceEncoder
 from mxu.sim.models.sentence import bucket_length
 from mxu.sim.runtime import hostops
-from mxu.sim.runtime.layers import Encoder, EncoderConfig, EncoderWeights
+from mxu.sim.models.encoder import Encoder, EncoderConfig, EncoderWeights
 from mxu.verif import golden
 from mxu.verif.transformer import golden_forward, reference_forward
 
@@ -152,11 +153,14 @@ def test_minilm_one_sentence(minilm):
 
 @pytest.fixture(scope="module")
 def minilm_vpu():
-    return SentenceEncoder("all-MiniLM-L6-v2", vector_ops="chip")
+    # The llm preset is the vpu chip with a larger external memory: one build
+    # serves this test and the decoder's (tests/test_sim_llm.py).
+    return SentenceEncoder("all-MiniLM-L6-v2", vector_ops="chip",
+                           chip=Chip(ChipConfig.preset("llm"), fast_mac=True))
 
 
 def test_minilm_one_sentence_on_the_vector_unit(minilm_vpu):
-    """``vector_ops="chip"`` (the default 16x16 chip with the vector unit, fast
+    """``vector_ops="chip"`` (the 16x16 chip with the vector unit, fast
     lanes): bit-exact against the golden transformer in its VPU form, cosine
     >= 0.9999 to float32, one program per layer."""
     emb, _ = _check_minilm(minilm_vpu, ["A TPU-style matrix unit runs a sentence encoder."])

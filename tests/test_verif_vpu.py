@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mxu.sim.runtime import hostops
-from mxu.sim.runtime.layers import EncoderConfig, EncoderWeights
+from mxu.sim.models.encoder import EncoderConfig, EncoderWeights
 from mxu.verif import vpu
 from mxu.verif.transformer import golden_forward, reference_forward
 
@@ -83,3 +83,41 @@ def test_row_reductions_are_the_host_tree(cols):
                                   np.broadcast_to(hostops.tree_sum(x), x.shape))
     np.testing.assert_array_equal(biggest.view(np.float32),
                                   np.broadcast_to(x.max(axis=1, keepdims=True), x.shape))
+
+
+def test_every_layer_op_names_its_golden_function():
+    """Each layer op the compiler knows (`LAYER_OPS`) states its contract as a
+    function of the golden VPU form."""
+    from mxu.sim.compiler.layerops import LAYER_OPS
+    from mxu.verif import vpu
+    for name, op in LAYER_OPS.items():
+        assert callable(getattr(vpu, op.golden, None)), f"{name}: mxu.verif.vpu.{op.golden}"
+
+
+def test_decoder_ops_in_vpu_form_against_float64():
+    """RMSNorm, RoPE and SiLU(gate) * up in the VPU's primitives (the golden
+    Llama form, docs/llm.md) against float64, and SiLU's special values."""
+    from mxu.verif import vpu
+    rng = np.random.default_rng(5)
+    x = (3 * rng.standard_normal((64, 576))).astype(np.float32)
+    g = (1 + 0.1 * rng.standard_normal(576)).astype(np.float32)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + 1e-5) * g
+    for lanes in (1, 16, 5):
+        got = vpu.rms_norm(x, g, 1e-5, lanes)
+        assert np.max(np.abs(got - want) / (np.abs(want) + 1e-3)) < 2e-6, lanes
+    cos, sin = np.cos(x64[:, :64]).astype(np.float32), np.sin(x64[:, :64]).astype(np.float32)
+    q = x[:, :64]
+    swapped = np.empty_like(q)
+    swapped[:, 0::2], swapped[:, 1::2] = -q[:, 1::2], q[:, 0::2]
+    want = q.astype(np.float64) * cos + swapped.astype(np.float64) * sin
+    assert np.max(np.abs(vpu.rope(q, cos, sin) - want)) < 1e-5 * np.max(np.abs(want))
+    gate = np.concatenate([x[0], np.float32([0, -0.0, 88.5, -88.5, -200, 200])])
+    up = np.ones_like(gate) * np.float32(1.5)
+    g64 = gate.astype(np.float64)
+    want = g64 / (1 + np.exp(-g64)) * 1.5
+    got = vpu.silu_mul(gate, up)
+    assert np.all(np.abs(got - want) <= 4e-7 * np.maximum(1, np.abs(want)))
+    special = vpu.silu_mul(np.float32([np.inf, -np.inf, np.nan]), np.float32([2, 2, 2]))
+    assert special[0] == np.inf and special[1] == 0 and np.signbit(special[1])
+    assert np.isnan(special[2])

@@ -1,5 +1,5 @@
 """``mxu`` commands that check the chip against the golden model: ``demo``,
-``matmul`` and ``mac``. They plug into the ``mxu`` command line through the
+``matmul`` and ``mac``; and ``prove``, the formal proofs (`mxu.verif.formal`). They plug into the ``mxu`` command line through the
 ``mxu.commands`` entry-point group (docs/architecture.md)."""
 
 import sys
@@ -10,7 +10,8 @@ import numpy as np
 from mxu.hdl import ChipConfig
 from mxu.hdl.mac import MAC_STAGES
 from mxu.sim import Chip, simulate_mac
-from mxu.sim.cli import embed_texts, nonnegative_int, positive_int
+from mxu.sim.cli import (array_size, embed_texts, generate_text, nonnegative_int,
+                         positive_int)
 from mxu.sim.report import format_table
 
 from . import golden, vectors
@@ -63,7 +64,9 @@ def run_mac_table(n, seed, stages, simulator="verilator", out=None):
 
 def run_matmul_demo(M, K, N, config, seed, waves=None, fast_mac=False, out=None, **wave_options):
     """A random bf16 matmul on the simulated chip, checked bit-exact; prints stats."""
+    from mxu.sim.runtime.matmul import check_matmul_fits
     out = out or sys.stdout
+    check_matmul_fits(config, M, K, N)     # before the chip is built and the operands made
     rng = np.random.default_rng(seed)
     A = rng.standard_normal((M, K)).astype(np.float32)
     B = rng.standard_normal((K, N)).astype(np.float32)
@@ -99,6 +102,8 @@ def run_matmul_demo(M, K, N, config, seed, waves=None, fast_mac=False, out=None,
 
 
 def cmd_demo(args):
+    from mxu.sim.runtime.matmul import check_matmul_fits
+    check_matmul_fits(ChipConfig(), args.m, args.k, args.n)
     ok_mac = run_mac_table(args.vectors, args.seed, ChipConfig().mac_stages)
     print()
     ok = run_matmul_demo(args.m, args.k, args.n, ChipConfig(), args.seed, fast_mac=args.fast_mac)
@@ -106,9 +111,14 @@ def cmd_demo(args):
         print()
         print("all-MiniLM-L6-v2, every matmul on the chip (mxu embed):")
         embed_texts(DEMO_TEXTS, ChipConfig())
+    if not args.no_generate:
+        print()
+        print("SmolLM2-135M-Instruct, every matmul and layer op on the chip (mxu generate):")
+        generate_text(DEMO_PROMPT, max_new_tokens=args.demo_tokens)
     return 0 if ok and ok_mac else 1
 
 
+DEMO_PROMPT = "The capital of France is"
 DEMO_TEXTS = ("The cat sits on the mat.", "A kitten is resting on a rug.",
               "Matrix multiplication on a systolic array.")
 
@@ -126,9 +136,9 @@ def cmd_mac(args):
 
 
 def _chip_flags(parser):
-    parser.add_argument("--rows", type=positive_int, default=ChipConfig().rows,
+    parser.add_argument("--rows", type=array_size, default=ChipConfig().rows,
                         help="systolic array rows (the K depth of a weight tile)")
-    parser.add_argument("--cols", type=positive_int, default=ChipConfig().cols,
+    parser.add_argument("--cols", type=array_size, default=ChipConfig().cols,
                         help="systolic array columns (the N width of a weight tile)")
 
 
@@ -147,7 +157,7 @@ def _common_flags(parser):
 
 
 def register(sub):
-    """Add ``demo``, ``matmul`` and ``mac`` to the ``mxu`` subcommand parser `sub`."""
+    """Add ``demo``, ``matmul``, ``mac`` and ``prove`` to the ``mxu`` subcommand parser `sub`."""
     demo = sub.add_parser("demo", help="run the main job on the simulated chip")
     demo.add_argument("--vectors", type=positive_int, default=200_000,
                       help="random MACs streamed through the RTL MacUnit")
@@ -155,6 +165,10 @@ def register(sub):
     _common_flags(demo)
     demo.add_argument("--no-embed", action="store_true",
                       help="skip the sentence-embedding part (all-MiniLM-L6-v2 on the chip)")
+    demo.add_argument("--no-generate", action="store_true",
+                      help="skip the text generation (SmolLM2-135M on the chip)")
+    demo.add_argument("--demo-tokens", type=positive_int, default=6,
+                      help="tokens the demo generates (default 6)")
     demo.set_defaults(func=cmd_demo)
 
     mm = sub.add_parser("matmul", help="a random matmul on a simulated chip of any array size, "
@@ -181,3 +195,6 @@ def register(sub):
     mac.add_argument("--simulator", default="verilator", choices=["verilator", "icarus", "amaranth"],
                      help="simulator to run the RTL on")
     mac.set_defaults(func=cmd_mac)
+
+    from .formal.prove import add_parser
+    add_parser(sub)

@@ -15,8 +15,8 @@ import numpy as np
 
 from mxu.hdl import isa
 from mxu.hdl.dma import DmaDir, DmaError, DmaSpace
-from mxu.hdl.isa import (BINARY_VPU_OPS, TOKEN_LINKS, BMode, Engine, ErrorCode, Opcode, SeedMode,
-                         VpuOp)
+from mxu.hdl.isa import (BINARY_VPU_OPS, TOKEN_BITS, TOKEN_LINKS, BMode, Engine, ErrorCode,
+                         Opcode, SeedMode, VpuOp)
 from mxu.verif import golden
 from mxu.verif.dma_model import Descriptor, DmaModel
 
@@ -65,7 +65,8 @@ def check_instruction(config, word):
         if opcode is Opcode.VECTOR:
             fl = f["flags"]
             bad = bad or f["op"] > VpuOp.RMAX.value or fl["b_mode"] > BMode.SCALAR.value \
-                or (fl["transpose"] and not fl["to_vmem"])
+                or (fl["transpose"] and not fl["to_vmem"]) \
+                or (fl["swap"] and config.cols % 2)
     if bad:
         return ErrorCode.ILLEGAL_INSTR, opcode, f
     if opcode is Opcode.LOADW:
@@ -238,7 +239,9 @@ class IsaModel:
                     if error is not ErrorCode.NONE:
                         result.error, result.pc = error, ipc
                         return result
-                    self._tokens(engine, f, tokens, "push", +1)
+                    if not self._tokens(engine, f, tokens, "push", +1):
+                        result.error, result.pc = ErrorCode.TOKEN_OVERFLOW, ipc
+                        return result
                     progress = True
             if halted and not any(queues.values()):
                 return result
@@ -255,9 +258,15 @@ class IsaModel:
 
     @staticmethod
     def _tokens(engine, f, tokens, kind, step):
+        """Pop or push the instruction's tokens; False if a push overflows its
+        counter (TOKEN_BITS wide, docs/isa.md)."""
         for side in ("prev", "next"):
             if f["deps"][f"{kind}_{side}"]:
-                tokens[token_counters(engine, side, f)[kind == "pop"]] += step
+                name = token_counters(engine, side, f)[kind == "pop"]
+                if tokens[name] + step >= 1 << TOKEN_BITS:
+                    return False
+                tokens[name] += step
+        return True
 
     def _execute(self, opcode, f, result):
         if opcode in (Opcode.LOAD, Opcode.STORE):
@@ -278,12 +287,14 @@ class IsaModel:
 
     def _vector(self, f, result):
         """VECTOR through the golden vector unit (`mxu.verif.vpu.vector_alu`)."""
-        from mxu.verif.vpu import vector_alu
+        from mxu.verif.vpu import swap_pairs, vector_alu
         c = self.config
         (a0, a1), b, (d0, d1), space = vector_accesses(c, f)
         n = f["rows"]
         acc = self.acc.view(np.uint32)
         a = acc[a0:a1].copy()
+        if f["flags"]["swap"]:
+            a = swap_pairs(a)
         if b is None:
             bits = np.full((n, c.cols), f["imm"] if f["flags"]["b_mode"] == BMode.SCALAR.value
                            else 0, np.uint32)

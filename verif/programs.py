@@ -3,7 +3,7 @@ cocotb testbench `tb_chip` run the same ones and compare with `IsaModel`."""
 
 import numpy as np
 
-from mxu.hdl.isa import BINARY_VPU_OPS, ErrorCode, Opcode, VpuOp, encode
+from mxu.hdl.isa import BINARY_VPU_OPS, TOKEN_BITS, ErrorCode, Opcode, VpuOp, encode
 from mxu.sim import Program
 from mxu.verif import golden
 
@@ -180,6 +180,10 @@ def error_programs(config):
                                               row_bytes=8).halt(), ErrorCode.DMA_DESCRIPTOR, 0)
     cases["weight overflow"] = (Program().loadw(vmem_row=0, k_rows=4).loadw(vmem_row=0, k_rows=4)
                                 .halt(), ErrorCode.WEIGHT_OVERFLOW, 1)
+    # 65,536 SYNCs on load push a token each onto load -> compute, which pops none.
+    push = Program().sync("load", push_next=True)
+    cases["token overflow"] = (Program().loop(1 << TOKEN_BITS, push, [0]).halt(),
+                               ErrorCode.TOKEN_OVERFLOW, 1)
     cases["deadlock"] = (Program().loadw(vmem_row=0, k_rows=4, pop_prev=True).halt(),
                          ErrorCode.DEADLOCK, None)
     one = Program().sync("load")
@@ -238,6 +242,13 @@ def vector_program(config, rng, n=6):
         for mode in modes:
             p.vector(op, a_row=0, rows=n, dst_row=dst, pop_prev=first, **mode)
             first, dst = False, dst + n
+    if c.cols % 2 == 0:
+        # RoPE's lane swap of a, with each b mode and a unary op.
+        for mode in (dict(b_row=n), dict(b_row=n + 1, broadcast=True), dict(scalar=0.5)):
+            p.vector("mul", a_row=0, rows=n, dst_row=dst, swap=True, **mode)
+            dst += n
+        p.vector("pass", a_row=0, rows=n, dst_row=dst, swap=True)
+        dst += n
     # A chain through one block of rows: each instruction reads the last one's
     # result (the interlock), in place, with the same rows as a and b.
     chain = dst
@@ -274,7 +285,7 @@ def vector_error_programs(config):
         "unknown vector op": (field("op", 11), ErrorCode.ILLEGAL_INSTR),
         "b mode 3": (field("flags.b_mode", 3), ErrorCode.ILLEGAL_INSTR),
         "transpose to the accumulator": (field("flags.transpose", 1), ErrorCode.ILLEGAL_INSTR),
-        "vector reserved flag": (field("flags.reserved", 8), ErrorCode.ILLEGAL_INSTR),
+        "vector reserved flag": (field("flags.reserved", 4), ErrorCode.ILLEGAL_INSTR),
         "zero rows": (field("rows", 0), ErrorCode.ILLEGAL_INSTR),
         "partial overlap with a": (field("dst_row", 2), ErrorCode.ILLEGAL_INSTR),
         "partial overlap with b": (field("dst_row", 10), ErrorCode.ILLEGAL_INSTR),
@@ -296,6 +307,8 @@ def vector_error_programs(config):
         "vector link on a vector sync": (Program().sync("vector").words[0] | 1 << 15,
                                          ErrorCode.ILLEGAL_INSTR),
     }
+    if c.cols % 2:
+        cases["lane swap on an odd row"] = (field("flags.swap", 1), ErrorCode.ILLEGAL_INSTR)
     ok = Program().vector("pass", a_row=0, rows=1, dst_row=1)
     return {name: (Program().extend(ok).raw(w, name).halt(), code, 1)
             for name, (w, code) in cases.items()}

@@ -1,6 +1,6 @@
 """The golden transformer and the float32 reference (docs/transformer.md).
 
-`golden_forward` is the same encoder forward as `mxu.sim.runtime.layers`, written
+`golden_forward` is the same encoder forward as `mxu.sim.models.encoder`, written
 again in plain NumPy: every matmul is `golden.matmul` (the chip's numerics), every
 bf16 rounding is where the chip rounds, and the host operations are the very
 same functions (`mxu.sim.runtime.hostops`). A forward on the chip must equal it

@@ -12,7 +12,8 @@ from mxu.hdl import vecmath
 from .golden import canonical, f32_bits
 
 __all__ = ["NumpyOps", "fadd", "fmul", "fmax", "fmin", "vpu_exp", "vpu_reciprocal", "vpu_rsqrt",
-           "vpu_function", "vector_alu", "softmax", "layer_norm", "gelu", "scale", "add"]
+           "vpu_function", "vector_alu", "swap_pairs", "softmax", "layer_norm", "gelu", "scale",
+           "add", "rms_norm", "rope", "silu_mul"]
 
 _U32 = np.uint32
 
@@ -159,6 +160,19 @@ def vector_alu(op, a, b):
     return out
 
 
+def swap_pairs(a):
+    """VECTOR's ``swap`` on rows of uint32 words (the last axis): lanes (2i,
+    2i+1) become (-a[2i+1], a[2i]) -- a sign flip of the bit pattern and a
+    move, no rounding. The last axis must be even."""
+    a = _bits(a)
+    if a.shape[-1] % 2:
+        raise ValueError(f"swap pairs lanes: the row must be even, not {a.shape[-1]} wide")
+    out = np.empty_like(a)
+    out[..., 0::2] = a[..., 1::2] ^ _U32(0x80000000)
+    out[..., 1::2] = a[..., 0::2]
+    return out
+
+
 def vpu_exp(x):
     return vpu_function("exp", x)
 
@@ -301,3 +315,33 @@ def scale(x, factor):
 def add(x, y):
     """The residual add (one VPU add; the same as the host's)."""
     return _v(fadd(_b(x), _b(y)))
+
+
+# --- the decoder's layer operations (docs/llm.md) ---------------------------------
+
+
+def rms_norm(x, gamma, eps, lanes=1):
+    """RMSNorm over the last axis: ``ss = tree_sum(x*x)``, ``inv = rsqrt(ss *
+    fp32(1/n) + eps)``, ``(x * inv) * gamma``. `lanes`: see `_tree`."""
+    x = _b(x)
+    ms = fmul(_sum_rows(fmul(x, x), lanes), _word(1 / x.shape[-1]))
+    inv = vpu_rsqrt(fadd(ms, _word(eps)))
+    return _v(fmul(fmul(x, inv), _b(gamma)))
+
+
+def rope(x, cos, sin):
+    """Rotary position embedding on adjacent pairs (2i, 2i+1) of the last axis
+    (llama.cpp's "normal" rope): ``x * cos + swap(x) * sin`` with
+    `swap_pairs`; `cos` and `sin` hold each pair's value twice and broadcast
+    against `x` (one row per position)."""
+    x = _b(x)
+    return _v(fadd(fmul(x, _b(cos)), fmul(swap_pairs(x), _b(sin))))
+
+
+def silu_mul(gate, up):
+    """SwiGLU's ``silu(gate) * up`` with ``silu(g) = g * reciprocal(1 + exp(-g))``
+    on ``g = max(gate, -FLT_MAX)`` (so that silu(-inf) is -0, not ``-inf * 0``):
+    ``((g * reciprocal(exp(g * -1) + 1)) * up``."""
+    g = fmax(_b(gate), _word(-np.finfo(np.float32).max))
+    r = vpu_reciprocal(fadd(vpu_exp(fmul(g, _U32(0xBF800000))), _word(1.0)))
+    return _v(fmul(fmul(g, r), _b(up)))

@@ -15,34 +15,24 @@ from dataclasses import dataclass
 
 from mxu.hdl.isa import Opcode, VpuOp, field_value
 
-from .operands import Operand
+from .layerops import (EPILOGUE_KINDS, LAYER_OPS, emit_rms_norm, emit_rope, emit_silu_mul,
+                       layer_op)
+from .operands import Operand, Scatter
 from .program import Program
 from .vector import Tiles, VectorEmitter, flag_instruction, tile_moves
 
-__all__ = ["EPILOGUE_KINDS", "EPILOGUE_BUFFERS", "Epilogue", "epilogue_operands", "epilogue_scratch",
-           "epilogue_param_rows", "epilogue_residual_rows", "epilogue_param_loads",
-           "transpose_vmem_rows", "emit_epilogue", "Pending", "FusedGroups"]
-
-EPILOGUE_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu", "transpose")
-# The compiler's own kind: no pass of its own, only the hand-off passes of a
-# plain matmul whose result stays in VMEM (docs/compiler.md).
-COPY = "copy"
+__all__ = ["EPILOGUE_KINDS", "Epilogue", "epilogue_operands", "epilogue_scratch",
+           "epilogue_param_rows", "epilogue_param_loads", "transpose_vmem_rows", "emit_epilogue",
+           "out_tiles", "Pending", "FusedGroups"]
 
 
-def epilogue_operands(kind, M, N, cols, bias=True):
+
+def epilogue_operands(kind, M, N, cols, bias=True, other_cols=None):
     """{operand name: (rows, cols)} an epilogue of `kind` on an M x N result
-    reads (fp32); `bias`: whether a softmax has its bias row. A softmax
-    without one needs N a multiple of `cols` (ValueError): the bias masks a
-    partial tile's spare lanes."""
-    if kind == "softmax" and not bias:
-        if N % cols:
-            raise ValueError(f"a softmax without a bias row (other) needs N ({N}) to be a "
-                             f"multiple of the chip's cols ({cols})")
-        return {}
-    return {"softmax": {"other": (1, -(-N // cols) * cols)},
-            "layer_norm": {"params": (3, N)},
-            "add_layer_norm": {"other": (M, N), "params": (3, N)},
-            "gelu": {}, "transpose": {}, COPY: {}}[kind]
+    reads (fp32); `bias`: whether a softmax has its bias row (without one N
+    must be a multiple of `cols`: the bias masks a partial tile's spare
+    lanes); `other_cols`: the width of a RoPE table."""
+    return layer_op(kind).operands(M, N, cols, other_cols, masked=bias)
 
 
 @dataclass(frozen=True)
@@ -50,18 +40,26 @@ class Epilogue:
     """A layer op the vector unit applies to a matmul's fp32 result in the
     accumulator, group by group, before it is stored (docs/vpu.md, "Fused
     epilogues"): the results are those of the matmul to an fp32 tensor
-    followed by the `VectorOp` of the same kind, bit for bit.
+    followed by the `VectorOp` of the same kind, bit for bit. The kinds and
+    what they read are the `LayerOp` descriptors of `layerops.py`.
 
-    kind : "softmax" (``softmax(r * scale + other)``: `other` is one bias row,
-        ``count*cols`` wide, -inf past N, for every row; None when nothing is
-        masked and N is a multiple of cols -- adding a row of zeros changes no
-        result, see docs/vpu.md), "layer_norm"
-        (`params`: gamma, beta, ones, 3 x N), "add_layer_norm"
-        (``layer_norm(r + other)``: `other` the M x N fp32 residual), "gelu",
-        "transpose" (the op's c is the bf16 ``(r * scale).T``, N x M: VECTOR
-        transposes into VMEM, stored from there).
-    extra : a second output besides the op's c (e.g. the bf16 copy of an fp32
-        result), or None.
+    kind : a `LAYER_OPS` name: "softmax" (``softmax(r * scale + other)``:
+        `other` one bias row, ``count*cols`` wide, -inf past N, for every
+        row; None when nothing is masked and N is a multiple of cols),
+        "masked_softmax" (likewise with a bias row per result row: a causal
+        mask), "layer_norm" (`params`: gamma, beta, ones, 3 x N),
+        "add_layer_norm" (``layer_norm(r + other)``), "rms_norm" (`params`:
+        gamma), "add_rms_norm" (c gets ``r + other``, `extra` its RMSNorm),
+        "gelu", "silu_mul" (paired: ``silu(r[2j]) * r[2j+1]`` tile by tile),
+        "rope" (``r * cos + swap(r) * sin``, `other` the rows' cos|sin table;
+        paired when the swapped copy comes from the matmul), "transpose" (the
+        op's c is the bf16 ``(r * scale).T``, N x M).
+    extra : a second output besides the op's c (the bf16 copy of an fp32
+        result, or add_rms_norm's normalised rows), or None.
+    transpose : c is the bf16 transpose of the result (N x M), written
+        through the vector unit's transpose path (always for "transpose").
+    paired : the matmul's N tiles alternate between the two operands of a
+        paired op (RoPE folded into the weights; silu_mul always is).
     """
     kind: str
     extra: Operand = None
@@ -69,22 +67,50 @@ class Epilogue:
     params: Operand = None
     scale: float = 1.0
     eps: float = 0.0
+    transpose: bool = False
+    paired: bool = False
+
+    @property
+    def desc(self):
+        return layer_op(self.kind)
 
     @property
     def row_wise(self):
         """Whether a row's result needs the whole row (the group is every N tile)."""
-        return self.kind not in ("gelu", "transpose", COPY)
+        return self.desc.row_wise
+
+    @property
+    def is_paired(self):
+        return self.desc.paired or self.paired
+
+    @property
+    def transposed(self):
+        return self.kind == "transpose" or self.transpose
 
     @property
     def reads(self):
         return tuple(o for o in (self.other, self.params) if o is not None)
 
-    def check(self, config, M, N):
+    def out_cols(self, N):
+        """The widest result it stores of N columns: N, or half when paired."""
+        return N // 2 if self.is_paired else N
+
+    def check(self, config, M, N, width=None):
         if not config.vpu:
             raise ValueError("a matmul epilogue needs a chip with the vector unit (vpu=True)")
-        if self.kind not in EPILOGUE_KINDS + (COPY,):
+        if self.kind not in LAYER_OPS:
             raise ValueError(f"Epilogue kind must be one of {EPILOGUE_KINDS}, not {self.kind!r}")
-        want = epilogue_operands(self.kind, M, N, config.cols, self.other is not None)
+        c = config.cols
+        if self.is_paired and N % (2 * c):
+            raise ValueError(f"a paired {self.kind} epilogue needs N ({N}) to be a multiple of "
+                             f"2 * cols ({2 * c}): tiles alternate between its two operands")
+        if self.paired and self.kind != "rope":
+            raise ValueError("only a rope epilogue takes paired=True (silu_mul always is)")
+        if self.transpose and self.kind not in ("rope", "transpose"):
+            raise ValueError(f"a {self.kind} epilogue cannot write its result transposed")
+        width = self.out_cols(N) if width is None else width
+        other_cols = self.other.cols if self.kind == "rope" and self.other is not None else None
+        want = epilogue_operands(self.kind, M, width, c, self.other is not None, other_cols)
         for name in ("other", "params"):
             operand = getattr(self, name)
             if (operand is None) != (name not in want):
@@ -95,19 +121,20 @@ class Epilogue:
                 if (operand.rows, operand.cols) != want[name] or operand.dtype != "fp32":
                     raise ValueError(f"{name} must be {want[name][0]}x{want[name][1]} fp32, not "
                                      f"{operand.rows}x{operand.cols} {operand.dtype}")
+        if self.kind == "rope":
+            period = self.other.cols // 2
+            if self.other.cols % 2 or period % c or (not self.is_paired and period % 2):
+                raise ValueError(f"a rope table must be 2P wide with P a multiple of cols ({c}), "
+                                 f"not {self.other.cols}")
+            if not self.is_paired and c % 2:
+                raise ValueError(f"RoPE by the vector unit's lane swap needs an even number of "
+                                 f"columns, not {c}: fold it into the weights (paired=True)")
         if self.extra is not None:
-            if self.kind == "transpose":
-                raise ValueError("a transpose epilogue has no extra output")
+            if self.transposed:
+                raise ValueError("a transposed epilogue has no extra output")
             self.extra.check("extra", config.ext_mem_bytes)
-            if (self.extra.rows, self.extra.cols) != (M, N):
-                raise ValueError(f"extra must be {M}x{N}, not {self.extra.rows}x{self.extra.cols}")
-
-
-# Output buffers a fused segment cycles through: a third lets the array run a
-# whole group ahead of the vector unit; the LayerNorms' wide rows (every N
-# tile, and a residual per buffer) leave room for two.
-EPILOGUE_BUFFERS = {"softmax": 3, "gelu": 3, "transpose": 3, "layer_norm": 2, "add_layer_norm": 2,
-                    COPY: 3}
+            if (self.extra.rows, self.extra.cols) != (M, width):
+                raise ValueError(f"extra must be {M}x{width}, not {self.extra.rows}x{self.extra.cols}")
 
 
 def epilogue_scratch(kind, count, G, Mb):
@@ -115,39 +142,34 @@ def epilogue_scratch(kind, count, G, Mb):
     epilogue on groups of G tiles of Mb rows (count: the op's N tiles), and
     their total. One such region serves a whole segment: the vector engine
     runs one group at a time."""
-    sizes = {"softmax": (("spare", Mb), ("scratch", count * Mb)),
-             "layer_norm": (("spare", Mb), ("sq", count * Mb)),
-             "gelu": (("scratch", 4 * G * Mb + 4),), "transpose": (), COPY: ()}
-    sizes["add_layer_norm"] = sizes["layer_norm"]
     layout, at = {}, 0
-    for name, rows in sizes[kind]:
+    for name, rows in layer_op(kind).scratch(count, G, Mb):
         layout[name] = (at, rows)
         at += rows
     return layout, at
 
 
-def epilogue_param_rows(kind, count):
-    """Accumulator rows of an epilogue's parameters: the softmax bias row or
-    LayerNorm's gamma, beta and ones, a row per tile each."""
-    return {"softmax": count, "layer_norm": 3 * count, "add_layer_norm": 3 * count}.get(kind, 0)
-
-
-def epilogue_residual_rows(kind, count, Mb):
-    """Accumulator rows of one residual buffer (add_layer_norm)."""
-    return count * Mb if kind == "add_layer_norm" else 0
+def epilogue_param_rows(kind, count, M):
+    """Accumulator rows of an epilogue's parameters: the softmax bias row,
+    LayerNorm's gamma, beta and ones, RMSNorm's gamma -- a row per tile each
+    -- or a causal softmax's mask, M rows per tile."""
+    return layer_op(kind).param_rows(count, M)
 
 
 def epilogue_param_loads(ep, base, cols):
     """The LOADs (as keyword dicts) of an epilogue's parameter rows (softmax
-    bias, LayerNorm gamma/beta/ones) into accumulator rows from `base`."""
+    bias, LayerNorm gamma/beta/ones, RMSNorm gamma) into accumulator rows from `base`."""
+    desc = ep.desc
+    if ep.kind == "masked_softmax":
+        return tile_moves(ep.other, 0, ep.other.rows, Tiles(base, ep.other.rows, ep.other.cols, cols))
     if ep.kind == "softmax" and ep.other is not None:
         count = ep.other.cols // cols
         return [dict(acc_row=base, ext_addr=ep.other.addr, rows=count, row_bytes=4 * cols,
                      ext_stride=4 * cols)]
-    if ep.kind in ("layer_norm", "add_layer_norm"):
+    if desc.params and ep.params is not None:
         count = -(-ep.params.cols // cols)
         loads = []
-        for i in range(3):
+        for i in range(desc.params):
             row = Operand(ep.params.addr + i * ep.params.stride, 1, ep.params.cols,
                           ep.params.stride, "fp32")
             loads += tile_moves(row, 0, 1, Tiles(base + i * count, 1, row.cols, cols))
@@ -161,38 +183,82 @@ def transpose_vmem_rows(config, G, Mb):
     return G * -(-Mb // config.vmem_row_elems) * config.cols
 
 
-def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, **first):
+def out_tiles(ep, G):
+    """(result tile offset in the group, output tile offset) of each of a
+    group's output tiles: every tile, or every even one of a paired op."""
+    if ep.is_paired:
+        return [(2 * k, k) for k in range(G // 2)]
+    return [(k, k) for k in range(G)]
+
+
+def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=0, m0=0,
+                  **first):
     """The VECTORs of `ep` on the group `x` (a `Tiles` in the accumulator,
-    updated in place): `params`, `scratch` and `residual` are the accumulator
-    rows of its parameters (`epilogue_param_rows`), working rows
-    (`epilogue_scratch`) and the group's residual rows (add_layer_norm);
-    `vmem`: the VMEM row a transpose's blocks start at (`transpose_vmem_rows`),
-    None when they go nowhere but to hand-offs.
-    `first`: flags of the first instruction."""
+    updated in place; its first tile is the op's tile `j0`): `params`,
+    `scratch` and `residual` are the accumulator rows of its parameters
+    (`epilogue_param_rows`), working rows (`epilogue_scratch`) and the
+    group's row operand (a residual, a RoPE table); `vmem`: the VMEM row a
+    transpose's blocks start at (`transpose_vmem_rows`), None when they go
+    nowhere but to hand-offs; `m0`: the group's first result row (a causal
+    mask's row). `first`: flags of the first instruction.
+    Returns the emitter and the accumulator row where each output's tiles
+    start (a `Tiles` per output: c, extra)."""
     count = -(-x.n // x.cols)
     layout, _ = epilogue_scratch(ep.kind, count, x.count, x.m)
     at = {name: scratch + off for name, (off, _) in layout.items()}
     emit = VectorEmitter(prog, config).begin(**first)
-    if ep.scale != 1.0 and ep.kind in ("softmax", "transpose"):
+    outs = (x, x)
+    if ep.scale != 1.0 and ep.kind in ("softmax", "masked_softmax", "transpose"):
         emit.map(VpuOp.MUL, x, x, scalar=ep.scale)     # x * 1 is x: no pass
     if ep.kind == "softmax":
         bias = Tiles(params, 1, x.n, x.cols) if ep.other is not None else None
         emit.softmax(x, bias, x, x.like(at["scratch"]), at["spare"])
+    elif ep.kind == "masked_softmax":
+        # The mask's rows of this group: row m0 + i of tile t at params + t*M + m0 + i.
+        M = ep.other.rows
+        for t in range(x.count):
+            emit.op(VpuOp.ADD, x.tile(t), x.m, x.tile(t), b_row=params + t * M + m0)
+        emit.softmax(x, None, x, x.like(at["scratch"]), at["spare"])
     elif ep.kind == "gelu":
         emit.gelu(x, x, [x.like(at["scratch"] + i * (x.rows + 1) + 1) for i in range(4)], split=2)
-    elif ep.kind == "transpose" and vmem is not None:
-        E, blocks = config.vmem_row_elems, -(-x.m // config.vmem_row_elems)
-        for t in range(x.count):
-            for blk in range(blocks):
-                emit.op(VpuOp.PASS, x.tile(t) + blk * E, min(E, x.m - blk * E),
-                        vmem + (t * blocks + blk) * config.cols, to_vmem=True, transpose=True)
-    elif ep.kind not in (COPY, "transpose"):   # only the caller's hand-off passes
+    elif ep.kind == "silu_mul":
+        pairs = [(x.tile(t), x.tile(t + 1)) for t, _ in out_tiles(ep, x.count)]
+        emit_silu_mul(emit, x, pairs, at["scratch"])
+    elif ep.kind == "rope":
+        _emit_rope(emit, ep, x, residual, at, j0)
+    elif ep.kind in ("rms_norm", "add_rms_norm"):
+        if ep.kind == "add_rms_norm":
+            emit.map(VpuOp.ADD, x, x, b_row=residual)
+            outs = (x, x.like(at["sq"]))
+        gamma = Tiles(params, 1, x.n, x.cols)
+        emit_rms_norm(emit, x, gamma, ep.eps, outs[1], x.like(at["sq"]), at["spare"])
+    elif ep.kind in ("layer_norm", "add_layer_norm"):
         if ep.kind == "add_layer_norm":
             emit.map(VpuOp.ADD, x, x, b_row=residual)
         gamma, beta, ones = (Tiles(params + i * count, 1, x.n, x.cols) for i in range(3))
         # x - mean overwrites x: the same values as a separate matrix, in fewer rows.
         emit.layer_norm(x, gamma, beta, ep.eps, x, (x, x.like(at["sq"])), at["spare"], ones)
-    return emit
+    if ep.transposed and vmem is not None:
+        E, blocks = config.vmem_row_elems, -(-x.m // config.vmem_row_elems)
+        for t, k in out_tiles(ep, x.count):
+            for blk in range(blocks):
+                emit.op(VpuOp.PASS, x.tile(t) + blk * E, min(E, x.m - blk * E),
+                        vmem + (k * blocks + blk) * config.cols, to_vmem=True, transpose=True)
+    return emit, outs
+
+
+def _emit_rope(emit, ep, x, table, at, j0):
+    """RoPE on the group's output tiles: the cos and sin tiles of output
+    tile j are tiles ``j mod (P / cols)`` and ``P / cols + that`` of the
+    table (P: the table's period)."""
+    period = ep.other.cols // 2 // x.cols
+    jobs = []
+    for t, k in out_tiles(ep, x.count):
+        j = (j0 // 2 if ep.is_paired else j0) + k
+        u = j % period
+        swapped = x.tile(t + 1) if ep.is_paired else None
+        jobs.append((x.tile(t), swapped, table + u * x.m, table + (period + u) * x.m, x.tile(t)))
+    emit_rope(emit, x.m, jobs, at["t1"], at["t2"])
 
 
 class Pending:
@@ -217,10 +283,11 @@ class FusedGroups:
     `out_row`)."""
 
     def residual_loads(self, n):
-        """The residual rows an add_layer_norm epilogue loads with step n's
-        batch: group i's with its first step while i < buffers; else with
-        step ``start + W``, whose loads wait for i's first MATMUL, which waits
-        for the stores of group i - buffers, the last reader of that slot."""
+        """The row-operand rows (a residual, a mask, a RoPE table) an
+        epilogue loads with step n's batch: group i's with its first step
+        while i < buffers; else with step ``start + W``, whose loads wait for
+        i's first MATMUL, which waits for the stores of group i - buffers,
+        the last reader of that slot."""
         loads = []
         for m in (n, n - self.W):
             if m < 0:
@@ -229,13 +296,13 @@ class FusedGroups:
             p = self.placed[grp.op]
             ep = p.op.epilogue
             early = grp.index < self.buffers
-            if (m != grp.start or ep.kind != "add_layer_norm" or (m == n) != early
+            if (m != grp.start or ep.desc.row_operand is None or (m == n) != early
                     or p.residual is not None):
                 continue
             if n >= grp.end:
                 raise AssertionError("a residual load lands after its group (plan_op prevents this)")
-            loads += tile_moves(ep.other, grp.m0, grp.mrows,
-                                self.epilogue_tiles(grp).like(self.residual_row(grp)))
+            tiles = Tiles(self.residual_row(grp), p.plan.Mb, ep.other.cols, self.config.cols)
+            loads += tile_moves(ep.other, grp.m0, grp.mrows, tiles)
         return loads
 
     def residual_row(self, grp):
@@ -248,7 +315,7 @@ class FusedGroups:
         """The group's output buffer as `Tiles` (tile stride Mb: a short last
         block computes its spare rows too, and stores only its own)."""
         p = self.placed[grp.op]
-        n = p.op.N if p.op.epilogue.row_wise else grp.size * self.config.cols
+        n = p.op.out_cols if p.op.epilogue.row_wise else grp.size * self.config.cols
         return Tiles(self.out_row(grp, 0), p.plan.Mb, n, self.config.cols)
 
     def epilogue_program(self, grp, push_store):
@@ -264,8 +331,12 @@ class FusedGroups:
         # i's first MATMUL waits for, and the vector engine waits for group i.
         vmem = ring.t_base + (grp.index % self.buffers) * ring.t_slot
         stored = op.c not in p.unstored
-        emit = emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, ring.scratch_base,
-                             self.residual_row(grp), vmem if stored else None, pop_prev=True)
+        emit, outs = emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, ring.scratch_base,
+                                   self.residual_row(grp), j0=grp.j0, m0=grp.m0, pop_prev=True)
+        blocks = self.transposed_blocks(grp) if op.transposed and stored else []
+        for t, k, off, height, slot, *_ in blocks:
+            emit.op(VpuOp.PASS, x.tile(t) + off, height, vmem + slot * cfg.cols, to_vmem=True,
+                    transpose=True)
         for handoff, source in p.handoffs:
             for jj in range(grp.size):
                 for off, rows, row in handoff.pieces(source, grp.m0, grp.mrows, grp.j0 + jj):
@@ -277,9 +348,9 @@ class FusedGroups:
             # A copy epilogue with nothing to hand off in this group: the
             # vector engine passes the tokens on.
             ep_prog.sync("vector", pop_prev=True, push_next=True)
-        if op.transposed and stored:
-            self.transposed_stores(ep_prog, grp, x, vmem)
-        elif op.transposed or not self.result_stores(ep_prog, grp, x, p.unstored):
+        if blocks:
+            self.transposed_stores(ep_prog, grp, blocks, vmem)
+        elif op.transposed or not self.result_stores(ep_prog, grp, outs, p.unstored):
             # Nothing left to store: the store engine takes the vector
             # engine's token all the same, to hand it on.
             ep_prog.sync("store", pop_prev=True, vector=True)
@@ -287,35 +358,60 @@ class FusedGroups:
             ep_prog.sync("store", push_prev=True)
         return ep_prog
 
-    def result_stores(self, prog, grp, x, unstored=()):
-        """The group's outputs to external memory, except the `unstored`
-        ones (handed off, not needed there); whether any STORE was emitted."""
+    def _pieces(self, out, grp):
+        """(row offset in the group, rows, operand, first row in the operand)
+        of the group's rows in output `out` (an `Operand` or a `Scatter`)."""
+        if isinstance(out, Scatter):
+            return [(a - grp.m0, n, o, r) for a, n, o, r in out.rows_in(grp.m0, grp.m0 + grp.mrows)]
+        return [(0, grp.mrows, out, grp.m0)]
+
+    def result_stores(self, prog, grp, outs, unstored=()):
+        """The group's outputs to external memory (c from ``outs[0]``'s tiles,
+        extra from ``outs[1]``'s), except the `unstored` ones (handed off,
+        not needed there); whether any STORE was emitted."""
         op, c = self.placed[grp.op].op, self.config.cols
+        ep = op.epilogue
+        N = op.out_cols
         first = dict(pop_prev=True, vector=True)
-        for out in (o for o in op.writes if o not in unstored):
-            for jj in range(grp.size):
-                j = grp.j0 + jj
-                prog.store(acc_row=x.tile(jj), ext_addr=out.addr + grp.m0 * out.stride + out.elem * j * c,
-                           rows=grp.mrows, row_bytes=out.elem * min(c, op.N - j * c),
-                           ext_stride=out.stride, to_bf16=out.dtype == "bf16", **first)
-                first = {}
+        for out, tiles in zip(op.outputs, outs):
+            if out is None or out in unstored:
+                continue
+            for t, k in out_tiles(ep, grp.size):
+                j = (grp.j0 // 2 if ep.is_paired else grp.j0) + k
+                for off, rows, target, r in self._pieces(out, grp):
+                    prog.store(acc_row=tiles.tile(t) + off,
+                               ext_addr=target.addr + r * target.stride + target.elem * j * c,
+                               rows=rows, row_bytes=target.elem * min(c, N - j * c),
+                               ext_stride=target.stride, to_bf16=target.dtype == "bf16", **first)
+                    first = {}
         return not first
 
-    def transposed_stores(self, prog, grp, x, vmem):
-        """The transposed blocks in VMEM (`emit_epilogue`) to rows j*cols.. of
-        the op's c, columns m0.. ."""
-        op, cfg = self.placed[grp.op].op, self.config
-        c, E = cfg.cols, cfg.vmem_row_elems
-        blocks = -(-x.m // E)
+    def transposed_blocks(self, grp):
+        """The transposed blocks of a group: (result tile, output tile, row
+        offset in the group, height, VMEM slot block, operand, first column in
+        it), each block at most ``vmem_row_elems`` rows of one piece of the
+        output (so that its first row lands in element 0 of its VMEM rows)."""
+        op, E = self.placed[grp.op].op, self.config.vmem_row_elems
+        out, blocks, slot = op.c, [], 0
+        for t, k in out_tiles(op.epilogue, grp.size):
+            for off, rows, target, r in self._pieces(out, grp):
+                for b in range(0, rows, E):
+                    blocks.append((t, k, off + b, min(E, rows - b), slot, target, r + b))
+                    slot += 1
+        return blocks
+
+    def transposed_stores(self, prog, grp, blocks, vmem):
+        """The transposed blocks in VMEM to rows j*cols.. of the op's c (or
+        of a piece of it), their columns."""
+        op, c = self.placed[grp.op].op, self.config.cols
+        ep, N = op.epilogue, op.out_cols
         first = dict(pop_prev=True, vector=True)
-        for jj in range(grp.size):
-            j = grp.j0 + jj
-            for blk in range(-(-grp.mrows // E)):
-                prog.store(vmem_row=vmem + (jj * blocks + blk) * c, rows=min(c, op.N - j * c),
-                           row_bytes=2 * min(E, grp.mrows - blk * E),
-                           ext_addr=op.c.addr + j * c * op.c.stride + 2 * (grp.m0 + blk * E),
-                           ext_stride=op.c.stride, **first)
-                first = {}
+        for t, k, off, height, slot, target, col in blocks:
+            j = (grp.j0 // 2 if ep.is_paired else grp.j0) + k
+            prog.store(vmem_row=vmem + slot * c, rows=min(c, N - j * c), row_bytes=2 * height,
+                       ext_addr=target.addr + j * c * target.stride + 2 * col,
+                       ext_stride=target.stride, **first)
+            first = {}
 
     def drain(self, prog, n=None):
         """Emit the pending epilogue instructions due by step n (all with

@@ -30,7 +30,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from .epilogue import Epilogue
-from .operands import MatmulOp
+from .operands import MatmulOp, Scatter
 from .plan import RING_SLOTS, OpPlan, ceil_div, plan_op
 
 __all__ = ["Source", "Handoff", "Handoffs", "plan_handoffs"]
@@ -233,10 +233,18 @@ def _operand(op, name):
     return getattr(op, name)
 
 
+# The epilogues whose result a later matmul may take from VMEM: one output
+# computed in the group's own tiles, not paired, not scattered.
+PRODUCER_KINDS = ("softmax", "layer_norm", "add_layer_norm", "gelu", "transpose", "copy")
+
+
 def _producer_ok(op, out, operand):
     return (isinstance(op, MatmulOp) and not op.relu and op.bias_kind != "matrix"
             and out.dtype == ("fp32" if operand == "other" else "bf16")
-            and (operand == "b" or not op.transposed))
+            and (operand == "b" or not op.transposed)
+            and not isinstance(op.c, Scatter)
+            and (op.epilogue is None or (op.epilogue.kind in PRODUCER_KINDS
+                                         and not op.epilogue.is_paired)))
 
 
 def _sources(config, ops, k, operand):
@@ -276,20 +284,22 @@ def _covers(config, found, x):
 
 
 @functools.lru_cache(maxsize=4096)
-def _cached_plan(config, M, K, N, bias, epilogue, vmem_rows, acc_rows):
+def _cached_plan(config, M, K, N, bias, epilogue, vmem_rows, acc_rows, extra=()):
     return plan_op(config, M, K, N, bias, vmem_rows=vmem_rows, acc_rows=acc_rows,
-                   epilogue=epilogue)
+                   epilogue=epilogue, **dict(extra))
 
 
-def _steps(config, M, K, N, bias, epilogue, vmem_rows, acc_rows):
-    """MATMUL steps of the plan within the rows given, or None if none fits."""
-    plan = _cached_plan(config, M, K, N, bias, epilogue, vmem_rows, acc_rows)
-    return None if plan is None else plan.steps
+def _op_plan(config, op, vmem_rows, acc_rows):
+    args = op.plan_args()
+    kind = args.pop("epilogue", None)
+    return _cached_plan(config, op.M, op.K, op.N, op.bias_kind, kind, vmem_rows, acc_rows,
+                        tuple(sorted(args.items())))
 
 
 def _op_steps(config, op, vmem_rows, acc_rows):
-    return _steps(config, op.M, op.K, op.N, op.bias_kind, op.epilogue and op.epilogue.kind,
-                  vmem_rows, acc_rows)
+    """MATMUL steps of the op's plan within the rows given, or None if none fits."""
+    plan = _op_plan(config, op, vmem_rows, acc_rows)
+    return None if plan is None else plan.steps
 
 
 def _full_steps(config, op):
@@ -301,10 +311,10 @@ def _consumer_plan(config, op, vmem_rows, acc_rows, a_handed, resident):
     its own when its activations are handed off, without residual buffers
     when its residual is; or None. (Of weights only the tile counts matter:
     without other hand-offs the segment plans the op again.)"""
-    KT, ep = ceil_div(op.K, config.rows), op.epilogue and op.epilogue.kind
+    KT = ceil_div(op.K, config.rows)
     plan = plan_op(config, op.M, op.K, op.N, op.bias_kind,
                    vmem_rows=min(vmem_rows, op.M * KT) if a_handed else vmem_rows,
-                   acc_rows=acc_rows, epilogue=ep, resident=resident)
+                   acc_rows=acc_rows, resident=resident, **op.plan_args())
     if plan is None or not a_handed:
         return plan
     plan = replace(plan, a_buffers=plan.blocks)
@@ -354,9 +364,8 @@ def _in_place(config, given, state, k, sources):
     if s.operand != prod.c or prod.epilogue is None or not prod.epilogue.row_wise:
         return None
     ring = RING_SLOTS * config.rows
-    pplan = state.fixed(s.producer) or _cached_plan(
-        config, prod.M, prod.K, prod.N, prod.bias_kind, prod.epilogue.kind,
-        state.limits[s.producer] - ring, state.acc_limits[s.producer])
+    pplan = state.fixed(s.producer) or _op_plan(
+        config, prod, state.limits[s.producer] - ring, state.acc_limits[s.producer])
     if pplan is None or pplan.blocks > pplan.out_buffers:
         return None
     h = Handoff(k, "other", config.acc_rows - pplan.out_rows, None, tuple(sources), config.cols,

@@ -132,14 +132,15 @@ def plan_segments(config, ops, handoffs=None, first=0):
             limit, acc_limit = handoffs.limits[first + i], handoffs.acc_limits[first + i]
             handed, weights, residual = (handoffs.to(first + i, x) for x in ("a", "b", "other"))
             fixed = handoffs.plan(first + i)
-        plan = fixed or plan_op(config, op.M, op.K, op.N, op.bias_kind, epilogue=ep and ep.kind,
+        plan = fixed or plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args(),
                                 vmem_rows=limit - RING_SLOTS * config.rows, acc_rows=acc_limit)
         if plan is None:
             KT, room = ceil_div(op.K, config.rows), config.vmem_rows - RING_SLOTS * config.rows
             why = (f"one activation row needs {KT} VMEM rows and {room} are free beside the "
                    f"weight ring; split K" if KT > room else
-                   f"an add_layer_norm epilogue needs more than {RING_SLOTS} steps (K tiles x N "
-                   f"tiles) per group" if ep and ep.kind == "add_layer_norm"
+                   f"a {ep.kind} epilogue (a row operand per group) needs more than "
+                   f"{RING_SLOTS} steps (K tiles x N tiles) per group"
+                   if ep and ep.desc.row_operand is not None
                    and KT * ceil_div(op.N, config.cols) <= RING_SLOTS else
                    f"its output, bias and epilogue buffers need more than the {config.acc_rows} "
                    f"accumulator rows")
@@ -289,7 +290,7 @@ class _Segment(FusedGroups):
         ep = op.epilogue
         if ep is not None and grp.first_of_op and t == 0 and jj == 0:
             loads += epilogue_param_loads(ep, p.ep_base, c)
-        if ep is not None and ep.kind == "add_layer_norm":
+        if ep is not None and ep.desc.row_operand is not None:
             loads += self.residual_loads(n)
         if grp.first_of_block and jj == 0 and not p.handed:
             loads.append(dict(vmem_row=self.a_row(grp, t),
@@ -346,13 +347,16 @@ class _Segment(FusedGroups):
             self.drain(prog)
             esize = op.c.elem
             barrier = not self.last and grp.index == len(self.groups) - 1 and last_of_group
-            prog.store(acc_row=self.out_row(grp, jj),
-                       ext_addr=op.c.addr + grp.m0 * op.c.stride + esize * j * c,
-                       rows=grp.mrows, row_bytes=esize * min(c, op.N - j * c),
-                       ext_stride=op.c.stride, to_bf16=op.c.dtype == "bf16", relu=op.relu,
-                       pop_prev=True,
-                       push_prev=(last_of_group and grp.index + self.buffers < len(self.groups))
-                       or barrier)
+            pieces = self._pieces(op.c, grp)
+            for k, (off, rows, target, r) in enumerate(pieces):
+                last_piece = k == len(pieces) - 1
+                prog.store(acc_row=self.out_row(grp, jj) + off,
+                           ext_addr=target.addr + r * target.stride + esize * j * c,
+                           rows=rows, row_bytes=esize * min(c, op.N - j * c),
+                           ext_stride=target.stride, to_bf16=op.c.dtype == "bf16", relu=op.relu,
+                           pop_prev=k == 0,
+                           push_prev=last_piece and ((last_of_group and grp.index + self.buffers
+                                                      < len(self.groups)) or barrier))
         if n + self.W < self.steps:
             self.batch(prog, n + self.W)
         self.drain(prog, n)

@@ -11,7 +11,7 @@ keep it on the chip and never write it to external memory (docs/compiler.md,
 
 from dataclasses import dataclass
 
-__all__ = ["Operand", "MatmulOp", "ELEMENT_BYTES"]
+__all__ = ["Operand", "Scatter", "MatmulOp", "ELEMENT_BYTES"]
 
 ELEMENT_BYTES = {"bf16": 2, "fp32": 4}
 _ADDR_LIMIT = 1 << 32      # DmaInstr.ext_addr and ext_stride are 32 bits
@@ -41,6 +41,8 @@ class Operand:
         return self.addr, self.addr + (self.rows - 1) * self.stride + self.row_bytes
 
     def overlaps(self, other):
+        if isinstance(other, Scatter):
+            return other.overlaps(self)
         (a0, a1), (b0, b1) = self.span, other.span
         return a0 < b1 and b0 < a1
 
@@ -63,6 +65,90 @@ class Operand:
 
 
 @dataclass(frozen=True)
+class Scatter:
+    """A result written in pieces: result rows ``m0 .. m0 + n - 1`` go to a
+    piece's operand (its n rows; with a `transposed` result, its n columns).
+    How a batch of sequences appends to each one's KV cache (docs/llm.md).
+    Its shape is that of the whole result as one operand would hold it."""
+    pieces: tuple            # ((m0, Operand), ...), m0 ascending, each result row once
+    transposed: bool = False
+    transient = False
+
+    def __post_init__(self):
+        if not self.pieces:
+            raise ValueError("a Scatter needs at least one piece")
+
+    def _length(self, operand):
+        return operand.cols if self.transposed else operand.rows
+
+    @property
+    def operands(self):
+        return tuple(o for _, o in self.pieces)
+
+    @property
+    def dtype(self):
+        return self.pieces[0][1].dtype
+
+    @property
+    def elem(self):
+        return ELEMENT_BYTES[self.dtype]
+
+    @property
+    def rows(self):
+        if self.transposed:
+            return self.pieces[0][1].rows
+        return sum(o.rows for o in self.operands)
+
+    @property
+    def cols(self):
+        if self.transposed:
+            return sum(o.cols for o in self.operands)
+        return self.pieces[0][1].cols
+
+    @property
+    def row_bytes(self):
+        return self.cols * self.elem
+
+    @property
+    def span(self):
+        spans = [o.span for o in self.operands]
+        return min(a for a, _ in spans), max(b for _, b in spans)
+
+    def overlaps(self, other):
+        return any(o.overlaps(other) for o in self.operands)
+
+    def rows_in(self, m0, m1):
+        """(first result row, rows, piece operand, offset in the piece) of the
+        pieces' parts within result rows m0 .. m1-1."""
+        out = []
+        for start, operand in self.pieces:
+            end = start + self._length(operand)
+            a, b = max(m0, start), min(m1, end)
+            if a < b:
+                out.append((a, b - a, operand, a - start))
+        return out
+
+    def check(self, name, ext_mem_bytes):
+        at = 0
+        for k, (m0, operand) in enumerate(self.pieces):
+            operand.check(f"{name} piece {k}", ext_mem_bytes)
+            if m0 != at:
+                raise ValueError(f"{name}: piece {k} starts at result row {m0}, not {at}: the "
+                                 f"pieces must cover the rows in order, each once")
+            at += self._length(operand)
+        first = self.pieces[0][1]
+        for k, (_, operand) in enumerate(self.pieces):
+            other = operand.rows if self.transposed else operand.cols
+            if operand.dtype != first.dtype or other != (first.rows if self.transposed else first.cols):
+                raise ValueError(f"{name}: piece {k} is {operand.rows}x{operand.cols} "
+                                 f"{operand.dtype}; every piece has the result's "
+                                 f"{'rows' if self.transposed else 'columns'} and dtype")
+            for _, later in self.pieces[k + 1:]:
+                if operand.overlaps(later):
+                    raise ValueError(f"{name}: pieces overlap")
+
+
+@dataclass(frozen=True)
 class MatmulOp:
     """``c = relu?(a @ b + bias)``: a (M x K) and b (K x N) bf16, c (M x N) fp32 or
     bf16 (rounded to nearest even), bias fp32: None, one row (1 x N, "row") or
@@ -80,7 +166,15 @@ class MatmulOp:
     @property
     def transposed(self):
         """Whether c is the transpose of the result (a "transpose" epilogue)."""
-        return self.epilogue is not None and self.epilogue.kind == "transpose"
+        return self.epilogue is not None and self.epilogue.transposed
+
+    @property
+    def out_cols(self):
+        """Columns of the stored result: N, or what c holds of a paired
+        epilogue's (at most N / 2: its tiles alternate)."""
+        if self.epilogue is None or not self.epilogue.is_paired:
+            return self.N
+        return self.c.rows if self.transposed else self.c.cols
 
     @property
     def reads(self):
@@ -92,7 +186,22 @@ class MatmulOp:
     def writes(self):
         """The operands the op writes."""
         extra = self.epilogue.extra if self.epilogue is not None else None
-        return (self.c,) + ((extra,) if extra is not None else ())
+        c = self.c.operands if isinstance(self.c, Scatter) else (self.c,)
+        return c + ((extra,) if extra is not None else ())
+
+    @property
+    def outputs(self):
+        """c and the epilogue's extra output (None without one), as given."""
+        return (self.c, self.epilogue.extra if self.epilogue is not None else None)
+
+    def plan_args(self):
+        """The keyword arguments of `plan_op` that describe this op."""
+        ep = self.epilogue
+        if ep is None:
+            return {}
+        pieces = len(self.c.pieces) if isinstance(self.c, Scatter) else 1
+        return dict(epilogue=ep.kind, transposed=ep.transposed, pieces=pieces,
+                    paired=ep.is_paired, row_width=ep.other.cols if ep.desc.row_operand else 0)
 
     @property
     def M(self):
@@ -125,7 +234,16 @@ class MatmulOp:
         if self.b.rows != self.K:
             raise ValueError(f"inner dimensions differ: a is {self.M}x{self.K}, "
                              f"b is {self.b.rows}x{self.N}")
-        shape = (self.N, self.M) if self.transposed else (self.M, self.N)
+        N = self.out_cols
+        if self.epilogue is not None and self.epilogue.is_paired and \
+                not self.N // 2 - config.cols < N <= self.N // 2:
+            raise ValueError(f"a paired epilogue's result is {N} columns: its {self.N} "
+                             f"alternate in tiles of {config.cols}, so it holds "
+                             f"{self.N // 2 - config.cols + 1} to {self.N // 2}")
+        shape = (N, self.M) if self.transposed else (self.M, N)
+        if isinstance(self.c, Scatter) and self.c.transposed != self.transposed:
+            raise ValueError("a Scatter of a transposed result must say transposed=True, and "
+                             "only then")
         if (self.c.rows, self.c.cols) != shape:
             raise ValueError(f"c must be {shape[0]}x{shape[1]}, not {self.c.rows}x{self.c.cols}")
         if self.transposed and self.c.dtype != "bf16":
@@ -142,7 +260,7 @@ class MatmulOp:
         if self.epilogue is not None:
             if self.relu:
                 raise ValueError("a matmul with an epilogue takes no relu")
-            self.epilogue.check(config, self.M, self.N)
+            self.epilogue.check(config, self.M, self.N, self.out_cols)
             for out in self.writes:
                 for read in self.reads:
                     if out.overlaps(read):

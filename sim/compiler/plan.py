@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from mxu.hdl.isa import DmaInstr, MatmulInstr
 
-from .epilogue import (EPILOGUE_BUFFERS, epilogue_param_rows, epilogue_residual_rows,
-                     epilogue_scratch, transpose_vmem_rows)
+from .epilogue import epilogue_param_rows, epilogue_scratch
+from .layerops import layer_op
 
 __all__ = ["RING_SLOTS", "MAX_GROUP", "OpPlan", "plan_op", "max_k_tiles", "ceil_div"]
 
@@ -42,8 +42,11 @@ class OpPlan:
     a_buffers: int   # activation block buffers, used in turn (1 when M is one block)
     bias: str        # "none", "row" or "matrix"
     epilogue: str = None   # the kind of a fused `Epilogue`, or None
-    t_rows: int = 0        # VMEM rows of one group of a transpose epilogue
+    t_rows: int = 0        # VMEM rows of one group of a transposed result
     resident: bool = False # the residual is on the chip already (a hand-off): no buffers
+    row_tiles: int = 0     # tiles of one row of the epilogue's row operand (0: none)
+    paired: bool = False   # a paired epilogue: groups take N tiles two by two
+    hide: int = 1          # N tiles per group that hide the array's latency (see `rest`)
 
     @property
     def blocks(self):
@@ -57,7 +60,10 @@ class OpPlan:
         tail). Tiny K keeps G (a matrix bias buffer must last the ring's steps)."""
         if self.epilogue is not None:
             return self.G       # an epilogue's buffers and scratch are laid out for G tiles
-        return 1 if self.KT >= RING_SLOTS else self.G
+        # K tile t+1 of an output tile is seeded with t's partial sums: with
+        # short blocks (a decode step's few rows) a group of one tile would
+        # wait the array's whole latency at every step; `hide` tiles cover it.
+        return min(self.G, self.hide) if self.KT >= RING_SLOTS else self.G
 
     def groups_of_block(self, last=False):
         """(first N tile, tiles) of each group of an M block. The `last` block
@@ -69,11 +75,13 @@ class OpPlan:
         while j < self.NT:
             out.append((j, min(self.rest, self.NT - j)))
             j += out[-1][1]
-        if last and self.epilogue in ("gelu", "transpose", "copy"):
+        if last and self.epilogue is not None and not layer_op(self.epilogue).row_wise:
+            unit = 2 if self.paired else 1
             j, size = out.pop()
-            while size > 1:
-                out.append((j, size // 2))
-                j, size = j + size // 2, size - size // 2
+            while size > unit:
+                half = size // 2 // unit * unit
+                out.append((j, half))
+                j, size = j + half, size - half
             out.append((j, size))
         return out
 
@@ -92,7 +100,7 @@ class OpPlan:
     @property
     def out_buffers(self):
         """Output buffers (groups) in flight: two, or an epilogue's own count."""
-        return 2 if self.epilogue is None else EPILOGUE_BUFFERS[self.epilogue]
+        return 2 if self.epilogue is None else layer_op(self.epilogue).buffers
 
     @property
     def out_rows(self):
@@ -115,11 +123,11 @@ class OpPlan:
         """Rows of one residual buffer (one per output buffer)."""
         if self.epilogue is None or self.resident:
             return 0
-        return epilogue_residual_rows(self.epilogue, self.NT, self.Mb)
+        return self.row_tiles * self.Mb
 
     @property
     def param_rows(self):
-        return 0 if self.epilogue is None else epilogue_param_rows(self.epilogue, self.NT)
+        return 0 if self.epilogue is None else epilogue_param_rows(self.epilogue, self.NT, self.M)
 
     @property
     def epilogue_rows(self):
@@ -131,19 +139,31 @@ def _pow2_floor(n):
 
 
 def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RING_SLOTS,
-            epilogue=None, resident=False):
+            epilogue=None, resident=False, transposed=None, pieces=1, paired=False, row_width=None):
     """The largest M block (then the widest group) whose buffers fit in
     `vmem_rows` VMEM rows (after the weight ring) and `acc_rows` accumulator
     rows; None if even one activation row does not fit. `epilogue`: the kind
     of a fused `Epilogue`; a row-wise one needs every N tile in one group.
     `resident`: an add_layer_norm's residual is in accumulator rows already
-    (a hand-off), so it needs no buffers and no loads."""
+    (a hand-off), so it needs no buffers and no loads. `transposed`: the
+    result goes out through the transpose path (default: a "transpose"
+    epilogue), in `pieces` pieces (a `Scatter`); `paired`: a paired epilogue
+    (groups of whole pairs of tiles); `row_width`: the columns of the
+    epilogue's row operand (default: N for one that has one)."""
     r, c = config.rows, config.cols
     vmem_rows = config.vmem_rows - ring * r if vmem_rows is None else vmem_rows
     acc_rows = config.acc_rows if acc_rows is None else acc_rows
     KT, NT = ceil_div(K, r), ceil_div(N, c)
     bb = config.axi_data_bytes
     w_beats = r * ceil_div(2 * c, bb)
+    desc = layer_op(epilogue) if epilogue is not None else None
+    # Cycles from a MATMUL's seed read to its result row in the accumulator.
+    latency = r * config.mac_stages + c + 8
+    transposed = epilogue == "transpose" if transposed is None else transposed
+    paired = bool(paired or (desc is not None and desc.paired))
+    row_tiles = 0
+    if desc is not None and desc.row_operand is not None:
+        row_tiles = ceil_div(N // (2 if paired else 1) if row_width is None else row_width, c)
 
     def plan(Mb, G):
         if epilogue is not None and bias == "matrix":
@@ -153,14 +173,23 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         # later, which must be at least `ring` steps on (two buffers unless the
         # blocks are shorter than that).
         buffers = 1 if blocks == 1 else min(blocks, max(2, ceil_div(ring, KT * NT) + 1))
-        t_rows = transpose_vmem_rows(config, G, Mb) if epilogue == "transpose" else 0
-        p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias, epilogue, t_rows, resident)
+        out_g = G // 2 if paired else G
+        t_rows = (out_g * (ceil_div(Mb, config.vmem_row_elems) + pieces - 1) * c
+                  if transposed else 0)
+        p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias, epilogue, t_rows, resident, row_tiles,
+                   paired, hide_for(Mb))
         fits = (p.vmem_rows + p.out_buffers * t_rows <= vmem_rows
                 and p.acc_rows <= acc_rows)
-        # A residual buffer is refilled by the loads of the step `ring` after
-        # its group's first (docs/vpu.md, "Fused epilogues").
-        short = epilogue == "add_layer_norm" and KT * G <= ring and not resident
+        # A row operand's buffer is refilled by the loads of the step `ring`
+        # after its group's first (docs/vpu.md, "Fused epilogues").
+        short = row_tiles and KT * G <= ring and not resident
         return p if fits and not short and _spaced(p, ring) else None
+
+    def hide_for(Mb):
+        """Tiles a group needs so that a tile's next K step finds its partial
+        sums written: a step lasts about max(Mb, rows) cycles (a short tile
+        waits for its weights, which enter a row per cycle)."""
+        return min(NT, MAX_GROUP, 1 << (ceil_div(latency, max(Mb, r)) - 1).bit_length())
 
     # Start from the largest block whose activations can fit at all.
     Mb = min(M, _MAX_ROWS, max(1, vmem_rows // KT if M <= vmem_rows // KT else vmem_rows // (2 * KT)))
@@ -171,14 +200,17 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         # accumulator rows; wider ones last longer (a matrix bias with few K
         # tiles needs that), so both are tried before the block shrinks.
         act_beats = Mb * ceil_div(2 * r, bb)
-        want = min(NT, MAX_GROUP, ceil_div(act_beats, max(1, Mb - w_beats)))
-        if epilogue in (None, "transpose", "copy"):
-            sizes = _group_sizes(min(NT, MAX_GROUP, 1 << (want - 1).bit_length()), NT)
-        elif epilogue == "gelu":
-            # Wide groups: fewer, longer VECTORs (each pays the pipeline's latency once).
-            sizes = _group_sizes(min(NT, MAX_GROUP, max(4, 1 << (want - 1).bit_length())), NT)
-        else:
+        hide = hide_for(Mb)
+        want = min(NT, MAX_GROUP, max(hide, ceil_div(act_beats, max(1, Mb - w_beats))))
+        if desc is not None and desc.row_wise:
             sizes = [NT]
+        else:
+            # Wide groups for the heavier ops: fewer, longer VECTORs (each pays
+            # the pipeline's latency once).
+            least = desc.min_group if desc is not None else 1
+            sizes = _group_sizes(min(NT, MAX_GROUP, max(least, 1 << (want - 1).bit_length())), NT)
+            if paired:
+                sizes = [g for g in sizes if g % 2 == 0] or [2]
         for G in sizes:
             p = plan(Mb, G)
             if p:

@@ -128,12 +128,13 @@ class Program:
         return self._emit(Opcode.SYNC, deps, flags={"engine": engine, "vector": int(vector)})
 
     def vector(self, op, *, a_row, rows, dst_row, b_row=None, broadcast=False, scalar=None,
-               to_vmem=False, transpose=False, **deps):
+               to_vmem=False, transpose=False, swap=False, **deps):
         """VECTOR: ``dst[dst_row + i] = op(acc[a_row + i], b_i)`` for i < rows
         (docs/vpu.md). `op` is a `VpuOp` or its name ("add", "exp", "rsum", ...).
         ``b_i`` is accumulator row ``b_row + i``, or row `b_row` for every i with
         `broadcast`, or the fp32 number `scalar` in every lane; unary ops take
-        none. `to_vmem` writes bf16 VMEM rows, `transpose` their columns."""
+        none. `to_vmem` writes bf16 VMEM rows, `transpose` their columns.
+        `swap` reads lanes (2i, 2i+1) of ``a`` as (-a[2i+1], a[2i]) (RoPE)."""
         op = VpuOp[op.upper()] if isinstance(op, str) else VpuOp(op)
         if scalar is not None and b_row is not None:
             raise TypeError("give at most one of b_row and scalar")
@@ -144,7 +145,7 @@ class Program:
         imm = 0 if scalar is None else int(np.float32(scalar).view(np.uint32))
         return self._emit(Opcode.VECTOR, deps,
                           flags={"b_mode": mode, "to_vmem": int(to_vmem),
-                                 "transpose": int(transpose)},
+                                 "transpose": int(transpose), "swap": int(swap)},
                           op=op, a_row=a_row, b_row=b_row or 0, dst_row=dst_row, rows=rows,
                           imm=imm)
 

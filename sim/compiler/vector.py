@@ -29,10 +29,9 @@ from mxu.hdl.isa import VpuOp
 
 from .operands import Operand
 
-__all__ = ["Tiles", "VectorEmitter", "VectorOp", "emit_vector_op", "VECTOR_KINDS", "tile_moves",
+__all__ = ["Tiles", "VectorEmitter", "VectorOp", "emit_vector_op", "tile_moves",
            "flag_instruction"]
 
-VECTOR_KINDS = ("softmax", "add_layer_norm", "layer_norm", "gelu", "copy")
 
 _NEG_INF = float("-inf")
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -240,7 +239,8 @@ class VectorOp:
     kind : "softmax" (``softmax(x * scale, mask)``, the multiply skipped when
         scale is 1; `other` holds the bias rows,
         0 or -inf, ``count*cols`` wide with -inf past n, row ``i // group`` for x
-        row i), "layer_norm" (`other`: gamma and beta, two rows), "add_layer_norm"
+        row i), "layer_norm" (`other`: gamma, beta and ones, three rows),
+        "rms_norm" (`other`: gamma, one row), "add_layer_norm"
         (``layer_norm(x + y)``: `other` is y, `params` gamma and beta), "gelu",
         "copy" (``x * scale``, x itself when scale is 1: with `out_bf16` a bf16
         copy, with `out_t` also the bf16 transpose).
@@ -263,6 +263,7 @@ class VectorOp:
         return self.x.rows
 
     def check(self, config):
+        from .layerops import VECTOR_KINDS
         if self.kind not in VECTOR_KINDS:
             raise ValueError(f"VectorOp kind must be one of {VECTOR_KINDS}, not {self.kind!r}")
         for name in ("x", "out", "out_bf16", "out_t", "other", "params"):
@@ -275,7 +276,9 @@ class VectorOp:
             raise ValueError("a VectorOp needs an output")
 
 
-_REGIONS = {"softmax": 2, "layer_norm": 3, "add_layer_norm": 4, "gelu": 5, "copy": 1}
+def _regions(kind):
+    from .layerops import LAYER_OPS
+    return LAYER_OPS[kind].vector_regions
 
 
 def _chunk_rows(config, op, count):
@@ -283,7 +286,7 @@ def _chunk_rows(config, op, count):
     rows fit the accumulator (and a transpose's blocks VMEM); for softmax a
     divisor of the bias group, for a transpose a multiple of vmem_row_elems."""
     c = config
-    limit = max(1, (c.acc_rows - 3 * count - 8) // (count * _REGIONS[op.kind] + 1))
+    limit = max(1, (c.acc_rows - 3 * count - 8) // (count * _regions(op.kind) + 1))
     if op.kind == "softmax":
         return max(d for d in range(1, min(op.group, limit) + 1) if op.group % d == 0)
     if op.out_t is not None:
@@ -324,7 +327,7 @@ def _emit_chunk(c, op, prog, r0, m, count, m_max):
     x = Tiles(0, m, op.x.cols, c.cols)
     region = count * m_max
     scratch = [x.like(region * (i + 1)) for i in range(4)]
-    spare = region * _REGIONS[op.kind]
+    spare = region * _regions(op.kind)
     params = Tiles(spare + m_max, 1, op.x.cols, c.cols)
     loads = _move_tiles(prog, "load", op.x, r0, m, x, {})
     if op.kind == "softmax":
@@ -339,6 +342,8 @@ def _emit_chunk(c, op, prog, r0, m, count, m_max):
             loads += _move_tiles(prog, "load", row, 0, 1, params.like(params.base + i * count), {})
         if op.kind == "add_layer_norm":
             loads += _move_tiles(prog, "load", op.other, r0, m, scratch[2], {})
+    elif op.kind == "rms_norm":
+        loads += _move_tiles(prog, "load", op.other, 0, 1, params, {})
     flag_instruction(prog, loads[-1], push_next=True)
     prog.sync("compute", pop_prev=True, push_next=True, vector=True)
     emit = VectorEmitter(prog, c).begin(pop_prev=True)
@@ -354,6 +359,9 @@ def _emit_chunk(c, op, prog, r0, m, count, m_max):
         emit.layer_norm(x, gamma, beta, op.eps, x, scratch[:2], spare, ones)
     elif op.kind == "gelu":
         emit.gelu(x, x, scratch)
+    elif op.kind == "rms_norm":
+        from .layerops import emit_rms_norm
+        emit_rms_norm(emit, x, params, op.eps, x, scratch[0], spare)
     if op.out_t is not None:
         _transpose(emit, op, x, m)
     if emit.emitted:

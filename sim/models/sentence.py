@@ -27,7 +27,7 @@ from mxu.hdl.config import ChipConfig
 
 from ..runtime import hostops
 from ..runtime.chip import Chip
-from ..runtime.layers import (VECTOR_BACKENDS, Encoder, EncoderConfig, EncoderWeights,
+from .encoder import (VECTOR_BACKENDS, Encoder, EncoderConfig, EncoderWeights,
                               LayerWeights, model_macs)
 from ..runtime.stats import RunStats
 

@@ -23,6 +23,7 @@ from mxu.hdl.dtypes import as_bf16, bfloat16
 
 from ..compiler.matmul import compile_matmuls
 from ..driver.chip import RESET_NOTE, ChipError, SimulatedChip
+from ..compiler.layerops import layer_op
 from .matmul import check_flag, prepare_matmul
 from .memory import Allocator
 from .profile import Trace
@@ -105,13 +106,15 @@ def _operand_bytes(op):
 
 def _vector_cycles(config, op):
     """About the cycles of a `VectorOp` or a matmul's epilogue: its row passes."""
-    passes = {"softmax": 10, "layer_norm": 12, "add_layer_norm": 13, "gelu": 23, "copy": 2,
-              "transpose": 1}
-    x = getattr(op, "x", None) or (op.c if getattr(op, "epilogue", None) else None)
-    if x is None:
+    x = getattr(op, "x", None)
+    if x is not None:
+        rows, cols, kind = x.rows, x.cols, op.kind
+    elif getattr(op, "epilogue", None) is not None:
+        rows, cols, kind = op.M, op.N, op.epilogue.kind
+    else:
         return 0
-    kind = op.kind if hasattr(op, "kind") else op.epilogue.kind
-    return passes[kind] * x.rows * -(-x.cols // config.cols)
+    passes = 2 if kind == "copy" else layer_op(kind).passes
+    return passes * rows * -(-cols // config.cols)
 
 
 class Chip:
@@ -241,7 +244,8 @@ class Chip:
         return Recording(self)
 
     def matmul(self, A, B, bias=None, out_dtype=np.float32, relu=False, out=None, keep=False, *,
-               then=None, out_bf16=None, other=None, params=None, scale=None, eps=None):
+               then=None, out_bf16=None, other=None, params=None, scale=None, eps=None,
+               transpose=None, paired=None):
         """``relu?(A @ B + bias)`` on the chip, bit-exact to
         ``golden.matmul(A, B, seed=bias, rows=config.rows)`` (docs/numerics.md).
 
@@ -267,12 +271,14 @@ class Chip:
         """
         keep = check_flag(keep, "keep")
         start = time.perf_counter()
-        given = dict(out_bf16=out_bf16, other=other, params=params, scale=scale, eps=eps)
+        given = dict(out_bf16=out_bf16, other=other, params=params, scale=scale, eps=eps,
+                     transpose=transpose, paired=paired)
         call = prepare_matmul(self, A, B, bias, out_dtype, relu, out, then,
                               **{k: v for k, v in given.items() if v is not None})
         if self._recording is not None:
             self._recording.calls.append(call)
-            call.out._pending = self._recording
+            for out in call.outputs:
+                out._pending = self._recording
             return call.out
         stats = self._execute([call], host_start=start)
         self.last_stats = stats

@@ -11,7 +11,7 @@ sum; `np.exp` and `np.sqrt` are NumPy's float32 functions.
 import numpy as np
 
 __all__ = ["tree_sum", "softmax", "layer_norm", "gelu", "erf", "scale", "add", "embed",
-           "mean_pool", "l2_normalize"]
+           "mean_pool", "l2_normalize", "rms_norm", "swap_pairs", "rope", "silu_mul"]
 
 F32 = np.float32
 
@@ -110,3 +110,33 @@ def l2_normalize(x, eps=1e-12):
     x = np.asarray(x, F32)
     norm = np.sqrt(tree_sum(x * x))
     return (x / np.maximum(norm, F32(eps))).astype(F32)
+
+
+def rms_norm(x, gamma, eps):
+    """RMSNorm over the last axis: ``(x * (1/sqrt(tree_sum(x*x)/n + eps))) * gamma``."""
+    x = np.asarray(x, F32)
+    ms = tree_sum(x * x) / F32(x.shape[-1])
+    inv = F32(1) / np.sqrt(ms + F32(eps))
+    return ((x * inv) * np.asarray(gamma, F32)).astype(F32)
+
+
+def swap_pairs(x):
+    """Adjacent pairs (2i, 2i+1) of the last axis as (-x[2i+1], x[2i])."""
+    x = np.asarray(x, F32)
+    out = np.empty_like(x)
+    out[..., 0::2] = -x[..., 1::2]
+    out[..., 1::2] = x[..., 0::2]
+    return out
+
+
+def rope(x, cos, sin):
+    """Rotary embedding of adjacent pairs: ``x * cos + swap_pairs(x) * sin``."""
+    x = np.asarray(x, F32)
+    return (x * np.asarray(cos, F32) + swap_pairs(x) * np.asarray(sin, F32)).astype(F32)
+
+
+def silu_mul(gate, up):
+    """SwiGLU: ``(gate / (1 + exp(-gate))) * up``."""
+    g = np.asarray(gate, F32)
+    with np.errstate(over="ignore"):
+        return ((g / (F32(1) + np.exp(-g))) * np.asarray(up, F32)).astype(F32)

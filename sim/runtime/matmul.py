@@ -1,5 +1,8 @@
-"""``Chip.matmul``: operands checked and placed, K split where the chip cannot
-hold it, ops for the compiler (docs/runtime.md)."""
+"""``Chip.matmul``: operands checked, the compiler's lowering allocated
+(docs/runtime.md). Every choice between programs (a K split, a fused or an
+unfused layer op) is the compiler's (`mxu.sim.compiler.lower`); the runtime
+turns arrays and tensors into operands and allocates what the lowering asks
+for."""
 
 from dataclasses import dataclass, field
 
@@ -7,15 +10,28 @@ import numpy as np
 
 from mxu.hdl.dtypes import bfloat16
 
-from ..compiler.operands import MatmulOp
-from ..compiler.plan import max_k_tiles, plan_op
-from ..compiler.epilogue import EPILOGUE_KINDS, Epilogue, epilogue_operands
-from ..compiler.vector import VectorOp
+from ..compiler.epilogue import Epilogue
+from ..compiler.layerops import EPILOGUE_KINDS, layer_op
+from ..compiler.lower import lower_matmul
+from ..compiler.operands import Scatter
 from .tensor import DeviceTensor
 
-__all__ = ["MatmulCall", "prepare_matmul", "check_flag"]
+__all__ = ["MatmulCall", "prepare_matmul", "check_flag", "check_matmul_fits"]
 
 _FLOATS = (np.float16, np.float32, np.float64)
+
+
+def check_matmul_fits(config, M, K, N):
+    """ValueError naming the limit if a fresh chip's external memory cannot hold
+    a ``M x K @ K x N`` matmul's operands (bf16 A and B, fp32 C, each region
+    64-byte aligned): the check a caller makes before it builds anything."""
+    def region(nbytes):
+        return -(-nbytes // 64) * 64
+    need = region(2 * M * K) + region(2 * K * N) + region(4 * M * N)
+    if need > config.ext_mem_bytes:
+        raise ValueError(f"a {M}x{K} @ {K}x{N} matmul needs {need:,} bytes of external memory "
+                         f"(bf16 A and B, fp32 C); the chip has {config.ext_mem_bytes:,} "
+                         f"(ChipConfig.ext_mem_bytes)")
 
 
 def check_flag(value, name):
@@ -41,14 +57,15 @@ class MatmulCall:
     (the caller's and the runtime's temporaries): they are kept alive until it
     has run, and checked before a recorded program runs again."""
     ops: list
-    out: DeviceTensor
+    out: object
     macs: int
     keep: list = field(default_factory=list)
-    extra: DeviceTensor = None       # the bf16 copy a fused epilogue writes besides out
+    extra: DeviceTensor = None       # the bf16 output a fused epilogue writes besides out
 
     @property
     def outputs(self):
-        return [self.out] + ([self.extra] if self.extra is not None else [])
+        outs = self.out if isinstance(self.out, list) else [self.out]
+        return outs + ([self.extra] if self.extra is not None else [])
 
     def check_alive(self):
         for tensor in self.keep:
@@ -59,9 +76,7 @@ def _device_operand(chip, x, name, dtype):
     """`x` as a 2-D device tensor of `dtype`: ndarrays are uploaded (a
     temporary), device tensors are checked."""
     if isinstance(x, DeviceTensor):
-        if x.chip is not chip:
-            raise ValueError(f"{name} is a device tensor of another chip")
-        x._alive()
+        _own(chip, x, name)
         if x.dtype != np.dtype(dtype):
             hint = " (upload it with dtype=ml_dtypes.bfloat16)" if dtype == bfloat16 else ""
             raise TypeError(f"{name} must be a {np.dtype(dtype).name} device tensor, not "
@@ -78,6 +93,12 @@ def _device_operand(chip, x, name, dtype):
     return _as_row(chip.upload(x, dtype=dtype))
 
 
+def _own(chip, x, name):
+    if x.chip is not chip:
+        raise ValueError(f"{name} is a device tensor of another chip")
+    x._alive()
+
+
 def _as_row(t):
     """A 1-D tensor as its 2-D, one-row self."""
     if t.ndim == 2:
@@ -85,10 +106,43 @@ def _as_row(t):
     return DeviceTensor(t.chip, t._block, t.addr, (1, t.cols), t.dtype, t.stride)
 
 
+def _output(chip, out, shape, dtype, out_dtype_given, transposed):
+    """The output: a new tensor, the caller's `out`, or a `Scatter` of the
+    caller's pieces ``[(first result row, tensor), ...]``; returns (what the
+    call returns, the compiler's operand, tensors to keep)."""
+    if out is None:
+        c = chip.empty(shape, dtype)
+        return c, c.operand(), [c]
+    if isinstance(out, DeviceTensor):
+        _own(chip, out, "out")
+        if out.shape != shape:
+            raise ValueError(f"out must have shape {shape}, not {out.shape}")
+        if out_dtype_given and out.dtype != dtype:
+            raise TypeError(f"out is {out.dtype.name} but out_dtype is {dtype.name}")
+        return out, out.operand(), [out]
+    if not isinstance(out, (list, tuple)) or not out:
+        raise TypeError(f"out must be a DeviceTensor or a list of (row, DeviceTensor) pieces, "
+                        f"not {type(out).__name__}")
+    pieces, tensors = [], []
+    for k, piece in enumerate(out):
+        if not (isinstance(piece, tuple) and len(piece) == 2 and isinstance(piece[1], DeviceTensor)):
+            raise TypeError(f"out[{k}] must be a (first row, DeviceTensor) pair")
+        row, t = piece
+        _own(chip, t, f"out[{k}]")
+        pieces.append((int(row), t.operand()))
+        tensors.append(t)
+    scatter = Scatter(tuple(pieces), transposed=transposed)
+    scatter.check("out", chip.config.ext_mem_bytes)
+    if (scatter.rows, scatter.cols) != shape:
+        raise ValueError(f"the pieces of out make a {scatter.rows}x{scatter.cols} result, not "
+                         f"{shape[0]}x{shape[1]}")
+    return tensors, scatter, tensors
+
+
 def prepare_matmul(chip, A, B, bias=None, out_dtype=np.float32, relu=False, out=None, then=None,
                    **then_operands):
     """Check everything and build the `MatmulCall` for ``relu?(A @ B + bias)``,
-    or with `then` for that layer op on its fp32 result (`prepare_then`)."""
+    or with `then` for that layer op on its fp32 result."""
     relu = check_flag(relu, "relu")
     if then is None and then_operands:
         raise TypeError(f"{', '.join(sorted(then_operands))} go with then= (a layer op after "
@@ -104,54 +158,71 @@ def prepare_matmul(chip, A, B, bias=None, out_dtype=np.float32, relu=False, out=
     (M, K), (K2, N) = a.shape, b.shape
     if K != K2:
         raise ValueError(f"inner dimensions differ: A is {a.shape}, B is {b.shape}")
-    temps = [a, b]
+    keep = [a, b]
     bias_t = None
     if bias is not None:
-        shape = bias.shape
-        if shape not in ((N,), (1, N), (M, N)):
-            raise ValueError(f"bias must have shape ({N},) or ({M}, {N}), not {shape}")
+        if bias.shape not in ((N,), (1, N), (M, N)):
+            raise ValueError(f"bias must have shape ({N},) or ({M}, {N}), not {bias.shape}")
         bias_t = _device_operand(chip, bias, "bias", np.float32)
-        temps.append(bias_t)
-    if out is not None:
-        if not isinstance(out, DeviceTensor):
-            raise TypeError(f"out must be a DeviceTensor, not {type(out).__name__}")
-        if out.chip is not chip:
-            raise ValueError("out is a device tensor of another chip")
-        out._alive()
-        shape = (N, M) if then == "transpose" else (M, N)
-        if out.shape != shape:
-            raise ValueError(f"out must have shape {shape}, not {out.shape}")
+        keep.append(bias_t)
+    if isinstance(out, DeviceTensor):
+        _own(chip, out, "out")
         if np.dtype(out_dtype) != np.dtype(np.float32) and out.dtype != dtype:
             raise TypeError(f"out is {out.dtype.name} but out_dtype is {dtype.name}")
         dtype = out.dtype
-        c = out
-    else:
-        c = chip.empty((N, M) if then == "transpose" else (M, N), dtype)
+    elif isinstance(out, (list, tuple)) and out and isinstance(out[0], tuple) \
+            and isinstance(out[0][-1], DeviceTensor):
+        dtype = out[0][-1].dtype
+    ep, extra, more = None, None, []
+    width = N
     if then is not None:
-        return prepare_then(chip, a, b, bias_t, c, relu, temps, then, **then_operands)
-    ops = _split_k(chip, a, b, bias_t, c, relu, temps)
-    return MatmulCall(ops, c, M * K * N, temps + [c])
+        ep, extra, more = _epilogue(chip, then, relu, M, N, dtype, out, **then_operands)
+        width = _paired_width(ep, N, out) if ep.is_paired else N
+        keep += more
+    transposed = ep is not None and ep.transposed
+    shape = (width, M) if transposed else (M, width)
+    if transposed and dtype != np.dtype(bfloat16):
+        raise ValueError(f"then={then!r} with a transposed result writes bf16: "
+                         f"out_dtype=bfloat16 (or a bfloat16 out of shape {shape})")
+    result, c, outs = _output(chip, out, shape, dtype, False, transposed)
+    lowering = lower_matmul(chip.config, a.operand(), b.operand(), c,
+                            bias_t.operand() if bias_t is not None else None, relu, ep)
+    scratch = []
+    for rows, cols, sdtype, fill in lowering.scratch:
+        np_dtype = np.float32 if sdtype == "fp32" else bfloat16
+        t = chip.empty((rows, cols), np_dtype) if fill is None else \
+            chip.upload(np.full((rows, cols), fill, np_dtype))
+        scratch.append(t)
+    ops = lowering.build([t.operand() for t in scratch])
+    return MatmulCall(ops, result, M * K * N, keep + outs + scratch, extra)
+
+
+def _paired_width(ep, N, out):
+    """A paired epilogue's result width: the caller's out's (its tiles may be
+    padded), or half of N."""
+    if isinstance(out, DeviceTensor):
+        return out.shape[0] if ep.transposed else out.shape[-1]
+    if isinstance(out, (list, tuple)) and out and isinstance(out[0], tuple):
+        t = out[0][-1]
+        return t.shape[0] if ep.transposed else t.shape[-1]
+    return N // 2
 
 
 def _then_tensor(chip, x, name, shape):
     if not isinstance(x, DeviceTensor):
         raise TypeError(f"{name} must be a float32 DeviceTensor of shape {shape}, "
                         f"not {type(x).__name__}")
-    if x.chip is not chip:
-        raise ValueError(f"{name} is a device tensor of another chip")
-    x._alive()
+    _own(chip, x, name)
     if x.dtype != np.dtype(np.float32) or x.shape != shape:
         raise ValueError(f"{name} must be a float32 device tensor of shape {shape}, not "
                          f"{x.dtype.name} {x.shape}")
     return x
 
 
-def prepare_then(chip, a, b, bias, c, relu, temps, then, out_bf16=None, other=None, params=None,
-                 scale=1.0, eps=0.0):
-    """A matmul followed by the layer op `then` on its fp32 result: one op
-    with a fused `Epilogue` when the chip holds its buffers, else the matmul
-    into an fp32 temporary and a `VectorOp` -- the same bits either way
-    (docs/vpu.md, "Fused epilogues")."""
+def _epilogue(chip, then, relu, M, N, dtype, out, out_bf16=None, other=None, params=None,
+              scale=1.0, eps=0.0, transpose=False, paired=False):
+    """The `Epilogue` of ``then=`` and its operands, checked: (epilogue, the
+    extra output tensor or None, tensors to keep)."""
     config = chip.config
     if not config.vpu:
         raise ValueError("then= needs a chip with the vector unit: ChipConfig(vpu=True)")
@@ -159,89 +230,30 @@ def prepare_then(chip, a, b, bias, c, relu, temps, then, out_bf16=None, other=No
         raise ValueError(f"then must be one of {EPILOGUE_KINDS}, not {then!r}")
     if relu:
         raise ValueError("relu and then= do not combine")
-    (M, K), N = a.shape, b.shape[1]
-    width = -(-N // config.cols) * config.cols
-    shapes = epilogue_operands(then, M, N, config.cols, bias=then != "softmax" or other is not None)
-    if then == "transpose" and (c.dtype != np.dtype(bfloat16) or out_bf16 is not None):
+    desc = layer_op(then)
+    transpose, paired = check_flag(transpose, "transpose"), check_flag(paired, "paired")
+    width = _paired_width(Epilogue(then, paired=paired and then == "rope"), N, out) \
+        if desc.paired or paired else N
+    other_cols = other.cols if then == "rope" and isinstance(other, DeviceTensor) else None
+    shapes = desc.operands(M, width, config.cols, other_cols,
+                           masked=then != "softmax" or other is not None)
+    if then == "transpose" and (dtype != np.dtype(bfloat16) or out_bf16 is not None):
         raise ValueError("then='transpose' writes the bf16 transpose: out_dtype=bfloat16 (or a "
                          "bfloat16 out of shape (N, M)) and no out_bf16")
-    given = {"other": other, "params": params}
     tensors = {}
-    for name, x in given.items():
+    for name, x in (("other", other), ("params", params)):
         if name in shapes:
             tensors[name] = _then_tensor(chip, x, name, shapes[name])
         elif x is not None:
             raise ValueError(f"then={then!r} takes no {name}")
     if out_bf16 is not None:
         if not isinstance(out_bf16, DeviceTensor) or out_bf16.dtype != np.dtype(bfloat16) \
-                or out_bf16.shape != (M, N):
-            raise ValueError(f"out_bf16 must be a bfloat16 device tensor of shape ({M}, {N})")
+                or out_bf16.shape != (M, width):
+            raise ValueError(f"out_bf16 must be a bfloat16 device tensor of shape ({M}, {width})")
         out_bf16._alive()
-        if c.dtype != np.dtype(np.float32):
+        if dtype != np.dtype(np.float32):
             raise ValueError("out_bf16 is the bf16 copy of an fp32 out; out is already bfloat16")
-    operands = {k: t.operand() for k, t in tensors.items()}
-    keep = temps + list(tensors.values()) + [c] + ([out_bf16] if out_bf16 is not None else [])
-    ep = Epilogue(then, out_bf16.operand() if out_bf16 is not None else None, scale=float(scale),
-                  eps=float(eps), **operands)
-    op = MatmulOp(a.operand(), b.operand(), c.operand(), bias.operand() if bias else None,
-                  False, ep)
-    op.check(config)
-    if plan_op(config, M, K, N, op.bias_kind, epilogue=then):
-        return MatmulCall([op], c, M * K * N, keep, out_bf16)
-    # Unfused: the same op sequence on the fp32 result in external memory.
-    r = chip.empty((M, N), np.float32)
-    ops = _split_k(chip, a, b, bias, r, False, keep)
-    if then == "transpose":
-        vector = VectorOp("copy", r.operand(), out_t=c.operand(), scale=float(scale))
-        vector.check(config)
-        return MatmulCall(ops + [vector], c, M * K * N, keep + [r])
-    if then == "softmax" and other is None:
-        # The unfused softmax takes a bias: a row of zeros masks nothing.
-        zeros = chip.upload(np.zeros((1, width), np.float32))
-        operands["other"] = zeros.operand()
-        keep.append(zeros)
-    fp32 = c.dtype == np.dtype(np.float32)
-    bf = out_bf16 if fp32 else c
-    vector = VectorOp(then, r.operand(), out=c.operand() if fp32 else None,
-                      out_bf16=bf.operand() if bf is not None else None,
-                      other=operands.get("params") if then == "layer_norm" else operands.get("other"),
-                      params=operands.get("params") if then == "add_layer_norm" else None,
-                      group=M, scale=float(scale), eps=float(eps))
-    vector.check(config)
-    return MatmulCall(ops + [vector], c, M * K * N, keep + [r], out_bf16)
-
-
-def _split_k(chip, a, b, bias, c, relu, temps):
-    """One op, or one per K chunk when the chip cannot hold a block's whole K:
-    chunks of whole K tiles, each seeded with the previous one's fp32 partial
-    sums (the order stays the sequential one of docs/numerics.md)."""
-    config = chip.config
-    (M, K), N = a.shape, b.shape[1]
-    op = MatmulOp(a.operand(), b.operand(), c.operand(), bias.operand() if bias else None, relu)
-    op.check(config)
-    tiles = -(-K // config.rows)
-    if plan_op(config, M, K, N, op.bias_kind):
-        return [op]
-    fit = min(max_k_tiles(config, M, N, op.bias_kind), max_k_tiles(config, M, N, "matrix"))
-    if fit == 0:
-        raise ValueError(f"a {M}x{K} @ {K}x{N} matmul does not fit the chip even with one "
-                         f"K tile at a time (VMEM {config.vmem_rows} rows, accumulator "
-                         f"{config.acc_rows} rows)")
-    # Chunks of equal size (a short last chunk streams no better).
-    chunks = -(-tiles // fit)
-    step = -(-tiles // chunks) * config.rows
-    # The partial sums: the output itself when it is fp32 without ReLU.
-    if c.dtype == np.dtype(np.float32) and not relu:
-        partial = c
-    else:
-        partial = chip.empty((M, N), np.float32)
-        temps.append(partial)
-    ops = []
-    for k0 in range(0, K, step):
-        k1 = min(K, k0 + step)
-        last = k1 == K
-        seed = bias if k0 == 0 else partial
-        ops.append(MatmulOp(a[:, k0:k1].operand(), b[k0:k1].operand(),
-                            (c if last else partial).operand(),
-                            seed.operand() if seed is not None else None, relu and last))
-    return ops
+    ep = Epilogue(then, out_bf16.operand() if out_bf16 is not None else None,
+                  scale=float(scale), eps=float(eps), transpose=transpose, paired=paired,
+                  **{k: t.operand() for k, t in tensors.items()})
+    return ep, out_bf16, list(tensors.values()) + ([out_bf16] if out_bf16 is not None else [])

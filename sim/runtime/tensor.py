@@ -147,6 +147,25 @@ class DeviceTensor:
                  (False, True): (c1 - c0,), (False, False): (1,)}[tuple(keep)]
         return DeviceTensor(self.chip, self._block, addr, shape, self.dtype, self.stride)
 
+    def strided(self, offset, shape, stride):
+        """A 2-D view of the same memory: `shape` rows and columns from
+        element `offset` of the tensor's first row, rows `stride` elements
+        apart (e.g. the heads of one token as rows: ``q.strided(r * q.cols,
+        (heads, head_dim), head_dim)``). It must lie inside this tensor's
+        memory."""
+        self._alive()
+        rows, cols = (int(n) for n in shape)
+        if rows < 1 or cols < 1 or stride < cols:
+            raise ValueError(f"a strided view needs rows, cols >= 1 and a stride >= cols, not "
+                             f"{shape} at stride {stride}")
+        addr = self.addr + offset * self.itemsize
+        end = addr + ((rows - 1) * stride + cols) * self.itemsize
+        if offset < 0 or end > self._block.addr + self._block.nbytes:
+            raise ValueError(f"a {shape} view at element {offset}, stride {stride}, lies outside "
+                             f"the tensor's memory")
+        return DeviceTensor(self.chip, self._block, addr, (rows, cols), self.dtype,
+                            stride * self.itemsize)
+
     def operand(self):
         """The compiler's view: a `mxu.sim.compiler.operands.Operand`."""
         self._alive()

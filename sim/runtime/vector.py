@@ -10,10 +10,11 @@ import numpy as np
 
 from mxu.hdl.dtypes import bfloat16
 
-from ..compiler.vector import VECTOR_KINDS, VectorOp
+from ..compiler.layerops import VECTOR_KINDS
+from ..compiler.vector import VectorOp
 from .tensor import DeviceTensor
 
-__all__ = ["VectorCall", "prepare_vector", "softmax_bias", "layer_norm_params"]
+__all__ = ["VectorCall", "prepare_vector", "softmax_bias", "layer_norm_params", "rms_norm_params"]
 
 
 @dataclass
@@ -66,6 +67,11 @@ def layer_norm_params(chip, gamma, beta):
     return chip.upload(np.stack([gamma, beta, np.ones_like(gamma)]))
 
 
+def rms_norm_params(chip, gamma):
+    """The (1, n) float32 device tensor of an RMSNorm on the vector unit: gamma."""
+    return chip.upload(np.asarray(gamma, np.float32)[None, :])
+
+
 def prepare_vector(chip, kind, x, *, out=None, out_bf16=None, out_t=None, other=None,
                    params=None, group=1, scale=1.0, eps=0.0):
     """Check the tensors of one vector op and build its `VectorCall` (see
@@ -89,6 +95,8 @@ def prepare_vector(chip, kind, x, *, out=None, out_bf16=None, out_t=None, other=
         tensors["other"] = _tensor(chip, other, "bias", np.float32, (R // group, width))
     elif kind == "layer_norm":
         tensors["other"] = _tensor(chip, other, "layer_norm_params", np.float32, (3, n))
+    elif kind == "rms_norm":
+        tensors["other"] = _tensor(chip, other, "rms_norm_params", np.float32, (1, n))
     elif kind == "add_layer_norm":
         tensors["other"] = _tensor(chip, other, "y", np.float32, (R, n))
         tensors["params"] = _tensor(chip, params, "layer_norm_params", np.float32, (3, n))

@@ -20,8 +20,8 @@ import numpy as np
 
 from mxu.hdl.dtypes import bfloat16
 
-from . import hostops
-from .stats import RunStats
+from ..runtime import hostops
+from .blocks import Head, Linear, Steps, attention, feed_forward
 
 __all__ = ["EncoderConfig", "LayerWeights", "EncoderWeights", "Linear", "MultiHeadAttention",
            "FeedForward", "EncoderLayer", "ChipEncoderLayer", "Encoder", "model_macs",
@@ -109,35 +109,6 @@ def model_macs(config, lengths):
     H, F, layers = config.hidden, config.ffn, config.layers
     per_token = 3 * H * H + H * H + 2 * H * F
     return layers * sum(n * per_token + 2 * n * n * H for n in lengths)
-
-
-class Linear:
-    """``x @ W + b`` on the chip; W (in, out) bf16 and b fp32 stay resident."""
-
-    def __init__(self, chip, weight, bias):
-        self.chip = chip
-        self.weight = chip.upload(np.asarray(weight, np.float32), dtype=bfloat16)
-        self.bias = chip.upload(np.asarray(bias, np.float32))
-
-    def __call__(self, x, out_dtype=np.float32, out=None):
-        """`x`: a bf16 device tensor (B*L, in); returns a device tensor."""
-        return self.chip.matmul(x, self.weight, bias=self.bias, out_dtype=out_dtype, out=out,
-                                keep=True)
-
-
-class _Steps:
-    """Collects the `RunStats` of each program of a forward and reports progress."""
-
-    def __init__(self, chip, progress):
-        self.chip, self.progress, self.stats = chip, progress, None
-
-    def add(self, stats=None):
-        stats = stats or self.chip.last_stats
-        if self.stats is None:
-            self.stats = RunStats(rows=stats.rows, cols=stats.cols)
-        self.stats += stats
-        if self.progress is not None:
-            self.progress()
 
 
 class MultiHeadAttention:
@@ -235,7 +206,7 @@ class ChipEncoderLayer:
         self.chip, self.config = chip, config
         self.attention = MultiHeadAttention(chip, config, w)
         self.ffn = FeedForward(chip, w)
-        from .vector import layer_norm_params
+        from ..runtime.vector import layer_norm_params
         self.ln1 = layer_norm_params(chip, w.ln1_gamma, w.ln1_beta)
         self.ln2 = layer_norm_params(chip, w.ln2_gamma, w.ln2_beta)
 
@@ -248,7 +219,7 @@ class ChipEncoderLayer:
         multiple of the chip's columns (the same bits, docs/vpu.md). Returns
         the output (fp32 and bf16 tensors) and the program's `RunStats`."""
         chip, cfg = self.chip, self.config
-        H, heads, d, R = cfg.hidden, cfg.heads, cfg.head_dim, B * L
+        H, heads_n, d, R = cfg.hidden, cfg.heads, cfg.head_dim, B * L
         bf = bfloat16
         qkv = self.attention.qkv
         # The layer's intermediates are transient: the compiler keeps those it
@@ -258,7 +229,7 @@ class ChipEncoderLayer:
             return chip.empty(shape, dtype, transient=True)
 
         q, v, kt = temp((R, H), bf), temp((R, H), bf), temp((H, R), bf)
-        probs = temp((B * heads * L, L), bf)
+        probs = temp((B * heads_n * L, L), bf)
         context, x1, x1b = temp((R, H), bf), temp((R, H)), temp((R, H), bf)
         hb = temp((R, cfg.ffn), bf)
         out, outb = chip.empty((R, H)), chip.empty((R, H), bf)
@@ -273,32 +244,25 @@ class ChipEncoderLayer:
                 chip.matmul(xb, qkv.weight[:, H:2 * H], bias=qkv.bias[H:2 * H], out=kt,
                             then="transpose", scale=1 / math.sqrt(d))
                 chip.matmul(xb, qkv.weight[:, 2 * H:], bias=qkv.bias[2 * H:], out=v)
+                heads = []
                 for b in range(B):
                     free = b in unmasked and L % chip.config.cols == 0
-                    for h in range(heads):
-                        rows = slice((b * heads + h) * L, (b * heads + h + 1) * L)
-                        chip.matmul(q[b * L:(b + 1) * L, h * d:(h + 1) * d],
-                                    kt[h * d:(h + 1) * d, b * L:(b + 1) * L], out=probs[rows],
-                                    then="softmax", other=None if free else bias[b:b + 1])
-                for b in range(B):
-                    for h in range(heads):
-                        rows = slice((b * heads + h) * L, (b * heads + h + 1) * L)
-                        chip.matmul(probs[rows], v[b * L:(b + 1) * L, h * d:(h + 1) * d],
-                                    out=context[b * L:(b + 1) * L, h * d:(h + 1) * d])
-                self._fused(self.attention.out, context, "add_layer_norm", out=x1, out_bf16=x1b,
-                            other=x, params=self.ln1)
-                self._fused(self.ffn.up, x1b, "gelu", out=hb)
-                self._fused(self.ffn.down, hb, "add_layer_norm", out=out, out_bf16=outb, other=x1,
-                            params=self.ln2)
+                    for h in range(heads_n):
+                        rows = slice((b * heads_n + h) * L, (b * heads_n + h + 1) * L)
+                        heads.append(Head(q[b * L:(b + 1) * L, h * d:(h + 1) * d],
+                                          kt[h * d:(h + 1) * d, b * L:(b + 1) * L],
+                                          v[b * L:(b + 1) * L, h * d:(h + 1) * d],
+                                          context[b * L:(b + 1) * L, h * d:(h + 1) * d],
+                                          probs[rows], bias=None if free else bias[b:b + 1]))
+                attention(chip, heads)
+                self.attention.out(context, out=x1, out_bf16=x1b, then="add_layer_norm", other=x,
+                                   params=self.ln1, eps=cfg.eps)
+                feed_forward(self.ffn.up, self.ffn.down, x1b, hb, out, outb, x1, self.ln2,
+                             cfg.eps, kind="gelu")
         finally:
             for t in temps:
                 t.free()
         return out, outb, rec.stats
-
-    def _fused(self, linear, x, then, **operands):
-        """``then(x @ W + b)`` with the layer op fused onto the matmul."""
-        eps = self.config.eps if then != "gelu" else None
-        self.chip.matmul(x, linear.weight, bias=linear.bias, then=then, eps=eps, **operands)
 
 
 class Encoder:
@@ -318,7 +282,7 @@ class Encoder:
         self.layers = [layer(chip, self.config, w) for w in weights.layers]
         if vector_ops == "chip":
             w = weights
-            from .vector import layer_norm_params
+            from ..runtime.vector import layer_norm_params
             self.emb_ln = layer_norm_params(chip, w.emb_gamma, w.emb_beta)
 
     @property
@@ -336,7 +300,7 @@ class Encoder:
         if self.vector_ops == "chip":
             raise ValueError("run_layer runs the host-ops layer; with vector_ops='chip' a layer "
                              "is one program inside the forward (call the encoder)")
-        steps = _Steps(self.chip, progress)
+        steps = Steps(self.chip, progress)
         return self.layers[i](x, mask, steps), steps.stats
 
     def __call__(self, ids, mask, progress=None):
@@ -346,7 +310,7 @@ class Encoder:
         if self.vector_ops == "chip":
             return self._on_chip(ids, mask, progress)
         x = self.embeddings(ids)
-        steps = _Steps(self.chip, progress)
+        steps = Steps(self.chip, progress)
         for layer in self.layers:
             x = layer(x, mask, steps)
         return x.reshape(B, L, self.config.hidden), steps.stats
@@ -354,7 +318,7 @@ class Encoder:
     def _on_chip(self, ids, mask, progress):
         """The embedding lookup on the host, its LayerNorm in the first layer's
         program, every layer one program."""
-        from .vector import softmax_bias
+        from ..runtime.vector import softmax_bias
         chip, cfg, w = self.chip, self.config, self.weights
         B, L = ids.shape
         emb = chip.upload(hostops.embed(ids, w.word, w.position, w.token_type)
@@ -362,7 +326,7 @@ class Encoder:
         bias = softmax_bias(chip, mask)
         unmasked = {b for b in range(B) if np.asarray(mask[b], bool).all()}
         x, xb = chip.empty((B * L, cfg.hidden)), chip.empty((B * L, cfg.hidden), bfloat16)
-        steps = _Steps(chip, progress)
+        steps = Steps(chip, progress)
 
         def embedding_norm():
             chip.vector("layer_norm", emb, out=x, out_bf16=xb, other=self.emb_ln, eps=cfg.eps)

@@ -1,0 +1,151 @@
+"""SmolLM2-135M-Instruct on the chip (docs/llm.md): prefill MFU by prompt
+length, decode cycles per step by batch with their share of the roofline,
+wall time and simulated cycles per second.
+
+    python bench/llm.py                       # the llm preset (256-bit bus)
+    python bench/llm.py --bus 128,512         # the same chip with other buses
+    python bench/llm.py --prefill 16 --batch 1,16
+
+The roofline of a step is max(bytes / bus bytes per cycle, MACs / PEs), the
+bytes being every weight once and each sequence's KV cache (docs/llm.md).
+Decode steps run on caches of `--context` positions: a sequence is
+prefilled with one real prompt, and the other sequences of a batch have
+their caches' positions marked as filled without a prefill of their own
+(their K and V rows hold what the first sequence's prefill left in memory
+of their own cache: zeros). A step's cycles do not depend on the values,
+only on the shapes, so the timing is that of a real batch; the tokens they
+produce are not meaningful and are not reported.
+"""
+
+import argparse
+
+import numpy as np
+
+from mxu.hdl import ChipConfig
+from mxu.sim import Chip
+from mxu.sim.models import CausalLM
+from mxu.sim.models.causal_lm import PhaseStats
+from mxu.sim.report import format_table
+
+
+def _int_list(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+def _phase_row(label, bus, phase, cycles_s):
+    return [label, f"{bus}", f"{phase.tokens}", f"{phase.cycles:,}",
+            f"{phase.cycles / max(1, phase.steps):,.0f}", f"{100 * phase.mfu:.1f} %",
+            f"{100 * phase.roofline_share:.1f} %", f"{phase.wall_seconds:.1f}",
+            f"{cycles_s / 1e3:,.0f}k"]
+
+
+def run(bus, prefills, batches, context, steps):
+    config = ChipConfig.preset("llm").replace(axi_data_bits=bus)
+    lm = CausalLM("SmolLM2-135M-Instruct", chip=Chip(config, fast_mac=True))
+    tok = lm.tokenizer
+    text = ("A tensor processing unit multiplies matrices with a systolic array of "
+            "multiply-accumulate cells, streaming weights from its high-bandwidth memory "
+            "while the vector unit applies the layer's nonlinearities. ") * 8
+    ids = tok.encode(text)
+    rows = []
+    for n in prefills:
+        seq = lm._new_sequence(n)
+        try:
+            logits, stats = lm.model.step([seq], [ids[:n]])
+            phase = PhaseStats()
+            lm._account(phase, stats, [seq], [n])
+        finally:
+            seq.free()
+        rows.append(_phase_row(f"prefill {n} tokens", bus, phase, stats.cycles / stats.sim_seconds))
+    for b in batches:
+        seqs = [lm._new_sequence(context + steps) for _ in range(b)]
+        try:
+            prompt = ids[:context]
+            lm.model.step([seqs[0]], [prompt])
+            for s in seqs[1:]:
+                s.length = context
+            phase = PhaseStats()
+            token = [[int(t)] for t in ids[context:context + b]]
+            for _ in range(steps):
+                logits, stats = lm.model.step(seqs, token)
+                lm._account(phase, stats, seqs, [1] * b)
+            rows.append(_phase_row(f"decode batch {b}", bus, phase,
+                                   phase.cycles / phase.run.sim_seconds))
+        finally:
+            for s in seqs:
+                s.free()
+    return rows
+
+
+FIDELITY_TEXT = ("The history of computing is a story of machines that grew smaller and faster "
+                 "every decade. Early computers filled whole rooms, used vacuum tubes, and could "
+                 "add a few thousand numbers each second.")
+PROMPTS = ["The capital of France is", "Once upon a time, there was a", "The best way to learn "
+           "a new language is", "Water boils at a temperature of", "In 1969, the first humans",
+           "A good breakfast includes", "The largest planet in our solar system is",
+           "To make a cup of tea, you"]
+
+
+def fidelity(tokens, prompts, new_tokens):
+    """Against the float32 reference: teacher-forced next-token argmax agreement
+    over `tokens` of one text (one prefill on the chip, checked bit for bit
+    against the golden Llama form), and greedy continuations of `prompts`
+    (one batch on the chip) against the reference's."""
+    from mxu.verif.llama import GoldenLlama, reference_logits
+    lm = CausalLM("SmolLM2-135M-Instruct")
+    tok = lm.tokenizer
+    ids = tok.encode(FIDELITY_TEXT)[:tokens]
+    chip = lm.logits_ids(ids)
+    gold = GoldenLlama(lm.weights, rows=16, lanes=16).forward([(0, ids)], logits="all")[0]
+    exact = np.array_equal(chip.view(np.uint32), gold.view(np.uint32))
+    ref = reference_logits(lm.weights, ids)
+    agree = float(np.mean(chip.argmax(1) == ref.argmax(1)))
+    rms = float(np.sqrt(np.mean((chip - ref) ** 2)))
+    print(f"teacher-forced, {len(ids)} tokens: argmax agreement {100 * agree:.1f} %, logit rms "
+          f"difference {rms:.3f}, chip bit-exact to the golden Llama form: {exact}")
+    enc = [tok.encode(p) for p in prompts]
+    outs = lm.generate_ids(enc, max_new_tokens=new_tokens)
+    rows, same = [], 0
+    for p, e, out in zip(prompts, enc, outs):
+        seq = list(e)
+        for _ in range(len(out)):
+            seq.append(int(np.argmax(reference_logits(lm.weights, seq)[-1])))
+        want = seq[len(e):]
+        same += out == want
+        first = next((i for i, (a, b) in enumerate(zip(out, want)) if a != b), None)
+        rows.append([p, repr(tok.decode(out)), "identical" if out == want else
+                     f"differs from token {first}: {tok.decode(want)!r}"])
+    print(format_table(["prompt", "chip (greedy)", "float32 reference"], rows))
+    print(f"{same} of {len(prompts)} greedy continuations of {new_tokens} tokens identical; "
+          f"decode {lm.last_stats.decode.cycles:,} cycles in {lm.last_stats.decode.steps} steps "
+          f"at batch {len(prompts)}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bus", type=_int_list, default=[256], help="AXI widths in bits")
+    parser.add_argument("--prefill", type=_int_list, default=[16, 64, 256],
+                        help="prompt lengths of the prefill rows")
+    parser.add_argument("--batch", type=_int_list, default=[1, 4, 16, 32],
+                        help="batch sizes of the decode rows")
+    parser.add_argument("--context", type=int, default=16,
+                        help="positions in each cache before the decode steps")
+    parser.add_argument("--steps", type=int, default=1, help="decode steps per batch")
+    parser.add_argument("--fidelity", action="store_true",
+                        help="only the fidelity against the float32 reference (48-token text, "
+                             "12-token greedy continuations of 8 prompts)")
+    args = parser.parse_args()
+    if args.fidelity:
+        fidelity(48, PROMPTS, 12)
+        return
+    rows = []
+    for bus in args.bus:
+        rows += run(bus, args.prefill, args.batch, args.context, args.steps)
+        print(format_table(["phase", "bus bits", "tokens", "chip cycles", "cycles per step", "MFU",
+                            "roofline share", "wall s", "sim cycles/s"], rows), flush=True)
+        rows = []
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()

@@ -1,0 +1,134 @@
+"""Lowering: how one matmul (with its layer op) becomes the ops of a program
+(docs/compiler.md, "Lowering").
+
+Every choice between equivalent programs is made here, not by the runtime:
+
+* **K split.** When one activation row of a block does not fit VMEM, K is
+  cut into chunks of whole K tiles, each a matmul seeded, as a matrix bias,
+  with the previous chunk's fp32 partial sums (in the output itself when it
+  is fp32 without ReLU, else in an fp32 scratch operand). The sum order stays
+  the sequential order of docs/numerics.md.
+* **Fused or not.** A layer op rides on its matmul as an `Epilogue` when the
+  chip holds the buffers; otherwise, for the kinds that have a `VectorOp`
+  form, the matmul writes an fp32 scratch result and a `VectorOp` follows --
+  the same bits either way.
+
+The compiler knows no tensors: a `Lowering` says which scratch operands it
+needs (`scratch`: (rows, cols, dtype) each), and `build` turns the operands
+the runtime allocated for them into the op list.
+"""
+
+from dataclasses import dataclass, field, replace
+
+from .operands import MatmulOp
+from .plan import max_k_tiles, plan_op
+from .vector import VectorOp
+
+__all__ = ["Lowering", "lower_matmul", "cols_of", "rows_of"]
+
+# Kinds that have a `VectorOp` form, for when the fused op does not fit.
+_UNFUSED = {"softmax", "masked_softmax", "layer_norm", "add_layer_norm", "gelu", "transpose",
+            "rms_norm"}
+
+
+def cols_of(x, k0, k1):
+    """Columns k0 .. k1-1 of operand `x`."""
+    return replace(x, addr=x.addr + k0 * x.elem, cols=k1 - k0)
+
+
+def rows_of(x, r0, r1):
+    """Rows r0 .. r1-1 of operand `x`."""
+    return replace(x, addr=x.addr + r0 * x.stride, rows=r1 - r0)
+
+
+@dataclass
+class Lowering:
+    """The ops of one matmul once the runtime has allocated `scratch`
+    (``(rows, cols, dtype, fill)`` of each operand the program needs besides
+    the caller's; `fill` None or the value it must hold before the program
+    runs): ``build(operands)`` returns them; ``fused`` says whether the layer
+    op rides on the matmul."""
+    scratch: list = field(default_factory=list)
+    build: object = None
+    fused: bool = True
+
+
+def lower_matmul(config, a, b, c, bias=None, relu=False, epilogue=None):
+    """The `Lowering` of ``c = relu?(a @ b + bias)``, or with `epilogue` (an
+    `Epilogue`) of that layer op on the fp32 result. Raises ValueError when
+    the chip cannot run it at all."""
+    if epilogue is not None:
+        return _lower_fused(config, a, b, c, bias, epilogue)
+    op = MatmulOp(a, b, c, bias, relu)
+    op.check(config)
+    if plan_op(config, op.M, op.K, op.N, op.bias_kind):
+        return Lowering([], lambda scratch: [op])
+    return _lower_split(config, a, b, c, bias, relu)
+
+
+
+def _lower_split(config, a, b, c, bias, relu):
+    M, K, N = a.rows, a.cols, b.cols
+    bias_kind = "none" if bias is None else ("row" if bias.rows == 1 and M > 1 else "matrix")
+    fit = min(max_k_tiles(config, M, N, bias_kind), max_k_tiles(config, M, N, "matrix"))
+    if fit == 0:
+        raise ValueError(f"a {M}x{K} @ {K}x{N} matmul does not fit the chip even with one "
+                         f"K tile at a time (VMEM {config.vmem_rows} rows, accumulator "
+                         f"{config.acc_rows} rows)")
+    tiles = -(-K // config.rows)
+    chunks = -(-tiles // fit)             # chunks of equal size: a short last one streams no better
+    step = -(-tiles // chunks) * config.rows
+    in_place = c.dtype == "fp32" and not relu
+
+    def build(scratch):
+        partial = c if in_place else scratch[0]
+        ops = []
+        for k0 in range(0, K, step):
+            k1 = min(K, k0 + step)
+            last = k1 == K
+            seed = bias if k0 == 0 else partial
+            ops.append(MatmulOp(cols_of(a, k0, k1), rows_of(b, k0, k1), c if last else partial,
+                                seed, relu and last))
+        return ops
+
+    return Lowering([] if in_place else [(M, N, "fp32", None)], build)
+
+
+def _lower_fused(config, a, b, c, bias, ep):
+    op = MatmulOp(a, b, c, bias, False, ep)
+    op.check(config)
+    if plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args()):
+        return Lowering([], lambda scratch: [op])
+    if ep.kind not in _UNFUSED or ep.transposed and ep.kind != "transpose":
+        raise ValueError(f"a {op.M}x{op.K} @ {op.K}x{op.N} matmul with a {ep.kind} epilogue does "
+                         f"not fit the chip's buffers ({config.acc_rows} accumulator rows, "
+                         f"{config.vmem_rows} VMEM rows), and {ep.kind} has no unfused form: "
+                         f"split its rows")
+    M, N = op.M, op.N
+    width = -(-N // config.cols) * config.cols
+    # An unmasked softmax's VectorOp takes a bias all the same: a row of zeros.
+    zeros = ep.kind == "softmax" and ep.other is None
+    # The matmul into an fp32 scratch r (split over K if need be: r is its
+    # own partial sum), then the layer op on r.
+    scratch = [(M, N, "fp32", None)] + ([(1, width, "fp32", 0.0)] if zeros else [])
+
+    def build(ops_scratch):
+        r = ops_scratch[0]
+        ops = lower_matmul(config, a, b, r, bias).build([])
+        if ep.kind == "transpose":
+            vector = VectorOp("copy", r, out_t=c, scale=ep.scale)
+        else:
+            fp32 = c.dtype == "fp32"
+            bf = ep.extra if fp32 else c
+            other = ops_scratch[1] if zeros else (
+                ep.params if ep.kind in ("layer_norm", "rms_norm") else ep.other)
+            # A causal mask is the VectorOp softmax's bias with a row per row.
+            masked = ep.kind == "masked_softmax"
+            vector = VectorOp("softmax" if masked else ep.kind, r, out=c if fp32 else None,
+                              out_bf16=bf, other=other,
+                              params=ep.params if ep.kind == "add_layer_norm" else None,
+                              group=1 if masked else M, scale=ep.scale, eps=ep.eps)
+        vector.check(config)
+        return ops + [vector]
+
+    return Lowering(scratch, build, fused=False)

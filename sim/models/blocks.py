@@ -1,0 +1,101 @@
+"""The blocks every model on the chip is built from (docs/llm.md,
+docs/transformer.md): resident linear layers, attention over heads (a
+padding or causal mask, grouped-query heads, the scaling), and the
+feed-forward with its residual norm. MiniLM (`encoder.py`) and the Llama
+decoders (`causal_lm.py`) record their layers with these.
+
+Every block records matmuls with their layer ops fused (``then=``) into the
+chip's current recording; the lowering (fused or not, K split, hand-offs in
+VMEM) is the compiler's.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mxu.hdl.dtypes import bfloat16
+
+from ..runtime.stats import RunStats
+
+__all__ = ["Linear", "Steps", "Head", "attention", "feed_forward"]
+
+
+class Linear:
+    """``x @ W + b`` on the chip; W (in, out) bf16 and b fp32 (optional) stay
+    resident."""
+
+    def __init__(self, chip, weight, bias=None):
+        self.chip = chip
+        self.weight = chip.upload(np.asarray(weight, np.float32), dtype=bfloat16)
+        self.bias = chip.upload(np.asarray(bias, np.float32)) if bias is not None else None
+
+    def __call__(self, x, out_dtype=np.float32, out=None, **then):
+        """`x`: a bf16 device tensor (rows, in); returns a device tensor (or
+        what `out` names). `then`: a fused layer op and its operands."""
+        return self.chip.matmul(x, self.weight, bias=self.bias, out_dtype=out_dtype, out=out,
+                                keep=True, **then)
+
+
+class Steps:
+    """Collects the `RunStats` of each program of a forward and reports progress."""
+
+    def __init__(self, chip, progress=None):
+        self.chip, self.progress, self.stats = chip, progress, None
+
+    def add(self, stats=None):
+        stats = stats or self.chip.last_stats
+        if self.stats is None:
+            self.stats = RunStats(rows=stats.rows, cols=stats.cols)
+        self.stats += stats
+        if self.progress is not None:
+            self.progress()
+
+
+@dataclass
+class Head:
+    """One attention problem: queries `q` (rows, d) bf16 -- one head's rows,
+    or a KV group's heads stacked as rows -- against keys `kt` (d, L) bf16
+    and values `v` (L, d) bf16, into `out` (rows, d) bf16. `bias`: one
+    softmax bias row (`softmax_bias`), or None for no mask; `mask`: a bias
+    row per query row (a causal mask), which takes its place."""
+    q: object
+    kt: object
+    v: object
+    out: object
+    probs: object
+    bias: object = None
+    mask: object = None
+
+
+def attention(chip, heads, scale=1.0):
+    """The scores of every head with their softmax fused, then every P.V:
+    ``out = softmax(q @ kt * scale + mask) @ v``. Two runs of like ops, so
+    each is one segment of the program and the next head's loads overlap
+    this one's compute; the probabilities (`Head.probs`, transient bf16)
+    stay in VMEM when the compiler can keep them there."""
+    for h in heads:
+        if h.mask is not None:
+            chip.matmul(h.q, h.kt, out=h.probs, then="masked_softmax", other=h.mask, scale=scale)
+        else:
+            chip.matmul(h.q, h.kt, out=h.probs, then="softmax", other=h.bias, scale=scale)
+    for h in heads:
+        chip.matmul(h.probs, h.v, out=h.out)
+
+
+def feed_forward(up, down, x, hidden, out, out_bf16, residual, params, eps, kind="gelu"):
+    """The feed-forward and its residual norm: ``h = act(x @ up)``, then
+    ``norm(residual + h @ down)``. `kind` "gelu" (``up`` is W1 with its bias;
+    a post-norm layer: `out` gets the LayerNorm and `out_bf16` its bf16
+    copy) or "swiglu" (``up`` is the gate and up projections with their N
+    tiles alternating, `silu_mul`; a pre-norm layer: `out` gets the residual
+    sum and `out_bf16` its RMSNorm, the next layer's input)."""
+    if kind == "gelu":
+        up(x, out=hidden, then="gelu")
+        down(hidden, out=out, out_bf16=out_bf16, then="add_layer_norm", other=residual,
+             params=params, eps=eps)
+    elif kind == "swiglu":
+        up(x, out=hidden, then="silu_mul")
+        down(hidden, out=out, out_bf16=out_bf16, then="add_rms_norm", other=residual,
+             params=params, eps=eps)
+    else:
+        raise ValueError(f"kind must be 'gelu' or 'swiglu', not {kind!r}")

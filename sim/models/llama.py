@@ -1,0 +1,210 @@
+"""The Llama architecture: its sizes, its weights, its rotary tables, and the
+reader of a GGUF file (docs/llm.md).
+
+Every architecture number comes from the file: `LlamaConfig.from_gguf` reads
+the ``llama.*`` metadata. The weights are dequantized once to float32 (the
+accuracy reference) with `gguf`'s own dequantizer; the chip gets them rounded
+to bf16 when they are uploaded. Matrices are kept as (in, out), the orientation
+of ``x @ W``.
+
+The Q and K rows of a llama.cpp GGUF are permuted for llama.cpp's "normal"
+rope, which rotates adjacent pairs (2i, 2i+1) of each head: `rope_tables`
+builds the tables of that form, and no permutation is undone here.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["LlamaConfig", "LlamaLayerWeights", "LlamaWeights", "rope_tables", "model_macs",
+           "read_gguf"]
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Sizes of a Llama decoder.
+
+    hidden, ffn : model width and SwiGLU width; heads, kv_heads : query and
+    key/value heads (grouped-query attention: each KV head serves
+    ``heads // kv_heads`` query heads); head_dim : per head; layers; eps :
+    RMSNorm epsilon; rope_theta : RoPE frequency base; vocab; context : the
+    longest sequence the model was trained for; bos, eos : token ids.
+    """
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    layers: int
+    eps: float
+    rope_theta: float
+    vocab: int
+    context: int
+    bos: int = 1
+    eos: int = 2
+
+    def __post_init__(self):
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"RoPE rotates pairs: head_dim ({self.head_dim}) must be even")
+
+    @property
+    def head_dim(self):
+        return self.hidden // self.heads
+
+    @property
+    def group(self):
+        """Query heads per KV head."""
+        return self.heads // self.kv_heads
+
+    @property
+    def kv_dim(self):
+        return self.kv_heads * self.head_dim
+
+    @classmethod
+    def from_gguf(cls, reader):
+        """The sizes in a `gguf.GGUFReader`'s ``llama.*`` metadata."""
+        get = lambda key: _field(reader, key)
+        arch = get("general.architecture")
+        if arch != "llama":
+            raise ValueError(f"the GGUF file holds a {arch!r} model, not 'llama'")
+        hidden = int(get("llama.embedding_length"))
+        heads = int(get("llama.attention.head_count"))
+        rope_dims = int(get("llama.rope.dimension_count"))
+        if rope_dims != hidden // heads:
+            raise ValueError(f"RoPE over {rope_dims} of {hidden // heads} head dimensions is "
+                             f"not supported")
+        return cls(hidden=hidden, heads=heads, kv_heads=int(get("llama.attention.head_count_kv")),
+                   ffn=int(get("llama.feed_forward_length")), layers=int(get("llama.block_count")),
+                   eps=float(get("llama.attention.layer_norm_rms_epsilon")),
+                   rope_theta=float(get("llama.rope.freq_base")),
+                   vocab=int(get("llama.vocab_size")), context=int(get("llama.context_length")),
+                   bos=int(get("tokenizer.ggml.bos_token_id")),
+                   eos=int(get("tokenizer.ggml.eos_token_id")))
+
+
+@dataclass
+class LlamaLayerWeights:
+    """One decoder layer, float32, matrices as (in, out)."""
+    attn_norm: np.ndarray     # (hidden,)
+    wq: np.ndarray            # (hidden, hidden)
+    wk: np.ndarray            # (hidden, kv_dim)
+    wv: np.ndarray            # (hidden, kv_dim)
+    wo: np.ndarray            # (hidden, hidden)
+    ffn_norm: np.ndarray      # (hidden,)
+    w_gate: np.ndarray        # (hidden, ffn)
+    w_up: np.ndarray          # (hidden, ffn)
+    w_down: np.ndarray        # (ffn, hidden)
+
+
+@dataclass
+class LlamaWeights:
+    """A Llama decoder, float32: the token embedding (vocab, hidden), also the
+    output projection when the model ties them (``output`` None), the layers
+    and the final norm."""
+    config: LlamaConfig
+    embed: np.ndarray
+    layers: list = field(default_factory=list)
+    final_norm: np.ndarray = None
+    output: np.ndarray = None      # (vocab, hidden) when not tied
+
+    @property
+    def unembed(self):
+        """(vocab, hidden): the rows whose dot products with the final hidden
+        state are the logits."""
+        return self.embed if self.output is None else self.output
+
+    @classmethod
+    def random(cls, config, seed=0):
+        """Random weights of the given sizes (for tests): scaled so that
+        activations stay of order one through the layers."""
+        rng = np.random.default_rng(seed)
+        H, F, KV = config.hidden, config.ffn, config.kv_dim
+        w = lambda i, o: (rng.standard_normal((i, o)) / math.sqrt(i)).astype(np.float32)
+        g = lambda n: (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+        layers = [LlamaLayerWeights(g(H), w(H, H), w(H, KV), w(H, KV), w(H, H), g(H),
+                                    w(H, F), w(H, F), w(F, H)) for _ in range(config.layers)]
+        embed = rng.standard_normal((config.vocab, H)).astype(np.float32)
+        return cls(config, embed, layers, g(H))
+
+
+def rope_tables(config, positions):
+    """(cos, sin), each (len(positions), head_dim) float32, of the rotary
+    embedding of llama.cpp's "normal" form: pair i = (2i, 2i+1) of a head turns
+    by ``pos * theta**(-2i / head_dim)``; both lanes of a pair hold its value.
+    The angles and their cosines are computed in float64 and rounded once."""
+    d = config.head_dim
+    inv = config.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    angles = np.asarray(positions, np.float64)[:, None] * inv[None, :]
+    pairs = lambda f: np.repeat(f(angles), 2, axis=1).astype(np.float32)
+    return pairs(np.cos), pairs(np.sin)
+
+
+def model_macs(config, new_tokens, contexts, logits_rows=None):
+    """The model's own multiply-adds for a step in which sequence s adds
+    ``new_tokens[s]`` tokens to a context that then holds ``contexts[s]``
+    positions: the projections and the FFN of every new token, the scores and
+    P.V of every (new token, head) over the positions it may see (causal),
+    and the logits of `logits_rows` rows (default: one per sequence)."""
+    c = config
+    per_token = c.hidden * (2 * c.hidden + 2 * c.kv_dim) + 3 * c.hidden * c.ffn
+    attention = 0
+    for n, L in zip(new_tokens, contexts):
+        seen = sum(L - n + 1 + t for t in range(n))   # keys visible to each new token
+        attention += 2 * c.heads * c.head_dim * seen
+    rows = len(new_tokens) if logits_rows is None else logits_rows
+    return c.layers * (sum(new_tokens) * per_token + attention) + rows * c.hidden * c.vocab
+
+
+def _field(reader, key):
+    field = reader.fields.get(key)
+    if field is None:
+        raise ValueError(f"the GGUF file has no {key!r}")
+    return field.contents()
+
+
+def read_gguf(path):
+    """(LlamaWeights float32, metadata dict) of a llama GGUF file. Quantized
+    tensors are dequantized with `gguf.quants.dequantize` (Q4_1, Q8_0, ...)."""
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(str(path))
+    config = LlamaConfig.from_gguf(reader)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def get(name, shape):
+        t = tensors.get(name)
+        if t is None:
+            raise ValueError(f"the GGUF file has no tensor {name!r}")
+        x = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if x.shape != shape:
+            raise ValueError(f"{name} has shape {x.shape}, expected {shape}")
+        return x
+
+    H, F, KV = config.hidden, config.ffn, config.kv_dim
+    # gguf stores a linear layer as (out, in); mxu keeps (in, out).
+    linear = lambda name, i, o: np.ascontiguousarray(get(name, (o, i)).T)
+    layers = []
+    for i in range(config.layers):
+        p = f"blk.{i}."
+        layers.append(LlamaLayerWeights(
+            get(p + "attn_norm.weight", (H,)), linear(p + "attn_q.weight", H, H),
+            linear(p + "attn_k.weight", H, KV), linear(p + "attn_v.weight", H, KV),
+            linear(p + "attn_output.weight", H, H), get(p + "ffn_norm.weight", (H,)),
+            linear(p + "ffn_gate.weight", H, F), linear(p + "ffn_up.weight", H, F),
+            linear(p + "ffn_down.weight", F, H)))
+    embed = get("token_embd.weight", (config.vocab, H))
+    output = get("output.weight", (config.vocab, H)) if "output.weight" in tensors else None
+    weights = LlamaWeights(config, embed, layers, get("output_norm.weight", (H,)), output)
+    meta = {key: _field(reader, key) for key in reader.fields
+            if key.startswith(("general.", "tokenizer.")) and not key.startswith(
+                ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                 "tokenizer.ggml.scores"))}
+    meta["tokens"] = _field(reader, "tokenizer.ggml.tokens")
+    meta["merges"] = _field(reader, "tokenizer.ggml.merges")
+    meta["token_type"] = _field(reader, "tokenizer.ggml.token_type")
+    return weights, meta

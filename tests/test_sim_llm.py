@@ -1,0 +1,198 @@
+"""The decoder LLM on the chip (docs/llm.md): a tiny random Llama on the 4x4
+and 3x5 chips bit-exact against the golden Llama form through prefill,
+batched decode and sequences leaving the batch; prefill against
+token-by-token decode; the tokenizer against llama.cpp's ids; the real
+SmolLM2-135M on the llm preset chip; bad input."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chip_configs import VPU_SHAPES
+from mxu.hdl import ChipConfig
+from mxu.sim import Chip
+from mxu.sim.models import CausalLM
+from mxu.sim.models.causal_lm import rope_mode
+from mxu.sim.models.llama import LlamaConfig, LlamaWeights
+from mxu.verif import golden
+from mxu.verif.llama import GoldenLlama
+
+TINY = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=128, layers=2, eps=1e-5,
+                   rope_theta=10000.0, vocab=256, context=64)
+DATA = Path(__file__).parent / "data"
+
+
+def _same(got, want, what):
+    golden.assert_bits_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), what)
+
+
+def _tiny(shape):
+    cfg = VPU_SHAPES[shape]
+    weights = LlamaWeights.random(TINY, seed=3)
+    lm = CausalLM.from_weights(weights, chip=Chip(cfg, fast_mac=True))
+    return lm, GoldenLlama(weights, rows=cfg.rows, lanes=cfg.cols,
+                           rope=rope_mode(cfg, TINY.head_dim))
+
+
+@pytest.fixture(scope="module", params=sorted(VPU_SHAPES))
+def tiny(request):
+    """The tiny Llama on the 4x4 chip (RoPE by the lane swap) and the 3x5 chip
+    (odd columns: RoPE folded into the projections)."""
+    return _tiny(request.param)
+
+
+@pytest.fixture(scope="module")
+def tiny4():
+    return _tiny("4x4")
+
+
+def test_tiny_llama_prefill_and_batched_decode_are_bit_exact(tiny):
+    """Three prompts of different lengths (one shorter than a tile, one
+    several tiles long), then decode steps of the live batch, one sequence
+    leaving it: every step's logits equal the golden Llama form's."""
+    lm, gold = tiny
+    gold.caches.clear(), gold.lengths.clear()
+    model = lm.model
+    prompts = [[5, 17, 33, 3, 99, 200, 7], [1, 2, 3], [9, 8, 7, 6] * 5]
+    seqs = [model.new_sequence(32) for _ in prompts]
+    try:
+        nxt = []
+        for k, (s, p) in enumerate(zip(seqs, prompts)):
+            got, _ = model.step([s], [p])
+            _same(got[0], gold.forward([(k, p)])[0], f"prefill of prompt {k}")
+            nxt.append(int(np.argmax(got[0])))
+        for step in range(3):
+            live = [0, 1, 2] if step == 0 else [0, 2]        # sequence 1 leaves
+            got, stats = model.step([seqs[k] for k in live], [[nxt[k]] for k in live])
+            want = gold.forward([(k, [nxt[k]]) for k in live])
+            for k, g, w in zip(live, got, want):
+                _same(g, w, f"decode step {step} of sequence {k}")
+                nxt[k] = int(np.argmax(g))
+            assert stats.programs == TINY.layers
+    finally:
+        for s in seqs:
+            s.free()
+
+
+def test_prefill_logits_equal_token_by_token_decode(tiny4):
+    """The logits of one prefill of n tokens are, row for row, those of n
+    decode steps through the cache: the causal mask and the tree order of the
+    softmax make both the same fp32 sums."""
+    lm, _ = tiny4
+    ids = [11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 122, 133, 144, 155, 166, 177, 188]
+    prefill = lm.logits_ids(ids)
+    seq = lm.model.new_sequence(len(ids))
+    try:
+        for t, token in enumerate(ids):
+            got, _ = lm.model.step([seq], [[token]])
+            _same(got[0], prefill[t], f"decode step {t} against prefill row {t}")
+    finally:
+        seq.free()
+
+
+def test_batched_decode_equals_one_sequence_at_a_time(tiny4):
+    lm, _ = tiny4
+    prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8]]
+    together = lm.generate_ids(prompts, max_new_tokens=4)
+    alone = [lm.generate_ids([p], max_new_tokens=4)[0] for p in prompts]
+    assert together == alone
+    assert lm.last_stats.decode.steps == 3 and lm.last_stats.prefill.steps == 1
+
+
+def test_sampling_is_seeded_and_bad_input_is_a_clear_error(tiny4):
+    lm, _ = tiny4
+    kw = dict(max_new_tokens=3, temperature=0.8, top_k=20)
+    assert lm.generate_ids([[1, 2, 3]], seed=7, **kw) == lm.generate_ids([[1, 2, 3]], seed=7, **kw)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        lm.generate_ids([[]])
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+        lm.generate_ids([[1]], max_new_tokens=0)
+    with pytest.raises(ValueError, match=r"longer than the model's context of 64"):
+        lm.generate_ids([list(range(60))], max_new_tokens=5)
+    with pytest.raises(ValueError, match="outside the vocabulary of 256"):
+        lm.generate_ids([[1, 999]])
+    with pytest.raises(ValueError, match="temperature must be a number >= 0"):
+        lm.generate_ids([[1]], temperature=-1)
+    with pytest.raises(ValueError, match="unknown model 'llama-70b'"):
+        CausalLM("llama-70b")
+
+
+def test_a_cache_that_does_not_fit_is_a_clear_error():
+    cfg = VPU_SHAPES["4x4"]
+    big = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=128, layers=2, eps=1e-5,
+                      rope_theta=10000.0, vocab=256, context=100_000)
+    lm = CausalLM.from_weights(LlamaWeights.random(big), chip=Chip(cfg, fast_mac=True))
+    with pytest.raises(MemoryError, match="KV cache of a 20000-position sequence does not fit"):
+        lm.generate_ids([[1, 2, 3]], max_new_tokens=19_997)
+
+
+# ---- the real model ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2_files():
+    from mxu.sim.models.causal_lm import _smollm2_path
+    from mxu.sim.models.llama import read_gguf
+    return read_gguf(_smollm2_path())
+
+
+def test_tokenizer_gives_llama_cpps_ids(smollm2_files):
+    from mxu.sim.models.tokenizer import GgufTokenizer
+    tok = GgufTokenizer(smollm2_files[1])
+    fixture = json.loads((DATA / "smollm2_tokens.json").read_text())
+    for text, ids in fixture["plain"]:
+        assert tok.encode(text) == ids, text
+        assert tok.decode(ids) == text
+    for text, ids in fixture["special"]:
+        assert tok.encode(text, special=True) == ids, text
+        assert tok.decode(ids, special=True) == text
+    assert "<|im_start|>assistant" in tok.apply_chat_template("hi")
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_files):
+    from mxu.sim.models.tokenizer import GgufTokenizer
+    weights, meta = smollm2_files
+    return CausalLM.from_weights(weights, GgufTokenizer(meta),
+                                 chip=Chip(ChipConfig.preset("llm"), fast_mac=True),
+                                 name="SmolLM2-135M-Instruct")
+
+
+def test_smollm2_prefill_is_bit_exact_on_the_llm_chip(smollm2):
+    """SmolLM2-135M on the llm preset chip (fast MAC): one prefill, every
+    position's logits equal the golden Llama form's, and its next token is the
+    float32 reference's."""
+    from mxu.verif.llama import reference_logits
+    lm = smollm2
+    ids = lm.tokenizer.encode("The capital of France is")
+    got = lm.logits_ids(ids)
+    want = GoldenLlama(lm.weights, rows=16, lanes=16).forward([(0, ids)], logits="all")[0]
+    _same(got, want, "SmolLM2 prefill")
+    assert int(np.argmax(got[-1])) == int(np.argmax(reference_logits(lm.weights, ids)[-1]))
+    s = lm.last_stats.prefill
+    assert s.programs == lm.config.layers and 0 < s.mfu < 1 and 0 < s.roofline_share <= 1
+
+
+@pytest.mark.slow
+def test_smollm2_generates_bit_exact_on_the_llm_chip(smollm2):
+    """Two prompts generate together (prefill each, then batched decode):
+    every step's logits equal the golden Llama form's."""
+    lm = smollm2
+    prompts = [lm.tokenizer.encode(t) for t in ("The capital of France is", "1, 2, 3, 4,")]
+    gold = GoldenLlama(lm.weights, rows=16, lanes=16)
+    seqs = [lm.model.new_sequence(16) for _ in prompts]
+    try:
+        nxt = []
+        for k, (s, p) in enumerate(zip(seqs, prompts)):
+            got, _ = lm.model.step([s], [p])
+            _same(got[0], gold.forward([(k, p)])[0], f"SmolLM2 prefill {k}")
+            nxt.append(int(np.argmax(got[0])))
+        for step in range(2):
+            got, _ = lm.model.step(seqs, [[t] for t in nxt])
+            for k, (g, w) in enumerate(zip(got, gold.forward([(k, [t]) for k, t in enumerate(nxt)]))):
+                _same(g, w, f"SmolLM2 decode step {step}, sequence {k}")
+            nxt = [int(np.argmax(g)) for g in got]
+    finally:
+        for s in seqs:
+            s.free()

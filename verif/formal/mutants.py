@@ -1,0 +1,83 @@
+"""Mutated designs: the proofs must fail on them (docs/formal.md, "The
+properties can fail").
+
+Each mutant is a `Proof` of a harness from `mxu.verif.formal.units` around a
+design with one planted bug, bounded (a counterexample is short), and names
+the property that must catch it. Bugs are planted either in Amaranth (a
+subclass that adds to one section of the design) or in the netlist (Yosys
+commands after ``prep``), never by changing the design's own source.
+"""
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Signal
+
+from mxu.hdl.dma import Dma, DmaDir
+
+from .sby import Proof
+from .units import controller_harness, dma_harness, regs_harness
+
+__all__ = ["Mutant", "mutants"]
+
+
+class _DropsAwvalidOnStall(Dma):
+    """A DMA that drops AWVALID for a cycle when a stall arrives (AWREADY low),
+    and offers the same burst again after."""
+
+    def _address_channels(self, m, s):
+        super()._address_channels(m, s)
+        stalled = Signal()
+        m.d.sync += stalled.eq(self.axi.awvalid & ~self.axi.awready)
+        with m.If(stalled):
+            m.d.comb += self.axi.awvalid.eq(0)
+
+
+class _ShortBurst(Dma):
+    """A DMA whose W beat counter ends each burst one beat short (WLAST on
+    beat AWLEN)."""
+
+    def _gearbox(self, m, s):
+        super()._gearbox(m, s)
+        m.d.comb += s.axi.wlast.eq(s.w_beat + 1 == s.wl_q.r_data)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A planted bug, the proof that runs on it, and the property (a name
+    ending) whose counterexample must show it."""
+    name: str
+    proof: Proof
+    caught_by: str
+
+
+def mutants(config):
+    """The mutants for a (small) chip configuration."""
+    c = config
+    # The compute engine's "tokens are there" forced true: it ignores its tokens.
+    ignore_token = ("flatten", "cd top", r"connect -unset \dut.compute_pop_ok",
+                    r"connect -set \dut.compute_pop_ok 1'1", "cd ..")
+    vpu = c if c.vpu else c.replace(vpu=True)
+    return [
+        Mutant("dma_drops_awvalid_on_stall",
+               Proof("mutant.dma_drops_awvalid", lambda: dma_harness(c, DmaDir.STORE,
+                                                                     dma=_DropsAwvalidOnStall),
+                     mode="bmc", depth=10, cover_depth=1, covers=False),
+               "dma.axi.aw.valid_held"),
+        Mutant("dma_burst_one_beat_short",
+               Proof("mutant.dma_short_burst", lambda: dma_harness(c, DmaDir.STORE,
+                                                                   dma=_ShortBurst),
+                     mode="bmc", depth=10, cover_depth=1, covers=False),
+               "dma.axi.w.last_on_awlen"),
+        Mutant("controller_ignores_a_token",
+               Proof("mutant.ctrl_ignores_token", lambda: controller_harness(vpu),
+                     mode="bmc", depth=8, cover_depth=1, covers=False, script=ignore_token),
+               ".pop_available"),
+        Mutant("regs_slverr_for_prog_len",
+               Proof("mutant.regs_bresp", lambda: regs_harness(c), mode="bmc", depth=4,
+                     cover_depth=1, covers=False,
+                     script=("flatten", "cd top",
+                             # B answers SLVERR whatever the address.
+                             r"connect -unset \dut.bus__bresp",
+                             r"connect -set \dut.bus__bresp 2'b10", "cd ..")),
+               "regs.host.bresp_map"),
+    ]

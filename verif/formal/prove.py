@@ -1,0 +1,114 @@
+"""``mxu prove``: run the formal proofs and print their table (docs/formal.md).
+
+    mxu prove [--unit dma|regs|streams|array|controller|all] [--depth N] [-o DIR]
+              [--preset small|default] [--solver yices|z3]
+
+Each proof is one sby job (a prove or bmc task and a cover task); the table
+has one row per property and kind: the result, the engine, the induction
+length or bound (asserts) or the step reached (covers), and the seconds into
+its job at which sby decided it. Counterexample and cover traces (VCD) go to
+DIR. The exit status is 1 if an assert is not proved or a cover not reached.
+"""
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mxu.hdl.config import ChipConfig
+
+from .sby import SOLVERS, ToolMissing, run_proof
+from .units import UNITS, proofs_for, small_config
+
+__all__ = ["add_parser", "cmd_prove", "PRESETS", "run_proofs", "format_results"]
+
+
+def default_formal_config():
+    """The default chip's interface widths (128-bit AXI data, 32-bit addresses,
+    its VMEM and accumulator sizes) with the sizes the bounded and inductive
+    proofs reach: a 2x2 array, 4-beat bursts, two bursts in flight, two-entry
+    command queues (docs/formal.md: why these cover the default)."""
+    return ChipConfig(rows=2, cols=2, dma_max_burst_beats=4, dma_max_outstanding=2,
+                      cmd_queue_depth=2)
+
+
+PRESETS = {"small": small_config, "default": default_formal_config}
+
+
+def run_proofs(proofs, workdir, traces, *, solver="yices", out=None):
+    """Run every `Proof`; returns the `Result` list (printing a line per job)."""
+    out = out or sys.stderr
+    results = []
+    for proof in proofs:
+        start = time.monotonic()
+        print(f"mxu prove: {proof.name} ({proof.mode}, depth {proof.depth}) ...", file=out,
+              flush=True)
+        rows = run_proof(proof, Path(workdir) / proof.name, traces=traces, solver=solver)
+        bad = sum(not r.ok for r in rows)
+        print(f"mxu prove: {proof.name}: {len(rows)} properties, "
+              f"{'all hold' if not bad else f'{bad} NOT'} in {time.monotonic() - start:.0f} s",
+              file=out, flush=True)
+        results += rows
+    return results
+
+
+def format_results(results):
+    from mxu.sim.report import format_table
+    rows = [[r.property, r.kind, r.result, r.engine, str(r.depth), f"{r.seconds:.1f}"]
+            for r in sorted(results, key=lambda r: (r.proof, r.property, r.kind))]
+    return format_table(["property", "kind", "result", "engine", "depth", "seconds"], rows)
+
+
+def cmd_prove(args):
+    units = UNITS if args.unit == "all" else (args.unit,)
+    config = PRESETS[args.preset]()
+    proofs = [p for p in proofs_for(config, depth=args.depth) if p.unit in units]
+    out_dir = Path(args.output) if args.output else None
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"-o: {str(out_dir)!r} is not a directory")
+    with tempfile.TemporaryDirectory(prefix="mxu-prove-") as tmp:
+        work = out_dir / "work" if out_dir is not None else Path(tmp)
+        try:
+            results = run_proofs(proofs, work, out_dir, solver=args.solver)
+        except ToolMissing as error:
+            raise ValueError(str(error)) from None
+    print(f"formal proofs, preset {args.preset!r}: " + ", ".join(
+        f"{p.name} ({p.mode} {p.depth})" for p in proofs))
+    print(format_results(results))
+    bad = [r for r in results if not r.ok]
+    proved = sum(r.ok and r.kind == "assert" for r in results)
+    reached = sum(r.ok and r.kind == "cover" for r in results)
+    print(f"{proved} asserts hold, {reached} covers reached, {len(bad)} not"
+          + (f"; traces in {out_dir}" if out_dir else ""))
+    return 1 if bad else 0
+
+
+def _depth(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= 200:
+        import argparse
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 200, not {text!r}")
+    return value
+
+
+def add_parser(sub):
+    """The ``prove`` subcommand (registered by `mxu.verif.cli.register`)."""
+    prove = sub.add_parser("prove", help="formal proofs of the bus and stream protocols, the "
+                                         "weight path and the tokens (SymbiYosys)",
+                           description=__doc__.split("\n\n")[0])
+    prove.add_argument("--unit", choices=UNITS + ("all",), default="all",
+                       help="which unit's proofs to run (default: all)")
+    prove.add_argument("--depth", type=_depth,
+                       help="induction length / bound of every proof (default: each proof's own, "
+                            "docs/formal.md)")
+    prove.add_argument("-o", "--output", metavar="DIR",
+                       help="write counterexample and cover traces (VCD) and the sby jobs here")
+    prove.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                       help="'default': the default chip's bus and memory widths (default); "
+                            "'small': the reduced chip of make test (64-bit bus, short memories)")
+    prove.add_argument("--solver", choices=SOLVERS, default="yices",
+                       help="SMT solver of the smtbmc engine (default: yices)")
+    prove.set_defaults(func=cmd_prove)

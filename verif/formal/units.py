@@ -1,0 +1,544 @@
+"""The formal proofs of the chip, unit by unit (docs/formal.md): a harness per
+design (its checkers, the assumptions on its inputs, and the invariants that
+make k-induction go through), and `PROOFS`, what ``mxu prove`` runs.
+
+A harness brings the design's ports out as its own (the prover drives every
+input freely, within the assumptions) and attaches checkers to the design's
+interfaces. Invariants about a design's inside (ghost state of a checker
+equals a counter of the design) are "glue": they are asserted too, so they
+are proved, and they make the induction step see only reachable states.
+"""
+
+from amaranth.hdl import Cat, Elaboratable, Module, Mux, Signal, Value
+from amaranth.asserts import AnySeq
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from mxu.hdl.axi import AXI4LiteSignature, AxiResp
+from mxu.hdl.config import ChipConfig
+from mxu.hdl.isa import TOKEN_LINKS, VECTOR_LINK_BIT, Engine, ErrorCode
+from mxu.hdl.regs import COUNTERS, HOST_ADDR_BITS, REG, RegisterFile
+
+from .checkers import (DUT, ENV, AXI4LiteSubordinateChecker, Past, StreamChecker, attach,
+                       prop)
+from .sby import Proof
+
+__all__ = ["Harness", "After", "UNITS", "small_config", "proofs_for", "stream_check"]
+
+
+class After(Elaboratable):
+    """Properties about the inside of a design: `build(m)` runs when this is
+    elaborated, after the design added before it as a sibling submodule, so it
+    can reach the signals the design's ``elaborate`` created."""
+
+    def __init__(self, build):
+        self.build = build
+
+    def elaborate(self, platform):
+        m = Module()
+        self.build(m)
+        return m
+
+
+class Harness(Elaboratable):
+    """`dut` with every input driven freely by the prover (``AnySeq``: any value
+    in every cycle, within the assumptions), and what `extra(m, dut)` adds
+    (checkers, assumptions, invariants). An `After` returned by `extra` is
+    elaborated after the design. Outputs nothing observes are optimised away.
+
+    Parameters
+    ----------
+    dut : wiring.Component
+    extra : callable
+    """
+
+    def __init__(self, dut, extra):
+        self._dut = dut
+        self._extra = extra
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = dut = self._dut
+        for path, member, value in dut.signature.flatten(dut):
+            value = Value.cast(value)
+            if member.flow == In and isinstance(value, Signal):
+                m.d.comb += value.eq(AnySeq(len(value)))
+        late = self._extra(m, dut)
+        if late is not None:
+            m.submodules.after = late
+        return m
+
+
+def stream_check(m, port, *, source, sink, name, exempt=None):
+    """A `StreamChecker` on the stream interface `port`."""
+    signature = port.signature
+    if isinstance(signature, wiring.FlippedSignature):
+        signature = signature.flip()
+    checker = StreamChecker(signature, source=source, sink=sink, name=name, exempt=exempt)
+    m.submodules[name.replace(".", "_")] = checker
+    attach(m, checker.tap, port)
+    return checker
+
+
+def small_config(**changes):
+    """The reduced chip the proofs in ``make test`` use: a 2x2 array, a 64-bit
+    bus, short memories, two-entry queues (docs/formal.md says why each
+    reduction keeps what is proved)."""
+    base = dict(rows=2, cols=2, mac_stages=2, vmem_bytes=64, vmem_banks=2, acc_bytes=64,
+                acc_banks=2, axi_data_bits=64, axi_addr_bits=32, ext_mem_bytes=1 << 16,
+                dma_max_outstanding=2, dma_max_burst_beats=2, cmd_queue_depth=2,
+                loop_body_instrs=2)
+    base.update(changes)
+    return ChipConfig(**base)
+
+
+# ---- regs: the host register file (AXI4-Lite subordinate) -------------------------
+
+# Access of each register as docs/isa.md lists it ("Host registers").
+REGISTER_ACCESS = {"ID": "RO", "CTRL": "WO", "STATUS": "RO", "ERROR_PC": "RO",
+                   "PROG_BASE": "RW", "PROG_LEN": "RW", "SHAPE": "RO"}
+
+
+def _word_in(index, words):
+    return Cat(*(index == w for w in words)).any()
+
+
+def regs_harness(config):
+    """`RegisterFile`: the AXI4-Lite rules, the documented response codes (a
+    write to a register with W access answers OKAY, any other SLVERR; a read
+    of a mapped register OKAY, of an unmapped address SLVERR), and start /
+    soft reset pulses only from a CTRL write (start only while not busy)."""
+    dut = RegisterFile(config)
+
+    def extra(m, dut):
+        bus = dut.bus
+        checker = AXI4LiteSubordinateChecker(AXI4LiteSignature(addr_width=HOST_ADDR_BITS),
+                                             max_outstanding=1, name="regs.host")
+        m.submodules.host = checker
+        attach(m, checker.tap, bus)
+        counters = range(REG["COUNTERS"] >> 2, (REG["COUNTERS"] >> 2) + 2 * len(COUNTERS))
+        writable = [REG[n] >> 2 for n, a in REGISTER_ACCESS.items() if "W" in a]
+        readable = [REG[n] >> 2 for n in REGISTER_ACCESS] + list(counters)
+        want_b, want_r = Signal(2), Signal(2)
+        aw_fire = bus.awvalid & bus.awready
+        ar_fire = bus.arvalid & bus.arready
+        with m.If(aw_fire):
+            m.d.sync += want_b.eq(Mux(_word_in(bus.awaddr[2:], writable), AxiResp.OKAY,
+                                      AxiResp.SLVERR))
+        with m.If(ar_fire):
+            m.d.sync += want_r.eq(Mux(_word_in(bus.araddr[2:], readable), AxiResp.OKAY,
+                                      AxiResp.SLVERR))
+        # AW and W are taken together (one request at a time, checked above).
+        prop(m, DUT, "regs.host.aw_with_w", bus.wvalid & bus.wready, when=aw_fire)
+        prop(m, DUT, "regs.host.bresp_map", bus.bresp == want_b, when=bus.bvalid,
+             witness=bus.bvalid & (want_b == AxiResp.SLVERR))
+        prop(m, DUT, "regs.host.rresp_map", bus.rresp == want_r, when=bus.rvalid,
+             witness=bus.rvalid & (want_r == AxiResp.SLVERR))
+        past = Past(m, "regs")
+        ctrl_write = aw_fire & (bus.awaddr[2:] == REG["CTRL"] >> 2)
+        was_start = past(ctrl_write & bus.wdata[0] & ~dut.busy, "start_write")
+        was_reset = past(ctrl_write & bus.wdata[1], "reset_write")
+        prop(m, DUT, "regs.start_from_ctrl", was_start, when=dut.start)
+        prop(m, DUT, "regs.soft_reset_from_ctrl", was_reset, when=dut.soft_reset)
+        # Invariants: one request answered at a time.
+        k = checker
+        prop(m, DUT, "regs.inv.b_pending", bus.bvalid == (k.aw_out != 0), cover=False)
+        prop(m, DUT, "regs.inv.r_pending", bus.rvalid == (k.ar_out != 0), cover=False)
+        prop(m, DUT, "regs.inv.aw_w", k.aw_out == k.w_out, cover=False)
+
+    return Harness(dut, extra)
+
+
+# ---- streams: the handshakes of the stream ports inside the chip --------------------
+
+def slice_harness(width=8):
+    """`RegisterSlice` on a `width`-bit payload (the slice only moves its
+    payload: any width behaves bit for bit the same)."""
+    from mxu.hdl.slice import RegisterSlice
+    dut = RegisterSlice(width)
+
+    def extra(m, dut):
+        stream_check(m, dut.i, source=ENV, sink=DUT, name="slice.i")
+        stream_check(m, dut.o, source=DUT, sink=ENV, name="slice.o")
+
+    return Harness(dut, extra)
+
+
+def transfer_harness(config):
+    """`TransferEngine` (load side): its DMA command stream, at most two DMA
+    commands in flight (the DMA overlaps two loads), idle exactly when none
+    is."""
+    from mxu.hdl.dma import DmaDir
+    from mxu.hdl.transfer import TransferEngine
+    dut = TransferEngine(config, DmaDir.LOAD)
+
+    def extra(m, dut):
+        stream_check(m, dut.cmd, source=ENV, sink=DUT, name="transfer.cmd")
+        # After an error completion the engine refuses further commands and
+        # withdraws one it offered (docs/formal.md).
+        stream_check(m, dut.dma_cmd, source=DUT, sink=ENV, name="transfer.dma_cmd",
+                     exempt=dut.error != ErrorCode.NONE)
+        stream_check(m, dut.dma_done, source=ENV, sink=DUT, name="transfer.dma_done")
+        stream_check(m, dut.complete, source=DUT, sink=ENV, name="transfer.complete")
+        # The DMA answers each command once.
+        out = Signal(range(4))
+        fired = dut.dma_cmd.valid & dut.dma_cmd.ready
+        done = dut.dma_done.valid & dut.dma_done.ready
+        m.d.sync += out.eq(out + fired - done)
+        prop(m, ENV, "transfer.dma_done_after_cmd", out != 0, when=dut.dma_done.valid)
+        prop(m, DUT, "transfer.dma_commands_max", out <= 2, witness=out == 2)
+        prop(m, DUT, "transfer.inv.idle", dut.idle == (out == 0), cover=False)
+        return After(lambda m: prop(m, DUT, "transfer.inv.inflight", dut.inflight == out,
+                                    cover=False))
+
+    return Harness(dut, extra)
+
+
+def memory_harness(config, which):
+    """`Vmem` or `AccMem` (``which``): the arbitration of its banks. For every
+    pair of write (read) requestors, two never write (read) one bank in the
+    same cycle (``one_writer_per_bank``), and a requestor is refused exactly
+    when one before it in the documented priority order uses its bank
+    (``priority``); a read answers one cycle after it is taken
+    (``read_one_cycle``)."""
+    from mxu.hdl.accmem import AccMem
+    from mxu.hdl.vmem import Vmem
+    dut = Vmem(config, weight_port=True) if which == "vmem" else AccMem(config)
+    banks = config.vmem_banks if which == "vmem" else config.acc_banks
+    lg = (banks - 1).bit_length()
+    # The documented priority orders (docs/memory.md; hdl/vmem.py, hdl/accmem.py).
+    if which == "vmem":
+        reads = ["array_read", "weight_read", "dma_read"]
+        writes = ["dma_write"] + (["vector_write"] if config.vpu else [])
+    else:
+        reads = ["array_read", "dma_read"] + (["vector_read_a", "vector_read_b"]
+                                               if config.vpu else [])
+        writes = ["array_write", "dma_write"] + (["vector_write"] if config.vpu else [])
+
+    def extra(m, dut):
+        past = Past(m, which)
+
+        def bank(addr):
+            return addr[:lg] if lg else 0
+
+        for kind, names in (("write", writes), ("read", reads)):
+            ports = []
+            for n in names:
+                p = getattr(dut, n)
+                s = p if kind == "write" else p.req
+                addr = s.payload.addr if kind == "write" else s.payload
+                ports.append((n, s, addr))
+                stream_check(m, s, source=ENV, sink=DUT, name=f"{which}.{n}")
+            for j, (nj, sj, aj) in enumerate(ports):
+                higher = [(si.valid & (bank(ai) == bank(aj))) for _, si, ai in ports[:j]]
+                if higher:          # the first port is refused by nobody
+                    blocked = Cat(*higher).any()
+                    prop(m, DUT, f"{which}.{nj}.priority", sj.ready == ~blocked, when=sj.valid,
+                         witness=sj.valid & blocked)
+                for i, (ni, si, ai) in enumerate(ports[:j]):
+                    both = si.valid & si.ready & sj.valid & sj.ready
+                    prop(m, DUT, f"{which}.{ni}_{nj}.one_{kind}r_per_bank",
+                         ~both | (bank(ai) != bank(aj)), witness=both)
+            if kind == "read":
+                for n, s, _ in ports:
+                    resp = getattr(dut, n).resp
+                    was = past(s.valid & s.ready, n) & ~past.after_reset
+                    prop(m, DUT, f"{which}.{n}.read_one_cycle", resp.valid == was, witness=was)
+
+    return Harness(dut, extra)
+
+
+# ---- controller: dependency tokens ------------------------------------------------
+
+def _links(engines):
+    """For each engine, its (side, flag, push counter, pop counter, shared)."""
+    names = {n for pair in TOKEN_LINKS.values() for n in pair
+             if all(Engine[{"l": "LOAD", "c": "COMPUTE", "s": "STORE", "v": "VECTOR"}[x]]
+                    in engines for x in n.split("2"))}
+    links = {}
+    for e in engines:
+        rows = []
+        for side in ("prev", "next"):
+            for flag in (0, 1):
+                pair = TOKEN_LINKS.get((e, side, flag))
+                if pair is None or pair[0] not in names:
+                    continue
+                other = TOKEN_LINKS.get((e, side, 1 - flag))
+                shared = other is not None and other[0] in names
+                rows.append((side, flag, pair[0], pair[1], shared))
+        links[e] = rows
+    return sorted(names), links
+
+
+def controller_harness(config, token_bits=2):
+    """`Controller`: ghost token counters, kept from what the engines report
+    (completions with push flags) and what they take (commands with pop
+    flags), against which:
+
+    * no instruction issues unless every token it pops was pushed, by a
+      completion in an earlier cycle, and not yet popped (``pop_available``);
+    * more than ``2**token_bits - 1`` tokens outstanding on a link stops the
+      run with an error (``overflow_stops``): the counter never wraps;
+    * an instruction at the head of its queue whose tokens are there is
+      offered to its engine in the same cycle, unless the run has failed
+      (``issue_when_ready``);
+    * the command streams keep the stream rules, except that a failed run
+      withdraws them (docs/isa.md: after an error no engine starts another
+      instruction).
+
+    The engines are free: any completion at any time, any idle or error
+    signal; the fetched instructions are any words that keep the stream rules.
+    The counters are `token_bits` wide (16 in the chip): their logic does not
+    depend on the width, and 2 bits let the prover reach a full counter.
+    """
+    from mxu.hdl.controller import Controller
+    from mxu.hdl.fetch import FetchedInstr
+    from mxu.hdl.isa import Header
+    dut = Controller(config, token_bits=token_bits)
+    names, links = _links(dut.engines)
+    top = (1 << token_bits) - 1
+
+    def extra(m, dut):
+        stream_check(m, dut.instr, source=ENV, sink=DUT, name="ctrl.instr")
+        past = Past(m, "ctrl")
+        # The engines: idle after reset, idle until they take an instruction,
+        # completing only while busy (or a SYNC, as it is taken); start only
+        # while the controller is not busy (the register file ignores it then).
+        prop(m, ENV, "ctrl.env.start_when_idle", ~dut.busy, when=dut.start)
+        for e in dut.engines:
+            lower = e.name.lower()
+            cmd, idle = getattr(dut, f"{lower}_cmd"), getattr(dut, f"{lower}_idle")
+            taken = cmd.valid & cmd.ready
+            prop(m, ENV, f"ctrl.env.{lower}_idle_after_reset", idle, when=past.after_reset)
+            prop(m, ENV, f"ctrl.env.{lower}_stays_idle", idle,
+                 when=past(idle & ~taken, f"{lower}_idle") & ~past.after_reset)
+            prop(m, ENV, f"ctrl.env.{lower}_completes_when_busy", ~idle | taken,
+                 when=getattr(dut, f"{lower}_complete").valid)
+        # Tokens outstanding per link, saturating one above the limit (an
+        # overflow has happened).
+        ghost = {n: Signal(range(top + 2), name=f"ghost_{n}") for n in names}
+        inc = {n: [] for n in names}
+        dec = {n: [] for n in names}
+        failed = dut.error != ErrorCode.NONE
+        for e in dut.engines:
+            lower = e.name.lower()
+            cmd = getattr(dut, f"{lower}_cmd")
+            complete = getattr(dut, f"{lower}_complete")
+            stream_check(m, cmd, source=DUT, sink=ENV, name=f"ctrl.{lower}_cmd", exempt=failed)
+            if e == Engine.COMPUTE:
+                deps, link = cmd.payload.push.deps, cmd.payload.push.vector
+            else:
+                deps, link = cmd.payload.deps, cmd.payload.as_value()[VECTOR_LINK_BIT]
+            taken = cmd.valid & cmd.ready
+            for side, flag, push_name, pop_name, shared in links[e]:
+                mine = (link == flag) if shared else 1
+                gives = (complete.payload.vector == flag) if shared else 1
+                dec[pop_name].append(taken & getattr(deps, f"pop_{side}") & mine)
+                inc[push_name].append(complete.valid & getattr(complete.payload.deps, f"push_{side}")
+                                      & gives)
+        for n in names:
+            g = ghost[n]
+            pushed, popped = Cat(*inc[n]).any(), Cat(*dec[n]).any()
+            with m.If(g != top + 1):
+                m.d.sync += g.eq(g + pushed - popped)
+            prop(m, DUT, f"ctrl.tokens.{n}.pop_available", g != 0, when=popped,
+                 witness=popped & (g == 1))
+            prop(m, DUT, f"ctrl.tokens.{n}.overflow_stops", failed, when=g == top + 1)
+            prop(m, DUT, f"ctrl.inv.ghost_{n}", g <= top + 1, cover=False)
+        # After an overflow the count is lost: the next run needs a (soft) reset,
+        # as after any error (docs/isa.md), before its start.
+        overflowed = Cat(*(g == top + 1 for g in ghost.values())).any()
+        prop(m, ENV, "ctrl.env.reset_after_overflow", ~dut.start, when=overflowed)
+
+        def inside(m):
+            stopped = Cat(*(dut.queues[e].level == 0 for e in dut.engines),
+                          *(getattr(dut, f"{e.name.lower()}_idle") for e in dut.engines)).all()
+            prop(m, DUT, "ctrl.inv.idle_when_stopped", stopped, when=~dut.busy, cover=False)
+            prop(m, DUT, "ctrl.inv.failed", dut.failed == failed, cover=False)
+            for n in names:
+                prop(m, DUT, f"ctrl.inv.tokens_{n}",
+                     dut.tokens[n] == Mux(ghost[n] > top, top, ghost[n]), cover=False)
+            for e in dut.engines:
+                lower = e.name.lower()
+                q = dut.queues[e]
+                cmd = getattr(dut, f"{lower}_cmd")
+                word = FetchedInstr(q.r_data).word
+                head, link = Header(word[:16]), word[VECTOR_LINK_BIT]
+                have = []
+                for side, flag, push_name, pop_name, shared in links[e]:
+                    mine = (link == flag) if shared else 1
+                    have.append(~(getattr(head.deps, f"pop_{side}") & mine)
+                                | (ghost[pop_name] != 0))
+                ready = q.r_rdy & Cat(*have).all() & ~failed
+                prop(m, DUT, f"ctrl.{lower}.issue_when_ready", cmd.valid, when=ready)
+        return After(inside)
+
+    return Harness(dut, extra)
+
+
+# ---- array: the weight queue and tile admission -----------------------------------
+
+# The multiply-add's arithmetic is cut out (its result is any value; the valid
+# bits and every register stay): the weight path and the handshakes do not
+# depend on the numbers (docs/formal.md).
+CUT_MAC = ("cutpoint top.dut.pe_*.mac.round", "flatten", "opt_clean")
+
+
+def array_harness(rows, cols, mac_stages):
+    """`SystolicArray`: at every PE, a shadow weight that holds a row not yet
+    switched in is never overwritten (``no_overwrite``), and a switch always
+    takes a loaded shadow row (``switch_loaded``: the tile switched in was
+    staged completely); the stream rules on its ports, and one result per
+    accepted activation beat."""
+    from mxu.hdl.array import SystolicArray
+    dut = SystolicArray(rows, cols, mac_stages)
+
+    def extra(m, dut):
+        for name in ("act", "seed", "weight"):
+            stream_check(m, getattr(dut, name), source=ENV, sink=DUT, name=f"array.{name}")
+        stream_check(m, dut.result, source=DUT, sink=ENV, name="array.result")
+        taken = dut.act.valid & dut.act.ready
+        prop(m, DUT, "array.act_with_seed", dut.seed.valid & dut.seed.ready, when=taken)
+        flight = Signal(range(dut.latency + 3))
+        done = dut.result.valid & dut.result.ready
+        m.d.sync += flight.eq(flight + taken - done)
+        prop(m, DUT, "array.result_per_beat", flight != 0, when=dut.result.valid)
+        prop(m, DUT, "array.first_when_ready", dut.weights_ready,
+             when=taken & dut.act.payload.first)
+
+        def inside(m):
+            for r in range(rows):
+                for c in range(cols):
+                    pe = dut.pes[r][c]
+                    full = Signal(name=f"shadow_full_{r}_{c}")
+                    load = pe.en & pe.weight.load
+                    switch = pe.en & pe.west.switch
+                    with m.If(load):
+                        m.d.sync += full.eq(1)
+                    with m.Elif(switch):
+                        m.d.sync += full.eq(0)
+                    prop(m, DUT, f"array.pe_{r}_{c}.no_overwrite", ~full | switch, when=load,
+                         witness=load & full & switch)
+                    prop(m, DUT, f"array.pe_{r}_{c}.switch_loaded", full, when=switch)
+        return After(inside)
+
+    return Harness(dut, extra)
+
+
+# ---- dma: the AXI4 manager ------------------------------------------------------------
+
+def dma_harness(config, direction, *, dma=None):
+    """`Dma` with descriptors of one direction (the chip's load DMA only
+    loads, its store DMA only stores): the AXI4 manager rules on its bus
+    (`AXI4ManagerChecker`, with the subordinate's assumed), the stream rules on
+    its descriptor, completion and memory ports, one completion per
+    descriptor; the memories answer a read one cycle after it is taken
+    (`ReadPortSignature`). `dma` replaces the `Dma` class (mutants)."""
+    from mxu.hdl.axi import AXI4Signature
+    from mxu.hdl.dma import Dma, DmaDir
+    from .checkers import AXI4ManagerChecker
+    dut = (dma or Dma)(config)
+    load = direction == DmaDir.LOAD
+    c = config
+
+    def extra(m, dut):
+        axi = AXI4ManagerChecker(AXI4Signature(addr_width=c.axi_addr_bits,
+                                               data_width=c.axi_data_bits),
+                                 manager=DUT, max_outstanding=c.dma_max_outstanding,
+                                 max_burst=c.dma_max_burst_beats, reads=load, writes=not load,
+                                 name="dma.axi")
+        m.submodules.axi = axi
+        attach(m, axi.tap, dut.axi)
+        # The other direction's channels are never used (nothing to cover), and
+        # never answer (in the chip they are not connected).
+        for ch in ("aw", "w") if load else ("ar",):
+            prop(m, DUT, f"dma.axi.{ch}.unused", ~getattr(dut.axi, f"{ch}valid"), cover=False)
+        prop(m, ENV, "dma.env.no_answer_unused", ~(dut.axi.bvalid if load else dut.axi.rvalid))
+        stream_check(m, dut.cmd, source=ENV, sink=DUT, name="dma.cmd")
+        prop(m, ENV, "dma.env.direction", dut.cmd.payload.dir == direction, when=dut.cmd.valid)
+        stream_check(m, dut.done, source=DUT, sink=ENV, name="dma.done")
+        past = Past(m, "dma")
+        # Loads write on-chip rows, stores read them.
+        for port in ("vmem_write", "acc_write") if load else ():
+            stream_check(m, getattr(dut, port), source=DUT, sink=ENV, name=f"dma.{port}")
+        for port in ("vmem_read", "acc_read"):
+            p = getattr(dut, port)
+            if not load:
+                stream_check(m, p.req, source=DUT, sink=ENV, name=f"dma.{port}")
+            prop(m, ENV, f"dma.env.{port}_one_cycle",
+                 p.resp.valid == (past(p.req.valid & p.req.ready, port) & ~past.after_reset))
+        # One completion per descriptor; a load overlaps two descriptors (its
+        # receive contexts), a store runs one at a time.
+        most = 2 if load else 1
+        open_ = Signal(range(most + 2))
+        taken = dut.cmd.valid & dut.cmd.ready
+        done = dut.done.valid & dut.done.ready
+        m.d.sync += open_.eq(open_ + taken - done)
+        prop(m, DUT, "dma.descriptors_max", open_ <= most, witness=done & (open_ == most))
+        prop(m, DUT, "dma.done_after_cmd", open_ != 0, when=dut.done.valid)
+
+    return Harness(dut, extra)
+
+
+# ---- the proofs ---------------------------------------------------------------------
+
+# The descriptor's (rows - 1) * stride (the wide product, which only the
+# external-range check reads) is cut out: any value, so more descriptors pass
+# that check, and the AXI rules must hold for them too (docs/formal.md).
+CUT_DMA = ("flatten", "cutpoint t:$mul r:B_WIDTH>=16 %i", "opt_clean")
+
+# Cycles of a descriptor beside its beats: taken (1), checked (2), the AR/AW
+# register (1), the row output and the completion (2).
+DMA_PIPELINE = 6
+# The banks' contents are cut out (a read returns any row): the arbitration
+# does not depend on them, and a 1 MiB VMEM would be a 16 Mbit array for the solver.
+CUT_MEMORY = ("flatten", "cutpoint t:$mem_v2", "opt_clean")
+
+DMA_BOUND = ("bounded: the longest burst plus the pipeline (taking and checking a descriptor, "
+             "the address register, the row output and the completion: 6 cycles), plus 2")
+
+
+def proofs_for(config, *, depth=None):
+    """The `Proof` list for a chip configuration: every unit's harnesses with
+    their depths (`depth` overrides every one: the induction length or the
+    bound)."""
+    from mxu.hdl.dma import DmaDir
+    c = config
+    vpu = c if c.vpu else c.replace(vpu=True)
+    dma_depth = c.dma_max_burst_beats + DMA_PIPELINE + 2
+    proofs = [
+        Proof("dma.load", lambda: dma_harness(c, DmaDir.LOAD), mode="bmc", depth=dma_depth,
+              cover_depth=dma_depth, script=CUT_DMA, why=DMA_BOUND),
+        Proof("dma.store", lambda: dma_harness(c, DmaDir.STORE), mode="bmc", depth=dma_depth,
+              cover_depth=dma_depth, script=CUT_DMA, why=DMA_BOUND),
+        Proof("regs.host", lambda: regs_harness(c), depth=4, cover_depth=8,
+              why="k-induction; the register file answers one request at a time"),
+        Proof("streams.slice", lambda: slice_harness(), depth=4, cover_depth=8,
+              why="k-induction"),
+        Proof("streams.transfer", lambda: transfer_harness(c), depth=4, cover_depth=8,
+              why="k-induction"),
+        Proof("streams.vmem", lambda: memory_harness(vpu, "vmem"), depth=2, cover_depth=4,
+              script=CUT_MEMORY, why="k-induction; the arbitration is combinational"),
+        Proof("streams.accmem", lambda: memory_harness(vpu, "accmem"), depth=2, cover_depth=4,
+              script=CUT_MEMORY, why="k-induction; the arbitration is combinational"),
+        Proof(f"array.weights_s{c.mac_stages}",
+              lambda: array_harness(c.rows, c.cols, c.mac_stages), mode="bmc", depth=14,
+              cover_depth=14, script=CUT_MAC, why=ARRAY_BOUND),
+        Proof("controller.tokens", lambda: controller_harness(vpu), depth=6, cover_depth=12,
+              why="k-induction; the ghost counters equal the controller's (an invariant)"),
+    ]
+    if c.mac_stages < 3:
+        proofs.insert(-1, Proof("array.weights_s3", lambda: array_harness(c.rows, c.cols, 3),
+                                mode="bmc", depth=14, cover_depth=14, script=CUT_MAC,
+                                why=ARRAY_BOUND + "; mac_stages >= 3 stagger the weights"))
+    if depth is not None:
+        from dataclasses import replace
+        proofs = [replace(p, depth=depth) for p in proofs]
+    return proofs
+
+
+ARRAY_BOUND = ("bounded: two tiles loaded back to back (2 rows each, the weight queue full), "
+               "the second switching in and its wave reaching the last PE (array latency 5): "
+               "11 cycles, plus 3")
+
+UNITS = ("dma", "regs", "streams", "array", "controller")

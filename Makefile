@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: demo test test-all bench synth clean venv
+.PHONY: demo test test-timing test-all bench synth clean venv
 
 venv: $(STAMP)
 
@@ -27,6 +27,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS)
+
+# The timing guard: every block that has held the chip's critical path placed
+# and routed alone against its floor (mxu.synth.guard, docs/synth.md).
+test-timing: $(STAMP)
+	$(BIN)/python -m pytest -n $(JOBS) -m timing
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) -m ''

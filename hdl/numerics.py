@@ -14,19 +14,21 @@ the adder to unpack it again.
 * `Bf16ExactMultiplier` = `Bf16ProductCore` (the 8x8-bit significand product, a
   DSP block) then `Bf16ProductRound` (one left shift that both normalises the
   product and -- below the fp32 normal range -- places it on the 2**-149 grid,
-  and the one rounding a bf16 product ever needs, to a subnormal). Its output is
+  its fine part a multiplication by a power of two, a second DSP block; and
+  the one rounding a bf16 product ever needs, to a subnormal). Its output is
   exactly the fp32 product, unpacked.
-* `FpAddAlign`: magnitude order, alignment shift with a sticky bit, one add or
-  subtract.
+* `FpAddAlign`: magnitude order, alignment shift with a sticky bit (the OR of
+  what each level of the shifter drops), one add or subtract.
 * `Fp32AddRound`: one normalising left shift (clamped at the subnormal
   boundary, so a carry-out needs no second path), round to nearest-even,
-  overflow, specials.
+  overflow; NaN and infinity enter the rounding add's inputs, no output
+  multiplexer.
 
 `Bf16Multiplier`, `Fp32AddAlign` and `Fp32Adder` are the packed fp32 views of the
 same blocks; `MacPipeline` (hdl/mac.py) chains the unpacked ones.
 """
 
-from amaranth.hdl import Array, C, Cat, Module, Mux, Shape, Signal
+from amaranth.hdl import C, Cat, Module, Mux, Shape, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -86,13 +88,39 @@ _ALIGNED = 24 + _GRS
 def leading_zeros(value):
     """Number of leading zero bits of `value` (``len(value)`` if it is zero), as a
     balanced tree of multiplexers (logarithmic depth: it sits on the adder's
-    critical path)."""
+    critical path). The value is padded to a power of two with ones below it,
+    so that every level of the tree is a choice between concatenations, with
+    no adder."""
     width = len(value)
-    if width == 1:
-        return Mux(value[0], C(0, 1), C(1, 1))
-    low_width = width // 2
-    high, low = value[low_width:], value[:low_width]
-    return Mux(high == 0, (width - low_width) + leading_zeros(low), leading_zeros(high))
+    size = 1 << (width - 1).bit_length()
+    if size != width:
+        value = Cat(C((1 << (size - width)) - 1, size - width), value)
+    return _leading_zeros_pow2(value)
+
+
+def _leading_zeros_pow2(value):
+    if len(value) == 1:
+        return ~value[0]
+    half = len(value) // 2
+    k = half.bit_length() - 1           # bits of a count below `half`
+    high, low = value[half:], value[:half]
+    lz_high, lz_low = _leading_zeros_pow2(high), _leading_zeros_pow2(low)
+    # high != 0: its count (< half). high == 0: half + the low half's count,
+    # which is `half` itself (bit k) only when the low half is zero too.
+    return Mux(high == 0, Cat(lz_low[:k], ~lz_low[k], lz_low[k]), Cat(lz_high[:k], C(0, 2)))
+
+
+def at_least(value, k):
+    """``value >= k`` for an unsigned `value` and a constant `k`, as plain logic
+    (Yosys maps a comparison to a carry chain even with a constant operand)."""
+    if k <= 0:
+        return C(1, 1)
+    if k >= 1 << len(value):
+        return C(0, 1)
+    top = len(value) - 1
+    if (k >> top) & 1:
+        return value[top] & at_least(value[:top], k - (1 << top))
+    return value[top] | at_least(value[:top], k)
 
 
 def _classify(number, frac_bits):
@@ -209,30 +237,33 @@ class Bf16ProductAmount(wiring.Component):
         # value = P * 2**(ea + eb - 268). Normal result: exponent field
         # ea + eb - 126 - lz, and P << (lz + 8) puts the hidden bit on bit 23.
         # Subnormal result: sig = P * 2**(ea + eb - 119) on the 2**-149 grid.
-        # Both as one left shift of P into [sig(24) | fraction(17)]:
-        normal_amount = Signal(6)
-        grid_amount = Signal(signed(10))
+        # Both as one left shift of P into [sig(24) | fraction(17)]; the result
+        # is normal exactly when its field is >= 1.
+        t = Signal(signed(11))  # ea + eb - lz - 1, one carry chain (-lz - 1 = ~lz)
+        m.d.comb += t.eq(exp_sum + ~Cat(lz, C(0, len(t) - len(lz))))
+        field = Signal(8)       # the field is t - 125
+        m.d.comb += field.eq(t - 125)
+        # Comparisons with constants as plain logic, not carry chains.
+        normal = Signal()       # field >= 1
+        m.d.comb += normal.eq(~t[-1] & at_least(t[:-1], 126))
+        overflow = Signal()     # field >= 255
+        m.d.comb += overflow.eq(~t[-1] & at_least(t[:-1], 380))
+        # The subnormal shift: grid = ea + eb - 119 + FRACTION, 0 if negative.
+        # It is below the normal shift whenever it is used, so 6 bits hold it.
+        grid_base = 119 - self.FRACTION
+        grid = Signal(6)
+        m.d.comb += grid.eq(exp_sum - grid_base)
         amount = Signal(6)
-        m.d.comb += [
-            normal_amount.eq(lz + 8 + self.FRACTION),
-            grid_amount.eq(exp_sum - 119 + self.FRACTION),
-        ]
-        with m.If(grid_amount < 0):
-            m.d.comb += amount.eq(0)
-        with m.Elif(grid_amount < normal_amount):
-            m.d.comb += amount.eq(grid_amount)
-        with m.Else():
-            m.d.comb += amount.eq(normal_amount)
-        field = Signal(signed(11))
-        m.d.comb += field.eq(exp_sum - 126 - lz)
+        m.d.comb += amount.eq(Mux(normal, lz + 8 + self.FRACTION,
+                                  Mux(at_least(exp_sum, grid_base), grid, 0)))
         m.d.comb += [
             plan.product.eq(product),
             plan.amount.eq(amount),
             # A zero product must look like an fp32 zero (exp 1) to the adder's
             # magnitude comparison.
-            plan.normal.eq((grid_amount >= normal_amount) & ~raw.zero),
-            plan.field.eq(field[:8]),
-            plan.overflow.eq(field >= 255),
+            plan.normal.eq(normal & ~raw.zero),
+            plan.field.eq(field),
+            plan.overflow.eq(overflow),
             plan.sign.eq(raw.sign),
             plan.nan.eq(raw.nan),
             plan.inf.eq(raw.inf),
@@ -254,8 +285,23 @@ class Bf16ProductShift(wiring.Component):
         m = Module()
         plan, p = self.plan, self.p
         fraction = Bf16ProductAmount.FRACTION
+        # The shift by amount = 16 h + r: the fine part is a multiplication by
+        # 2**r, which an FPGA maps to a DSP block (MULT18X18D on the ECP5; a
+        # 6-level shifter of 41 bits took 65 more LUT4), the coarse part a
+        # choice of three positions.
+        r, h = plan.amount[:4], plan.amount[4:]
+        power = Signal(16)
+        m.d.comb += power.eq(C(1, 16) << r)
+        fine = Signal(31)
+        m.d.comb += fine.eq(plan.product * power)
         shifted = Signal(24 + fraction)
-        m.d.comb += shifted.eq(plan.product << plan.amount)
+        with m.Switch(h):
+            with m.Case(0):
+                m.d.comb += shifted.eq(fine)
+            with m.Case(1):
+                m.d.comb += shifted.eq(fine << 16)
+            with m.Default():
+                m.d.comb += shifted.eq(fine << 32)
         integer = shifted[fraction:]
         guard = shifted[fraction - 1]
         sticky = shifted[:fraction - 1] != 0
@@ -378,20 +424,21 @@ class FpAddOrder(wiring.Component):
         m = Module()
         x, y, out = self.x, self.y, self.ordered
 
-        # Unpacked magnitudes order like the (exp, sig) pair.
-        swap = Cat(y.sig, y.exp) > Cat(x.sig, x.exp)
+        # Unpacked magnitudes order like the (exp, sig) pair. (Written as `<`:
+        # Yosys maps `a > b` to a carry chain plus an equality tree, `b < a`
+        # to the chain alone.)
+        swap = Cat(x.sig, x.exp) < Cat(y.sig, y.exp)
         # The distance needs only the exponents (equal exponents: 0 either way),
         # so it is ready as soon as the significand comparison is.
-        x_minus_y = Signal(9)
-        y_minus_x = Signal(9)
-        m.d.comb += [x_minus_y.eq(x.exp - y.exp), y_minus_x.eq(y.exp - x.exp)]
-        distance = Mux(x_minus_y[8], y_minus_x[:8], x_minus_y[:8])
+        big_exp = Mux(swap, y.exp, x.exp)
+        distance = Signal(8)
+        m.d.comb += distance.eq(big_exp - Mux(swap, x.exp, y.exp))
         sub = x.sign ^ y.sign
         inf = x.inf | y.inf
         m.d.comb += [
             out.big_sig.eq(Mux(swap, y.sig, x.sig)),
             out.small_sig.eq(Mux(swap, x.sig, y.sig)),
-            out.big_exp.eq(Mux(swap, y.exp, x.exp)),
+            out.big_exp.eq(big_exp),
             # Distances of 27..31 shift everything out of the 5-bit shifter's
             # reach anyway; 32 and more are caught by the high bits (no comparator).
             out.far.eq(distance[5:] != 0),
@@ -418,19 +465,22 @@ class FpAddShiftAdd(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         o, out = self.ordered, self.partial
-        far, shift, small_sig = o.far, o.shift, o.small_sig
-
-        # Window: the small significand on top of GRS zeros, shifted right.
-        window = Signal(_ALIGNED)
-        m.d.comb += window.eq(Mux(far, 0, Cat(C(0, _GRS), small_sig) >> shift))
-        # Sticky: some significand bit below the window, i.e. one of the lowest
-        # (shift - GRS) bits; prefix ORs of the significand, picked by the shift.
-        below = [C(0, 1)]
-        for i in range(24):
-            below.append(Signal(name=f"below{i + 1}"))
-            m.d.comb += below[-1].eq(below[-2] | small_sig[i])
-        picks = [below[min(max(k - _GRS, 0), 24)] for k in range(32)]
-        sticky = Mux(far, below[24], Array(picks)[shift])
+        shift, far = o.shift, o.far
+        # Window: the small significand on top of GRS zeros, shifted right one
+        # level at a time (a far operand is cleared in the first level's LUTs).
+        # The sticky bit is the OR of what each level shifts out below the
+        # window: 31 bits of OR trees, no mask per distance.
+        window = Cat(C(0, _GRS), o.small_sig)
+        lost = [far & (window != 0)]
+        for k in reversed(range(len(shift))):
+            n = 1 << k
+            lost.append(shift[k] & (window[:n] != 0))
+            level = Signal(_ALIGNED, name=f"align{n}")
+            shifted = Mux(shift[k], window >> n, window)
+            first = k == len(shift) - 1
+            m.d.comb += level.eq(Mux(far, 0, shifted) if first else shifted)
+            window = level
+        sticky = Cat(*lost).any()
         aligned_small = Cat(window[0] | sticky, window[1:])
         aligned_big = Cat(C(0, _GRS), o.big_sig)
 
@@ -505,7 +555,8 @@ class Fp32AddNormPlan(data.Struct):
     normalising shift."""
     sum: _ALIGNED + 1
     shift: 5              # left shift: the leading-zero count, clamped by the exponent
-    field: 9              # exponent field of the shifted sum if its top bit is set
+    top: 1                # the shifted sum's top bit is set (a normal result)
+    field: 8              # exponent field of a normal result, minus one
     zero: 1               # the sum is exactly zero
     sign: 1
     zero_sign: 1
@@ -528,13 +579,17 @@ class Fp32AddNormAmount(wiring.Component):
         width = _ALIGNED + 1
         lz = Signal(range(width + 1))
         m.d.comb += lz.eq(leading_zeros(p.sum))
-        shift = Signal(range(width + 1))
-        m.d.comb += shift.eq(Mux(p.exp > lz, lz, p.exp))
+        # One subtraction gives both the clamp and the exponent: exp - lz >= 0
+        # is a shift by lz that leaves the top bit set (a normal result, field
+        # exp + 1 - lz); below it the shift stops at exp (subnormal).
+        diff = Signal(9)        # exp - lz; bit 8 is the borrow (exp < lz)
+        m.d.comb += diff.eq(p.exp - lz)
+        normal = ~diff[8]
         m.d.comb += [
             plan.sum.eq(p.sum),
-            plan.shift.eq(shift),
-            # Bit `width - 1` of the shifted sum has exponent exp + 1 - shift.
-            plan.field.eq(p.exp + 1 - shift),
+            plan.shift.eq(Mux(normal, lz, p.exp)),
+            plan.top.eq(normal & (lz != width)),
+            plan.field.eq(diff[:8]),
             plan.zero.eq(lz == width),
             plan.sign.eq(p.sign),
             plan.zero_sign.eq(p.zero_sign),
@@ -558,25 +613,27 @@ class Fp32AddNormalize(wiring.Component):
         m = Module()
         p = self.plan
         width = _ALIGNED + 1
-        normed = Signal(width)
+        normed = Signal(width - 1)      # the top bit is p.top
         m.d.comb += normed.eq(p.sum << p.shift)
-        field = Signal(9)
-        m.d.comb += field.eq(Mux(normed[-1], p.field, 0))
-
         lsb, guard = normed[_GRS + 1], normed[_GRS]
         sticky = normed[:_GRS] != 0
-        round_up = guard & (sticky | lsb)
+        # NaN and infinity (an operand, or a normal result with field 255)
+        # replace the magnitude before the rounding add instead of after it:
+        # the add's inputs absorb the choice, no output multiplexer.
+        overflow = p.top & (p.field == 254)
+        kill = p.nan | p.inf | overflow
+        frac = Signal(23)
+        m.d.comb += frac.eq(Mux(kill, Mux(p.nan, 1 << 22, 0), normed[_GRS + 1:]))
+        # The field is carried as field - 1 and the add puts the one back; a
+        # subnormal or zero result (top bit clear) has field 0 = 0xFF + 1.
+        field = Signal(8)
+        m.d.comb += field.eq(Mux(kill, 0xFE, Mux(p.top, p.field, 0xFF)))
+        round_up = guard & (sticky | lsb) & ~kill
         magnitude = Signal(31)
-        m.d.comb += magnitude.eq(Cat(normed[_GRS + 1:width - 1], field[:8]) + round_up)
-
-        with m.If(p.nan):
-            m.d.comb += self.s.as_value().eq(FP32_QNAN)
-        with m.Elif(p.inf | (field == 255)):
-            m.d.comb += self.s.as_value().eq(Cat(C(0x7F800000, 31), p.sign))
-        with m.Elif(p.zero):
-            m.d.comb += self.s.as_value().eq(Cat(C(0, 31), p.zero_sign))
-        with m.Else():
-            m.d.comb += self.s.as_value().eq(Cat(magnitude, p.sign))
+        m.d.comb += magnitude.eq(Cat(frac, field) + (1 << 23) + round_up)
+        # A zero sum gives magnitude 0 by itself; only its sign has a rule.
+        sign = Mux(p.nan, 0, Mux(p.zero & ~p.inf, p.zero_sign, p.sign))
+        m.d.comb += self.s.as_value().eq(Cat(magnitude, sign))
         return m
 
 

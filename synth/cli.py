@@ -145,7 +145,7 @@ def run_synth(args):
         if args.target == "generic":
             report = synth_generic(the_design, workdir=workdir, phases=phases)
             print(f"{the_design.name}: Yosys generic synthesis, cells per block (each block's "
-                  f"own cells times its instances)", file=out)
+                  f"own cells times its instances); commit {report.commit}", file=out)
             print(report.table(), file=out)
             if report.per_pe is not None and args.unit not in ("pe", "mac"):
                 pe = report.per_pe

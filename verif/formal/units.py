@@ -193,6 +193,56 @@ def transfer_harness(config):
     return Harness(dut, extra)
 
 
+def fetch_harness(config):
+    """`InstructionFetch`: the AXI4 manager rules on its read channels (one
+    burst outstanding, at most 16 beats, its ID; the write channels unused),
+    and the stream rules on its instruction stream, except in the cycle after a
+    ``start``, which empties its queue (the controller starts afresh with it).
+    ``start`` comes only while it is not busy (the register file's rule)."""
+    from mxu.hdl.axi import AXI4Signature
+    from mxu.hdl.fetch import FETCH_AXI_ID, InstructionFetch
+    from .checkers import AXI4ManagerChecker
+    dut = InstructionFetch(config)
+    c = config
+
+    def extra(m, dut):
+        axi = AXI4ManagerChecker(AXI4Signature(addr_width=c.axi_addr_bits,
+                                               data_width=c.axi_data_bits),
+                                 manager=DUT, max_outstanding=1, max_burst=16, reads=True,
+                                 writes=False, manager_id=FETCH_AXI_ID, name="fetch.axi")
+        m.submodules.axi = axi
+        attach(m, axi.tap, dut.axi)
+        for ch in ("aw", "w"):
+            prop(m, DUT, f"fetch.axi.{ch}.unused", ~getattr(dut.axi, f"{ch}valid"), cover=False)
+        prop(m, ENV, "fetch.env.no_b", ~dut.axi.bvalid)
+        prop(m, ENV, "fetch.env.start_when_idle", ~dut.busy, when=dut.start)
+        past = Past(m, "fetch")
+        stream_check(m, dut.instr, source=DUT, sink=ENV, name="fetch.instr",
+                     exempt=past(dut.start, "start"))
+
+    return Harness(dut, extra)
+
+
+def loop_harness(config):
+    """`LoopExpander`: the stream rules on its output (and assumed on its
+    input): a LOOP's expansion never withdraws an instruction it offered.
+    The program's length is constant (the chip latches it at start; before it
+    did, a host write to PROG_LEN during a run could turn an offered LOOP word
+    from illegal, passed on, into legal, taken: this proof found it)."""
+    from mxu.hdl.loop import LoopExpander
+    dut = LoopExpander(config)
+
+    def extra(m, dut):
+        stream_check(m, dut.i, source=ENV, sink=DUT, name="loop.i")
+        stream_check(m, dut.o, source=DUT, sink=ENV, name="loop.o")
+        # The chip latches the length at start (hdl/top.py): constant in a run.
+        past = Past(m, "loop")
+        prop(m, ENV, "loop.env.length_constant", dut.length == past(dut.length, "length"),
+             when=~past.after_reset)
+
+    return Harness(dut, extra)
+
+
 def memory_harness(config, which):
     """`Vmem` or `AccMem` (``which``): the arbitration of its banks. For every
     pair of write (read) requestors, two never write (read) one bank in the
@@ -497,6 +547,21 @@ DMA_BOUND = ("bounded: the longest burst plus the pipeline (taking and checking 
              "the address register, the row output and the completion: 6 cycles), plus 2")
 
 
+# Fetch: a start (1), the AR register and handshake (2), a 16-beat burst, two
+# beats per instruction on a 64-bit bus into the queue and out of it (2), and
+# a stall that ends (2). The queue's memory stays: its read data is the
+# instruction stream's payload, whose stability is a property.
+FETCH_DEPTH = 24
+FETCH_BOUND = ("bounded: a start, the AR, a whole 16-beat burst through the gearbox and the "
+               "queue, and a stall that ends: 24 cycles")
+# Loop: a LOOP word (1), a two-pair body stored (4), two iterations issued at one
+# instruction every two cycles (8), a stall that ends (2).
+LOOP_DEPTH = 15
+LOOP_BOUND = ("bounded: a LOOP, a two-pair body stored, two iterations issued (one "
+              "instruction every two cycles) and a stall that ends: 15 cycles; longer bodies "
+              "take the same index comparisons")
+
+
 def proofs_for(config, *, depth=None):
     """The `Proof` list for a chip configuration: every unit's harnesses with
     their depths (`depth` overrides every one: the induction length or the
@@ -516,6 +581,10 @@ def proofs_for(config, *, depth=None):
               why="k-induction"),
         Proof("streams.transfer", lambda: transfer_harness(c), depth=4, cover_depth=8,
               why="k-induction"),
+        Proof("streams.fetch", lambda: fetch_harness(c), mode="bmc", depth=FETCH_DEPTH,
+              cover_depth=FETCH_DEPTH, why=FETCH_BOUND),
+        Proof("streams.loop", lambda: loop_harness(c), mode="bmc", depth=LOOP_DEPTH,
+              cover_depth=LOOP_DEPTH, why=LOOP_BOUND),
         Proof("streams.vmem", lambda: memory_harness(vpu, "vmem"), depth=2, cover_depth=4,
               script=CUT_MEMORY, why="k-induction; the arbitration is combinational"),
         Proof("streams.accmem", lambda: memory_harness(vpu, "accmem"), depth=2, cover_depth=4,

@@ -265,3 +265,51 @@ def test_softmax_without_a_bias_row_equals_an_all_zero_bias(chip):
     assert np.array_equal(_bits(outs[0]), _bits(outs[1]))
     with pytest.raises(ValueError, match="multiple of the chip's cols"):
         chip.matmul(case.A, case.B[:, :case.N - 1], then="softmax")
+
+
+@pytest.mark.parametrize("M", [1, 5])
+def test_fused_segments_loop_their_middle_k_tiles(chip, M):
+    """A decode-shaped fused segment (few rows, deep K, several groups) loops
+    each group's middle K tiles, with the previous group's epilogue between
+    LOOPs (docs/compiler.md, "Loops"): a program a fraction of the literal
+    one, race-free, and bit-exact."""
+    cfg = chip.config
+    case = Case(chip, M, 24 * cfg.rows, 40 * cfg.cols - 3, SEED + M)
+    outs = {kind: case.out(kind) for kind in ("gelu", "add_layer_norm")}
+    with chip.record() as rec:
+        for kind, out in outs.items():
+            chip.matmul(case.A, case.B, bias=case.Bias, out=out, then=kind, **case.operands[kind])
+    ops = [op for call in rec.calls for op in call.ops]
+    looped, literal = compile_matmuls(cfg, ops), compile_matmuls(cfg, ops, loops=False)
+    # One row: the epilogues are short, whole groups loop; five rows of
+    # gelu on a tiny array: more batches of them between LOOPs.
+    assert len(looped.program) < len(literal.program) / (3 if M == 1 else 1.5)
+    assert races(cfg, looped.program) == []
+    for kind, out in outs.items():
+        golden.assert_bits_equal(out.numpy(), case.golden(kind), f"{kind}, M={M}")
+
+
+def test_rope_loads_its_table_once_per_slot():
+    """RoPE's cos|sin table is the same for every group of an M block: a
+    slot that holds it is not loaded again (docs/compiler.md), and every
+    group's rows stay bit-exact."""
+    chip = Chip(VPU_SHAPES["4x4"], fast_mac=True)
+    cfg, P, M, N = chip.config, 8, 7, 80 * VPU_SHAPES["4x4"].cols
+    rng = np.random.default_rng(SEED + 11)
+    a = golden.as_bf16(rng.standard_normal((M, 3 * cfg.rows)).astype(np.float32))
+    b = golden.as_bf16(rng.standard_normal((3 * cfg.rows, N)).astype(np.float32))
+    angles = rng.uniform(0, 6.3, (M, P // 2)).astype(np.float32)
+    cos, sin = (np.repeat(f(angles), 2, axis=1).astype(np.float32) for f in (np.cos, np.sin))
+    table = chip.upload(np.concatenate([cos, sin], axis=1))
+    out = chip.empty((M, N))
+    with chip.record() as rec:
+        chip.matmul(chip.upload(a), chip.upload(b), out=out, then="rope", other=table)
+    ops = rec.calls[0].ops
+    compiled = compile_matmuls(cfg, ops)
+    groups = compiled.segments[0][0][1].NT // compiled.segments[0][0][1].G
+    table_loads = sum(f"ext_addr={table.addr}," in text for text in compiled.program.text)
+    assert groups > 3 and table_loads == 3, (groups, table_loads)     # one per output buffer
+    assert races(cfg, compiled.program) == []
+    r = golden.matmul(a, b, rows=cfg.rows)
+    want = vpu.rope(r, np.tile(cos, (1, N // P)), np.tile(sin, (1, N // P)))
+    golden.assert_bits_equal(out.numpy(), want, "rope")

@@ -297,13 +297,24 @@ class FusedGroups:
             ep = p.op.epilogue
             early = grp.index < self.buffers
             if (m != grp.start or ep.desc.row_operand is None or (m == n) != early
-                    or p.residual is not None):
+                    or p.residual is not None or self._holds_its_table(grp)):
                 continue
             if n >= grp.end:
                 raise AssertionError("a residual load lands after its group (plan_op prevents this)")
             tiles = Tiles(self.residual_row(grp), p.plan.Mb, ep.other.cols, self.config.cols)
             loads += tile_moves(ep.other, grp.m0, grp.mrows, tiles)
         return loads
+
+    def _holds_its_table(self, grp):
+        """Whether group `grp`'s row-operand slot still holds the table it
+        reads: a table (RoPE's cos|sin) is the same for every group of an M
+        block, and the slot's last group, ``buffers`` earlier, was of the
+        same op and block (the epilogue only reads it)."""
+        if self.placed[grp.op].op.epilogue.desc.row_operand != "table" \
+                or grp.index < self.buffers:
+            return False
+        prev = self.groups[grp.index - self.buffers]
+        return prev.op == grp.op and prev.mb == grp.mb
 
     def residual_row(self, grp):
         residual = self.placed[grp.op].residual
@@ -413,13 +424,24 @@ class FusedGroups:
                        ext_stride=target.stride, **first)
             first = {}
 
+    hold = False
+
+    def due_rows(self, n):
+        """Vector rows of the pending epilogues due by step n."""
+        due = 0.0
+        for e in self.pending:
+            span = e.last - e.first + 1
+            due += e.total if n >= e.last else e.total * max(0, n - e.first + 1) / span
+        return due
+
     def drain(self, prog, n=None):
         """Emit the pending epilogue instructions due by step n (all with
         None). A group's instructions are spread over the next group's steps
         in proportion to their rows, so that the vector engine's queue holds
         about the work the array does meanwhile: the chip issues in program
-        order, and a full queue would hold up the array's instructions."""
-        while self.pending:
+        order, and a full queue would hold up the array's instructions.
+        Nothing while `hold` is set (a loop body being built)."""
+        while self.pending and not self.hold:
             entry = self.pending[0]
             if n is None or n >= entry.last:
                 due = len(entry.words)

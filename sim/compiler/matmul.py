@@ -48,6 +48,10 @@ from .vector import VectorOp, emit_vector_op
 __all__ = ["CompiledProgram", "compile_matmuls", "plan_segments"]
 
 _MASK = (1 << INSTR_BITS) - 1
+# Vector rows of earlier epilogues a fused segment's LOOP may hold back, in
+# command queues of `rows`-row VECTORs (measured on SmolLM2's layers: 1 and
+# 16 leave a decode step or a prefill a few per cent slower, docs/compiler.md).
+_DRAIN_QUEUES = 4
 
 
 @dataclass(frozen=True)
@@ -370,7 +374,8 @@ class _Segment(FusedGroups):
 
     def group_program(self, grp, loops):
         """The instructions of a group's steps; its regular middle K tiles as a
-        LOOP when `loops`."""
+        LOOP when `loops` (several, when earlier groups' epilogues are due
+        meanwhile: `_loop_chunks`)."""
         W, KT, G = self.W, self.placed[grp.op].plan.KT, grp.size
         period = G * W // math.gcd(G, W)
         n_a = grp.start + G
@@ -381,26 +386,45 @@ class _Segment(FusedGroups):
         last = min(grp.start + G * (KT - 1) - 1 - W, self.steps - W - 1)
         count = (last - n_a + 1) // period if loops else 0
         while count >= 2:
-            first = self.steps_program(n_a, n_a + period)
+            iteration = lambda i: self.steps_program(n_a + i * period, n_a + (i + 1) * period)
+            self.hold = True
+            first, second, final = iteration(0), iteration(1), iteration(count - 1)
+            self.hold = False
             body_ok = len(first) <= self.config.loop_body_instrs
-            second = self.steps_program(n_a + period, n_a + 2 * period)
-            final = self.steps_program(n_a + (count - 1) * period, n_a + count * period)
             deltas = [(b - a) & _MASK for a, b in zip(first.words, second.words)]
-            if body_ok and _is_progression(first, final, deltas, count - 1):
+            chunk = self._loop_chunk(n_a, count, period)
+            if body_ok and chunk >= 2 and _is_progression(first, final, deltas, count - 1):
                 prog = self.steps_program(grp.start, n_a)
-                prog.loop(count, first, deltas)
+                for i in range(0, count, chunk):
+                    k = min(chunk, count - i)
+                    self.hold = True
+                    body = iteration(i)
+                    self.hold = False
+                    prog.loop(k, body, deltas) if k >= 2 else prog.extend(body)
+                    self.drain(prog, n_a + (i + k) * period - 1)
                 prog.extend(self.steps_program(n_a + count * period, grp.end))
                 return prog
             count -= 1
         return self.steps_program(grp.start, grp.end)
 
+    def _loop_chunk(self, n_a, count, period):
+        """Iterations per LOOP over `count` iterations from step n_a. Earlier
+        groups' epilogue instructions due meanwhile go between LOOPs, each
+        batch at most `_DRAIN_QUEUES` command queues of `rows`-row VECTORs: a
+        full vector queue holds up the array's instructions no longer than
+        that, and a decode step's program is fetched in a fraction of the
+        cycles its weights take (docs/compiler.md, "Loops")."""
+        rows = self.due_rows(n_a + count * period - 1) - self.due_rows(n_a - 1)
+        limit = _DRAIN_QUEUES * self.config.cmd_queue_depth * self.config.rows
+        return count // max(1, math.ceil(rows / limit))
+
     def emit(self, prog, loops):
         for n in range(self.W):
             self.batch(prog, n)
-        # Fused epilogues interleave with the next group's steps: no loops.
-        loops = loops and not self.fused
         units = [self.group_program(grp, loops) for grp in self.groups]
-        _emit_runs(prog, units, loops, self.config.loop_body_instrs)
+        # Fused epilogues interleave with the next group's steps: no loops of
+        # whole groups.
+        _emit_runs(prog, units, loops and not self.fused, self.config.loop_body_instrs)
         self.drain(prog)
         if not self.last:
             prog.sync("compute", pop_next=True, push_prev=True)

@@ -121,6 +121,44 @@ def fidelity(tokens, prompts, new_tokens):
           f"at batch {len(prompts)}")
 
 
+def layer_programs(bus, prefill, batches, context):
+    """One layer of SmolLM2's sizes (random weights, a 1024-token vocabulary)
+    on the llm chip: each program's bytes and chip cycles (docs/compiler.md,
+    "Loops")."""
+    from mxu.sim.models.causal_lm import MODELS
+    from mxu.sim.models.llama import LlamaConfig, LlamaWeights, read_gguf
+    cfg = read_gguf(MODELS["SmolLM2-135M-Instruct"]())[0].config
+    small = LlamaConfig(**{**cfg.__dict__, "layers": 1, "vocab": 1024})
+    config = ChipConfig.preset("llm").replace(axi_data_bits=bus)
+    lm = CausalLM.from_weights(LlamaWeights.random(small, seed=0),
+                               chip=Chip(config, fast_mac=True))
+    log, chip = [], lm.chip
+    execute = chip._execute
+
+    def logged(calls, host_start=None):
+        stats = execute(calls, host_start)
+        log.append(stats)
+        return stats
+    chip._execute = logged
+    rows = []
+    for label, batch in [(f"prefill {prefill} tokens", 0)] + [(f"decode batch {b}", b)
+                                                               for b in batches]:
+        n = 1 if batch else prefill
+        seqs = [lm._new_sequence(context + n) for _ in range(max(1, batch))]
+        try:
+            for s in seqs:
+                s.length = context if batch else 0
+            log.clear()
+            lm.model.step(seqs, [[5] * n for _ in seqs])
+        finally:
+            for s in seqs:
+                s.free()
+        for name, st in zip(["attention", "output projection + FFN", "logits"], log):
+            rows.append([label, name, f"{st.program_bytes:,}", f"{st.cycles:,}",
+                         f"{st.macs / (config.rows * config.cols):,.0f}"])
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bus", type=_int_list, default=[128], help="AXI widths in bits")
@@ -134,7 +172,14 @@ def main():
     parser.add_argument("--fidelity", action="store_true",
                         help="only the fidelity against the float32 reference (48-token text, "
                              "12-token greedy continuations of 8 prompts)")
+    parser.add_argument("--layer", action="store_true",
+                        help="only the bytes and cycles of each program of one layer (random "
+                             "weights of the model's sizes, 64 positions in each cache)")
     args = parser.parse_args()
+    if args.layer:
+        rows = layer_programs(args.bus[0], 64, [1, 16], 64)
+        print(format_table(["step", "program", "bytes", "chip cycles", "MACs / PEs"], rows))
+        return
     if args.fidelity:
         fidelity(48, PROMPTS, 12)
         return

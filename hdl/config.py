@@ -173,7 +173,7 @@ class ChipConfig:
     def preset(cls, name):
         """A named configuration: ``"default"`` (16x16 simulation chip),
         ``"vpu"`` (the same with the vector unit and four accumulator banks,
-        docs/vpu.md), ``"llm"`` (the vpu chip with 1 GiB of external memory: a
+        docs/vpu.md), ``"llm"`` (the vpu chip with 1 MiB of accumulator and 1 GiB of external memory: a
         decoder LLM's weights and KV caches, docs/llm.md) or ``"fpga"`` (4x4, the largest array measured whose whole
         chip places and routes on an LFE5U-85F, see docs/synth.md)."""
         try:
@@ -194,8 +194,10 @@ _PRESETS = {
     # memory for SmolLM2-135M's bf16 weights (269 MB) and KV caches. The bus
     # stays 128 bits: a decode step then streams its weights at the bus's
     # rate at every batch up to 32, where the array's compute meets it
-    # (wider buses: docs/llm.md, "The bus").
-    "llm": ChipConfig(vpu=True, acc_banks=4, ext_mem_bytes=1 << 30),
+    # (wider buses: docs/llm.md, "The bus"). 1 MiB of accumulator: a 64-token
+    # prefill's add_rms_norm epilogues hold whole rows of 576 in one M block;
+    # with 512 KiB they took two, and each weight tile was loaded twice.
+    "llm": ChipConfig(vpu=True, acc_banks=4, acc_bytes=1 << 20, ext_mem_bytes=1 << 30),
     # LFE5U-85F, measured (docs/synth.md): the whole 8x8 chip needs 77.5k of the
     # 83.6k LUT4 and does not place; 8x6 places but does not route; 4x4 places
     # and routes at 54.4 MHz (38 % of the LUT4s). mac_stages 7: the PE closes at

@@ -11,6 +11,7 @@ instructions into the program (`Pending`).
 """
 
 import bisect
+import math
 from dataclasses import dataclass
 
 from mxu.hdl.isa import Opcode, VpuOp, field_value
@@ -284,26 +285,39 @@ class FusedGroups:
 
     def residual_loads(self, n):
         """The row-operand rows (a residual, a mask, a RoPE table) an
-        epilogue loads with step n's batch: group i's with its first step
-        while i < buffers; else with step ``start + W``, whose loads wait for
-        i's first MATMUL, which waits for the stores of group i - buffers,
-        the last reader of that slot."""
-        loads = []
-        for m in (n, n - self.W):
-            if m < 0:
-                continue
-            grp, _, _ = self.locate(m)
-            p = self.placed[grp.op]
-            ep = p.op.epilogue
-            early = grp.index < self.buffers
-            if (m != grp.start or ep.desc.row_operand is None or (m == n) != early
-                    or p.residual is not None or self._holds_its_table(grp)):
-                continue
-            if n >= grp.end:
-                raise AssertionError("a residual load lands after its group (plan_op prevents this)")
-            tiles = Tiles(self.residual_row(grp), p.plan.Mb, ep.other.cols, self.config.cols)
-            loads += tile_moves(ep.other, grp.m0, grp.mrows, tiles)
-        return loads
+        epilogue loads with step n's batch: one tile at a time, spread over
+        its group's steps (`residual_steps`), so that a wide residual does not
+        hold up the weight loads behind it in the load engine's queue."""
+        grp, _, _ = self.locate(n)
+        p = self.placed[grp.op]
+        ep = p.op.epilogue
+        if ep is None or ep.desc.row_operand is None or p.residual is not None \
+                or self._holds_its_table(grp):
+            return []
+        tiles = Tiles(self.residual_row(grp), p.plan.Mb, ep.other.cols, self.config.cols)
+        steps = self.residual_steps(grp, tiles.count)
+        moves = tile_moves(ep.other, grp.m0, grp.mrows, tiles)
+        return [move for move, step in zip(moves, steps) if step == n]
+
+    def residual_steps(self, grp, count):
+        """The step whose batch loads each of the `count` row-operand tiles
+        of group `grp`. The first of group i's loads with its first step
+        while i < buffers (its slot is fresh); else with step ``start + W``,
+        whose loads wait for i's first MATMUL, which waits for the stores of
+        group i - buffers, the last reader of that slot. The others follow
+        one per ``lcm(G, W)`` steps (one per iteration of the group's LOOP,
+        `_Segment.group_program`), or q per period, evenly spaced inside
+        it, when the group is too short; all before the group's last step,
+        which the epilogue waits for."""
+        first = grp.start + (0 if grp.index < self.buffers else self.W)
+        span = grp.end - first
+        if span < 1:
+            raise AssertionError("a residual load lands after its group (plan_op prevents this)")
+        period = grp.size * self.W // math.gcd(grp.size, self.W)
+        for q in range(1, count + 1):          # tiles per period, evenly inside it
+            if -(-count // q) * period <= span:
+                return [first + (k // q) * period + (k % q) * (period // q) for k in range(count)]
+        return [first + k * span // count for k in range(count)]
 
     def _holds_its_table(self, grp):
         """Whether group `grp`'s row-operand slot still holds the table it

@@ -373,39 +373,56 @@ class _Segment(FusedGroups):
         return prog
 
     def group_program(self, grp, loops):
-        """The instructions of a group's steps; its regular middle K tiles as a
-        LOOP when `loops` (several, when earlier groups' epilogues are due
-        meanwhile: `_loop_chunks`)."""
+        """The instructions of a group's steps; its regular middle K tiles as
+        LOOPs when `loops`: the longest regular run from the first regular
+        step, then again from where it ends (a row operand's tile loads make
+        the first iterations differ from the last ones), each run cut where
+        earlier groups' epilogues are due (`_loop_chunk`)."""
         W, KT, G = self.W, self.placed[grp.op].plan.KT, grp.size
         period = G * W // math.gcd(G, W)
-        n_a = grp.start + G
-        while n_a < W:
-            n_a += G
+        n = grp.start + G
+        while n < W:
+            n += G
+        n = min(n, grp.end)
         # A regular step has 1 <= t <= KT-2, loads for a step of the same group
         # with t <= KT-2 too, and pushes and pops like its neighbours.
         last = min(grp.start + G * (KT - 1) - 1 - W, self.steps - W - 1)
-        count = (last - n_a + 1) // period if loops else 0
-        while count >= 2:
-            iteration = lambda i: self.steps_program(n_a + i * period, n_a + (i + 1) * period)
-            self.hold = True
-            first, second, final = iteration(0), iteration(1), iteration(count - 1)
-            self.hold = False
-            body_ok = len(first) <= self.config.loop_body_instrs
+        prog = self.steps_program(grp.start, n) if loops else Program()
+        while loops:
+            run = self._regular_run(n, (last - n + 1) // period, period)
+            if run is None:
+                break
+            count, deltas = run
+            chunk = self._loop_chunk(n, count, period)
+            if chunk < 2:
+                break
+            for i in range(0, count, chunk):
+                k = min(chunk, count - i)
+                self.hold = True
+                body = self.steps_program(n + i * period, n + (i + 1) * period)
+                self.hold = False
+                prog.loop(k, body, deltas) if k >= 2 else prog.extend(body)
+                self.drain(prog, n + (i + k) * period - 1)
+            n += count * period
+        return prog.extend(self.steps_program(n if loops else grp.start, grp.end))
+
+    def _regular_run(self, n, count, period):
+        """(iterations, deltas) of the longest LOOP of `period` steps from
+        step n, at most `count` iterations, at least 2; or None."""
+        iteration = lambda i: self.steps_program(n + i * period, n + (i + 1) * period)
+        self.hold = True
+        try:
+            first, second = (iteration(0), iteration(1)) if count >= 2 else (None, None)
+            if first is None or len(first) > self.config.loop_body_instrs:
+                return None
             deltas = [(b - a) & _MASK for a, b in zip(first.words, second.words)]
-            chunk = self._loop_chunk(n_a, count, period)
-            if body_ok and chunk >= 2 and _is_progression(first, final, deltas, count - 1):
-                prog = self.steps_program(grp.start, n_a)
-                for i in range(0, count, chunk):
-                    k = min(chunk, count - i)
-                    self.hold = True
-                    body = iteration(i)
-                    self.hold = False
-                    prog.loop(k, body, deltas) if k >= 2 else prog.extend(body)
-                    self.drain(prog, n_a + (i + k) * period - 1)
-                prog.extend(self.steps_program(n_a + count * period, grp.end))
-                return prog
-            count -= 1
-        return self.steps_program(grp.start, grp.end)
+            while count >= 2:
+                if _is_progression(first, iteration(count - 1), deltas, count - 1):
+                    return count, deltas
+                count -= 1
+            return None
+        finally:
+            self.hold = False
 
     def _loop_chunk(self, n_a, count, period):
         """Iterations per LOOP over `count` iterations from step n_a. Earlier

@@ -12,9 +12,9 @@ from .mac import MAC_STAGES
 __all__ = ["ChipConfig", "MEASURED_FMAX_MHZ"]
 
 # Fmax of a preset's whole chip, placed and routed on the LFE5U-85F at
-# nextpnr's default seed (docs/synth.md has the run and its commit): what
+# nextpnr's seed 1 (docs/synth.md has the run and its commit, d72856f): what
 # cycle counts are turned into seconds with (`mxu generate`'s tokens/s).
-MEASURED_FMAX_MHZ = {"fpga": 56.3}
+MEASURED_FMAX_MHZ = {"fpga": 49.6}
 
 
 def _is_pow2(n):

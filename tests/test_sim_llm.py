@@ -17,6 +17,7 @@ from mxu.sim.models import CausalLM
 from mxu.sim.models.causal_lm import rope_mode
 from mxu.sim.models.llama import LlamaConfig, LlamaWeights
 from mxu.verif import golden
+from mxu.verif.hazards import races
 from mxu.verif.llama import GoldenLlama
 
 TINY = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=128, layers=2, eps=1e-5,
@@ -74,6 +75,11 @@ def test_tiny_llama_prefill_and_batched_decode_are_bit_exact(tiny):
     finally:
         for s in seqs:
             s.free()
+
+    # Every program those steps compiled (the layers' fused segments with
+    # their LOOPs, spread residual tiles and early stores) is race-free.
+    programs = list(lm.chip._programs.values())
+    assert programs and all(races(lm.chip.config, c.program) == [] for c in programs)
 
 
 def test_prefill_logits_equal_token_by_token_decode(tiny4):

@@ -193,7 +193,7 @@ def out_tiles(ep, G):
 
 
 def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=0, m0=0,
-                  **first):
+                  on_sum=None, **first):
     """The VECTORs of `ep` on the group `x` (a `Tiles` in the accumulator,
     updated in place; its first tile is the op's tile `j0`): `params`,
     `scratch` and `residual` are the accumulator rows of its parameters
@@ -201,7 +201,9 @@ def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=
     group's row operand (a residual, a RoPE table); `vmem`: the VMEM row a
     transpose's blocks start at (`transpose_vmem_rows`), None when they go
     nowhere but to hand-offs; `m0`: the group's first result row (a causal
-    mask's row). `first`: flags of the first instruction.
+    mask's row). `on_sum(emit)`: called when add_rms_norm's residual sum,
+    its fp32 output, is final (its STOREs may go while the norm runs).
+    `first`: flags of the first instruction.
     Returns the emitter and the accumulator row where each output's tiles
     start (a `Tiles` per output: c, extra)."""
     count = -(-x.n // x.cols)
@@ -231,6 +233,8 @@ def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=
         if ep.kind == "add_rms_norm":
             emit.map(VpuOp.ADD, x, x, b_row=residual)
             outs = (x, x.like(at["sq"]))
+            if on_sum is not None:
+                on_sum(emit)
         gamma = Tiles(params, 1, x.n, x.cols)
         emit_rms_norm(emit, x, gamma, ep.eps, outs[1], x.like(at["sq"]), at["spare"])
     elif ep.kind in ("layer_norm", "add_layer_norm"):
@@ -277,6 +281,24 @@ class Pending:
         self.total = total
 
 
+def _interleave(prog, at, stores, depth):
+    """Put `stores` into `prog` from instruction `at` on: `depth` of them
+    (a queue's worth) there, then one after each later instruction. The chip
+    issues in program order: STOREs in a row would fill the store queue and
+    hold up the VECTORs behind them."""
+    head, tail = list(zip(prog.words[:at], prog.text[:at])), list(zip(prog.words[at:],
+                                                                          prog.text[at:]))
+    queue = list(zip(stores.words, stores.text))
+    out = head + queue[:depth]
+    queue = queue[depth:]
+    for item in tail:
+        out.append(item)
+        if queue:
+            out.append(queue.pop(0))
+    out += queue
+    prog.words, prog.text = [w for w, _ in out], [t for _, t in out]
+
+
 class FusedGroups:
     """The fused-epilogue part of the compiler's segment (`_Segment` in
     `mxu.sim.compiler.matmul`, which provides ``config``, ``placed``,
@@ -295,29 +317,39 @@ class FusedGroups:
                 or self._holds_its_table(grp):
             return []
         tiles = Tiles(self.residual_row(grp), p.plan.Mb, ep.other.cols, self.config.cols)
-        steps = self.residual_steps(grp, tiles.count)
-        moves = tile_moves(ep.other, grp.m0, grp.mrows, tiles)
-        return [move for move, step in zip(moves, steps) if step == n]
+        # Pieces of `rows` rows: a piece's load is shorter than the ring's lead.
+        size = self.config.rows
+        per_tile = -(-grp.mrows // size)
+        pieces = [dict(move, acc_row=move["acc_row"] + r, rows=min(size, grp.mrows - r),
+                       ext_addr=move["ext_addr"] + r * move["ext_stride"])
+                  for move in tile_moves(ep.other, grp.m0, grp.mrows, tiles)
+                  for r in range(0, grp.mrows, size)]
+        steps = self.residual_steps(grp, tiles.count, per_tile)
+        return [piece for piece, step in zip(pieces, steps) if step == n]
 
-    def residual_steps(self, grp, count):
-        """The step whose batch loads each of the `count` row-operand tiles
-        of group `grp`. The first of group i's loads with its first step
-        while i < buffers (its slot is fresh); else with step ``start + W``,
-        whose loads wait for i's first MATMUL, which waits for the stores of
-        group i - buffers, the last reader of that slot. The others follow
-        one per ``lcm(G, W)`` steps (one per iteration of the group's LOOP,
-        `_Segment.group_program`), or q per period, evenly spaced inside
-        it, when the group is too short; all before the group's last step,
-        which the epilogue waits for."""
+    def residual_steps(self, grp, count, per_tile=1):
+        """The step whose batch loads each piece of the `count` row-operand
+        tiles of group `grp` (`per_tile` pieces each, in order). The first of
+        group i's loads with its first step while i < buffers (its slot is
+        fresh); else with step ``start + W``, whose loads wait for i's first
+        MATMUL, which waits for the stores of group i - buffers, the last
+        reader of that slot. The others follow: q whole tiles per ``lcm(G,
+        W)`` steps (an iteration of the group's LOOP,
+        `_Segment.group_program`: the pieces' fields stay affine in it), the
+        fewest that fit, their pieces evenly inside it; all before the
+        group's last step, which the epilogue waits for."""
         first = grp.start + (0 if grp.index < self.buffers else self.W)
         span = grp.end - first
         if span < 1:
             raise AssertionError("a residual load lands after its group (plan_op prevents this)")
         period = grp.size * self.W // math.gcd(grp.size, self.W)
-        for q in range(1, count + 1):          # tiles per period, evenly inside it
+        total = count * per_tile
+        for q in range(1, count + 1):
             if -(-count // q) * period <= span:
-                return [first + (k // q) * period + (k % q) * (period // q) for k in range(count)]
-        return [first + k * span // count for k in range(count)]
+                slots = q * per_tile
+                return [first + (k // slots) * period + (k % slots) * period // slots
+                        for k in range(total)]
+        return [first + k * span // total for k in range(total)]
 
     def _holds_its_table(self, grp):
         """Whether group `grp`'s row-operand slot still holds the table it
@@ -356,8 +388,20 @@ class FusedGroups:
         # i's first MATMUL waits for, and the vector engine waits for group i.
         vmem = ring.t_base + (grp.index % self.buffers) * ring.t_slot
         stored = op.c not in p.unstored
+        early, at = (), None
+
+        def store_the_sum(emit):
+            # The norm only reads x: its STOREs need not wait for the norm.
+            nonlocal early, at
+            if stored and not op.transposed:
+                emit.end(push_next=True)
+                early, at = (op.c,), len(ep_prog)
+        # A norm stored from the shared scratch (add_rms_norm): the next
+        # group's VECTORs, which may write the scratch, wait for its STOREs.
+        owed, self.scratch_token = self.scratch_token, False
         emit, outs = emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, ring.scratch_base,
-                                   self.residual_row(grp), j0=grp.j0, m0=grp.m0, pop_prev=True)
+                                   self.residual_row(grp), j0=grp.j0, m0=grp.m0,
+                                   on_sum=store_the_sum, pop_prev=True, pop_next=owed)
         blocks = self.transposed_blocks(grp) if op.transposed and stored else []
         for t, k, off, height, slot, *_ in blocks:
             emit.op(VpuOp.PASS, x.tile(t) + off, height, vmem + slot * cfg.cols, to_vmem=True,
@@ -369,16 +413,25 @@ class FusedGroups:
                             transpose=source.transposed)
         if emit.emitted:
             flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
+            if early:
+                stores = Program()
+                self.result_stores(stores, grp, (x, None), p.unstored, only=early)
+                _interleave(ep_prog, at, stores, cfg.cmd_queue_depth)
         else:
             # A copy epilogue with nothing to hand off in this group: the
             # vector engine passes the tokens on.
-            ep_prog.sync("vector", pop_prev=True, push_next=True)
+            ep_prog.sync("vector", pop_prev=True, push_next=True, pop_next=owed)
         if blocks:
             self.transposed_stores(ep_prog, grp, blocks, vmem)
-        elif op.transposed or not self.result_stores(ep_prog, grp, outs, p.unstored):
+        elif op.transposed or not self.result_stores(ep_prog, grp, outs,
+                                                     tuple(p.unstored) + early):
             # Nothing left to store: the store engine takes the vector
             # engine's token all the same, to hand it on.
             ep_prog.sync("store", pop_prev=True, vector=True)
+        if op.epilogue.desc.outputs[1] == "norm" and op.outputs[1] is not None \
+                and op.outputs[1] not in p.unstored and grp.index + 1 < len(self.groups):
+            ep_prog.sync("store", push_prev=True, vector=True)
+            self.scratch_token = True
         if push_store:
             ep_prog.sync("store", push_prev=True)
         return ep_prog
@@ -390,16 +443,17 @@ class FusedGroups:
             return [(a - grp.m0, n, o, r) for a, n, o, r in out.rows_in(grp.m0, grp.m0 + grp.mrows)]
         return [(0, grp.mrows, out, grp.m0)]
 
-    def result_stores(self, prog, grp, outs, unstored=()):
+    def result_stores(self, prog, grp, outs, unstored=(), only=None):
         """The group's outputs to external memory (c from ``outs[0]``'s tiles,
         extra from ``outs[1]``'s), except the `unstored` ones (handed off,
-        not needed there); whether any STORE was emitted."""
+        not needed there), or `only` those given; whether any STORE was
+        emitted."""
         op, c = self.placed[grp.op].op, self.config.cols
         ep = op.epilogue
         N = op.out_cols
         first = dict(pop_prev=True, vector=True)
         for out, tiles in zip(op.outputs, outs):
-            if out is None or out in unstored:
+            if out is None or out in unstored or (only is not None and out not in only):
                 continue
             for t, k in out_tiles(ep, grp.size):
                 j = (grp.j0 // 2 if ep.is_paired else grp.j0) + k
@@ -439,6 +493,7 @@ class FusedGroups:
             first = {}
 
     hold = False
+    scratch_token = False    # the last epilogue's STOREs push a store->vector token
 
     def due_rows(self, n):
         """Vector rows of the pending epilogues due by step n."""

@@ -43,7 +43,10 @@ def test_presets():
     llm = ChipConfig.preset("llm")
     # The decoder's weights (SmolLM2-135M in bf16, 269 MB) and its caches fit.
     assert llm.vpu and llm.ext_mem_bytes >= 512 << 20
-    assert llm.replace(ext_mem_bytes=ChipConfig().ext_mem_bytes) == ChipConfig.preset("vpu")
+    # ... and a prefill's row-wise epilogues hold whole rows of 576 in one M block.
+    assert llm.acc_bytes == 1 << 20
+    assert llm.replace(ext_mem_bytes=ChipConfig().ext_mem_bytes,
+                       acc_bytes=ChipConfig().acc_bytes) == ChipConfig.preset("vpu")
     fpga = ChipConfig.preset("fpga")
     assert (fpga.rows, fpga.cols, fpga.mac_stages) == (4, 4, 7)
     with pytest.raises(ValueError, match="unknown ChipConfig preset 'asic'"):

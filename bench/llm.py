@@ -79,7 +79,8 @@ def run(bus, prefills, batches, context, steps):
 
 FIDELITY_TEXT = ("The history of computing is a story of machines that grew smaller and faster "
                  "every decade. Early computers filled whole rooms, used vacuum tubes, and could "
-                 "add a few thousand numbers each second.")
+                 "add a few thousand numbers each second. Today a phone in your pocket holds "
+                 "more power than all of them together, and it fits in the palm of a hand.")
 PROMPTS = ["The capital of France is", "Once upon a time, there was a", "The best way to learn "
            "a new language is", "Water boils at a temperature of", "In 1969, the first humans",
            "A good breakfast includes", "The largest planet in our solar system is",

@@ -306,6 +306,13 @@ class Dma(wiring.Component):
                 m.d.comb += s.r_error.eq(1)
             with m.Elif(err == DmaError.OK):
                 m.d.sync += err.eq(code)
+        # rx[0] counts a burst's last beat and takes an error a cycle after
+        # the beat: R handshakes wait on the load path's row-end comparison,
+        # and that chain into the receive context was the fpga chip's
+        # critical path (docs/synth.md). `_receive_contexts` reads the
+        # registered pair as part of rx[0].
+        s.r_last_q, s.r_error_q, s.r_code_q = Signal(), Signal(), Signal.like(code)
+        m.d.sync += [s.r_last_q.eq(s.r_last), s.r_error_q.eq(s.r_error), s.r_code_q.eq(code)]
 
     def _load_path(self, m, s):
         """Load: R beats gathered and shifted into on-chip rows.
@@ -320,7 +327,7 @@ class Dma(wiring.Component):
         # The load path works for the receive context rx[0]; R beats go to it
         # while it has bursts in flight (later beats are the next context's).
         coalesced, is_vmem = rx0.coalesced, rx0.vmem
-        run = rx0.valid & (rx0.bursts != 0)
+        run = rx0.valid & (rx0.bursts != s.r_last_q)     # bursts still to come
         is_load = 1
         nslot = -(-(BB - 2 + RBX) // BB)
         slots = [Signal(8 * BB, name=f"ld_slot{i}") for i in range(nslot)]
@@ -644,14 +651,17 @@ class Dma(wiring.Component):
         done0 = Signal()
         # Complete in the cycle the last row is written (the token it frees is
         # pushed a cycle later, when the row is in the memory).
-        m.d.comb += done0.eq(rx0.valid & rx0.issued & (rx0.bursts == 0)
+        # rx[0] with its last cycle's R beat (`r_last_q`, `r_error_q`).
+        err0 = Mux(rx0.err != DmaError.OK, rx0.err,
+                   Mux(s.r_error_q, s.r_code_q, DmaError.OK))
+        m.d.comb += done0.eq(rx0.valid & rx0.issued & (rx0.bursts == s.r_last_q)
                              & (~s.out_valid | s.out_written))
         short = s.ld_r != rx0.rows
         m.d.comb += [
             self.done.valid.eq(done0 | s.fsm_done),
             self.done.payload.tag.eq(Mux(done0, rx0.tag, d.tag)),
             self.done.payload.error.eq(
-                Mux(done0, Mux(rx0.err != DmaError.OK, rx0.err,
+                Mux(done0, Mux(err0 != DmaError.OK, err0,
                                Mux(s.abort & short, s.abort_err, DmaError.OK)), s.err)),
         ]
         with m.If(rx0.valid):
@@ -663,15 +673,14 @@ class Dma(wiring.Component):
         issuing_1 = rx1.valid
         inc = s.bg_fire & (d.dir == DmaDir.LOAD)
         with m.If(issuing_1):
-            m.d.comb += [n1.bursts.eq(rx1.bursts + inc), n0.bursts.eq(rx0.bursts - s.r_last)]
+            m.d.comb += [n1.bursts.eq(rx1.bursts + inc), n0.bursts.eq(rx0.bursts - s.r_last_q)]
             with m.If(s.issued):
                 m.d.comb += n1.issued.eq(1)
         with m.Else():
-            m.d.comb += n0.bursts.eq(rx0.bursts + inc - s.r_last)
+            m.d.comb += n0.bursts.eq(rx0.bursts + inc - s.r_last_q)
             with m.If(s.issued):
                 m.d.comb += n0.issued.eq(1)
-        with m.If(s.r_error & (rx0.err == DmaError.OK)):
-            m.d.comb += n0.err.eq(s.r_code)
+        m.d.comb += n0.err.eq(err0)
         new = Signal.like(rx0)
         m.d.comb += [
             new.valid.eq(1), new.issued.eq(0), new.err.eq(DmaError.OK), new.tag.eq(d.tag),

@@ -234,7 +234,7 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
          if s.decode.steps else "-"],
         ["at the fpga preset's Fmax", f"{decode_rate:,.1f} decode tokens/s at {fmax} MHz "
                                       f"(measured, docs/synth.md)" if decode_rate else "-"],
-        ["programs", f"{s.programs} (one per layer per step)"],
+        ["programs", f"{s.programs} (per step: two per layer, and the logits)"],
         ["wall seconds", f"{s.wall_seconds:.1f} ({s.prefill.wall_seconds + s.decode.wall_seconds:.1f}"
                          f" in chip runs)"],
     ]

@@ -7,7 +7,7 @@ one `LayerOp` here: the operands it reads besides the matmul's result, the
 accumulator rows it works in, whether it needs a whole row (every N tile of
 an M block in one group), how many output buffers a fused segment gives it,
 about how many vector passes a row costs, the VECTORs it emits on a group
-of tiles, and the name of its golden function (in `mxu.verif.vpu`: the same
+of tiles, and the name of its golden function (of the golden VPU form, docs/vpu.md: the same
 fp32 sequence in NumPy, which the tests hold the chip to bit for bit).
 Adding an op means adding one descriptor to `LAYER_OPS`; the planner
 (`plan.py`), the segment compiler (`matmul.py`, `epilogue.py`) and the
@@ -53,7 +53,7 @@ class LayerOp:
     """What the compiler knows of one layer op kind (see the module docstring).
 
     name : the ``then=`` / `Epilogue` kind.
-    golden : the function of `mxu.verif.vpu` that is its contract.
+    golden : the golden VPU form's function that is its contract (docs/vpu.md).
     row_wise : a row's result needs the whole row (groups are every N tile).
     buffers : output buffers a fused segment of this kind cycles through.
     params : parameter rows per N tile (0: none).

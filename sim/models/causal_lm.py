@@ -118,7 +118,7 @@ class ChipLlama:
     """A Llama decoder resident on a chip with the vector unit: its bf16
     weights uploaded once, and `step`, which runs new tokens of several
     sequences through every layer (two programs per layer) and returns the
-    logits the host asked for. Bit-exact to `mxu.verif.llama.GoldenLlama`
+    logits the host asked for. Bit-exact to the golden Llama form (docs/llm.md)
     with ``rows, lanes = chip.config.rows, cols`` and `rope_mode`."""
 
     def __init__(self, chip, weights):

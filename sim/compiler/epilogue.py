@@ -311,21 +311,31 @@ class FusedGroups:
         its group's steps (`residual_steps`), so that a wide residual does not
         hold up the weight loads behind it in the load engine's queue."""
         grp, _, _ = self.locate(n)
+        return self._residual_schedule(grp).get(n, [])
+
+    def _residual_schedule(self, grp):
+        """{step: the row-operand pieces its batch loads} of group `grp`,
+        worked out once per group."""
+        cache = self.__dict__.setdefault("_schedules", {})
+        if grp.index in cache:
+            return cache[grp.index]
         p = self.placed[grp.op]
         ep = p.op.epilogue
+        schedule = cache[grp.index] = {}
         if ep is None or ep.desc.row_operand is None or p.residual is not None \
                 or self._holds_its_table(grp):
-            return []
+            return schedule
         tiles = Tiles(self.residual_row(grp), p.plan.Mb, ep.other.cols, self.config.cols)
         # Pieces of `rows` rows: a piece's load is shorter than the ring's lead.
         size = self.config.rows
-        per_tile = -(-grp.mrows // size)
         pieces = [dict(move, acc_row=move["acc_row"] + r, rows=min(size, grp.mrows - r),
                        ext_addr=move["ext_addr"] + r * move["ext_stride"])
                   for move in tile_moves(ep.other, grp.m0, grp.mrows, tiles)
                   for r in range(0, grp.mrows, size)]
-        steps = self.residual_steps(grp, tiles.count, per_tile)
-        return [piece for piece, step in zip(pieces, steps) if step == n]
+        steps = self.residual_steps(grp, tiles.count, -(-grp.mrows // size))
+        for piece, step in zip(pieces, steps):
+            schedule.setdefault(step, []).append(piece)
+        return schedule
 
     def residual_steps(self, grp, count, per_tile=1):
         """The step whose batch loads each piece of the `count` row-operand
@@ -342,7 +352,7 @@ class FusedGroups:
         span = grp.end - first
         if span < 1:
             raise AssertionError("a residual load lands after its group (plan_op prevents this)")
-        period = grp.size * self.W // math.gcd(grp.size, self.W)
+        period = self.loop_period(grp)
         total = count * per_tile
         for q in range(1, count + 1):
             if -(-count // q) * period <= span:
@@ -350,6 +360,11 @@ class FusedGroups:
                 return [first + (k // slots) * period + (k % slots) * period // slots
                         for k in range(total)]
         return [first + k * span // total for k in range(total)]
+
+    def loop_period(self, grp):
+        """Steps of one iteration of a group's LOOP: ``lcm(G, W)`` (its N
+        tiles and the weight ring line up again)."""
+        return grp.size * self.W // math.gcd(grp.size, self.W)
 
     def _holds_its_table(self, grp):
         """Whether group `grp`'s row-operand slot still holds the table it

@@ -379,7 +379,7 @@ class _Segment(FusedGroups):
         the first iterations differ from the last ones), each run cut where
         earlier groups' epilogues are due (`_loop_chunk`)."""
         W, KT, G = self.W, self.placed[grp.op].plan.KT, grp.size
-        period = G * W // math.gcd(G, W)
+        period = self.loop_period(grp)
         n = grp.start + G
         while n < W:
             n += G

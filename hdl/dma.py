@@ -29,8 +29,6 @@ is its executable statement. In short:
   the bus is left clean, then the descriptor completes with the error code.
 """
 
-from types import SimpleNamespace
-
 from amaranth.hdl import C, Cat, Module, Mux, ResetInserter, Signal
 from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -40,7 +38,8 @@ from .axi import AXI4Signature, AxiBurst, segment_beats
 from .fields import unpack_fields
 from .fields import pack_fields as _pack_dict
 from .numerics import Fp32ToBf16
-from .vmem import ReadPortSignature, Vmem, WritePortSignature, _addr_shape, vmem_row_layout
+from .vmem import (ReadPortSignature, RowWrite, Vmem, WritePortSignature, _addr_shape,
+                   vmem_row_layout)
 
 __all__ = ["DmaDir", "DmaSpace", "DmaError", "dma_descriptor_layout", "dma_completion_layout",
            "Dma", "DmaSystem", "pack_fields", "unpack_fields"]
@@ -109,8 +108,513 @@ def _log2(n):
     return (n - 1).bit_length()
 
 
+def _context_layout(c):
+    """A receive context: a load whose data is arriving (rx[0]) or whose bursts
+    are issuing or issued (rx[1]): what the load path needs of its descriptor,
+    its bursts in flight, and its first row's addresses."""
+    desc, A = dma_descriptor_layout(c), c.axi_addr_bits
+    return data.StructLayout({
+        "valid": 1, "issued": 1, "err": DmaError, "tag": 8, "vmem": 1, "coalesced": 1,
+        "rows": desc["rows"].width, "row_bytes": desc["row_bytes"].width,
+        "chip_row": desc["chip_row"].width,
+        "stride": A, "bursts": range(c.dma_max_outstanding + 1),
+        "a": A + 1, "end": A + 1, "na": A + 1, "nend": A + 1, "be": A + 1,
+    })
+
+
+def _burst_setup_layout(c):
+    desc = dma_descriptor_layout(c)
+    return data.StructLayout({"base": c.axi_addr_bits,
+                              "seg_len": desc["rows"].width + desc["row_bytes"].width,
+                              "segments": desc["rows"].width})
+
+
+def _store_row_layout(c):
+    return data.StructLayout({"data": 8 * _max_row_bytes(c), "first": 1, "last": 1,
+                              "off": range(c.axi_data_bytes)})
+
+
+def _byte_mask(n_bytes, length, bits_per_byte):
+    """``bits_per_byte`` ones for each byte below ``length``, of ``n_bytes``."""
+    return Cat(*[(C(j, 8) < length).replicate(bits_per_byte) for j in range(n_bytes)])
+
+
+class _BurstGenerator(wiring.Component):
+    """Cuts a descriptor's external range into AXI bursts: at most
+    ``dma_max_burst_beats`` beats, never across 4 KiB, at most
+    ``dma_max_outstanding`` in flight.
+
+    The range is ``segments`` segments of ``seg_len`` bytes, the first at
+    ``base`` and each ``stride`` bytes after the one before (one segment when
+    the rows are contiguous).
+
+    Interface
+    ---------
+    start : In(1)
+        Begin a range (not while ``active``): ``setup`` is taken.
+    setup : In({base, seg_len, segments})
+    stride : In(addr_bits)
+        The descriptor's ``ext_stride``, held while ``active``.
+    enable : In(1)
+        Bursts may be offered: the DMA runs the descriptor.
+    abort : In(1)
+        No new burst: an error response has arrived.
+    stop : In(1)
+        End the range: its bursts are out, or its descriptor completes.
+    burst : Out(stream.Signature({addr, len}))
+        The next burst: its first beat's byte address and its AxLEN.
+    returned : In(1)
+        A burst in flight completed (its last R beat or its B response).
+    active : Out(1)
+        Bursts of the range are still to be offered.
+    inflight : Out(range(dma_max_outstanding + 1))
+    """
+
+    def __init__(self, config):
+        self.config = config
+        c = config
+        super().__init__({
+            "start": In(1), "setup": In(_burst_setup_layout(c)), "stride": In(c.axi_addr_bits),
+            "enable": In(1), "abort": In(1), "stop": In(1),
+            "burst": Out(stream.Signature(data.StructLayout({"addr": c.axi_addr_bits, "len": 8}))),
+            "returned": In(1), "active": Out(1), "inflight": Out(range(c.dma_max_outstanding + 1)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.config
+        A, LG, MAXO = c.axi_addr_bits, _log2(c.axi_data_bytes), c.dma_max_outstanding
+        x = Signal(A + 1)           # beat-aligned address of the next burst
+        beats = Signal(A + 1)       # beats left in the current segment (a register:
+                                    # no subtract-compare chain into the burst decision)
+        seg = Signal(A + 1)         # start address of the current segment
+        left = Signal.like(self.setup.segments)   # segments left, the current one included
+        seg_len = Signal.like(self.setup.seg_len)
+        to4k = Signal(13 - LG + 1)
+        nbeats = Signal(9)
+        m.d.comb += to4k.eq((4096 - x[:12]) >> LG)
+        cap4k = Mux(to4k < c.dma_max_burst_beats, to4k, c.dma_max_burst_beats)
+        m.d.comb += [
+            nbeats.eq(Mux(beats < cap4k, beats, cap4k)),
+            self.burst.valid.eq(self.enable & self.active & ~self.abort & (self.inflight < MAXO)),
+            self.burst.payload.addr.eq(x[:A]), self.burst.payload.len.eq(nbeats - 1),
+        ]
+        fire = self.burst.valid & self.burst.ready
+        m.d.sync += self.inflight.eq(self.inflight + fire - self.returned)
+        with m.If(fire):
+            with m.If(cap4k >= beats):          # this burst ends the segment
+                with m.If(left == 1):
+                    m.d.sync += self.active.eq(0)
+                with m.Else():
+                    nxt = seg + self.stride
+                    m.d.sync += [left.eq(left - 1), seg.eq(nxt), x.eq(Cat(C(0, LG), nxt[LG:])),
+                                 beats.eq(segment_beats(nxt, seg_len, LG))]
+            with m.Else():
+                m.d.sync += [x.eq(x + (nbeats << LG)), beats.eq(beats - nbeats)]
+        with m.If(self.start):
+            base = self.setup.base
+            m.d.sync += [self.active.eq(1), seg.eq(base), x.eq(Cat(C(0, LG), base[LG:])),
+                         beats.eq(segment_beats(base, self.setup.seg_len, LG)),
+                         left.eq(self.setup.segments), seg_len.eq(self.setup.seg_len)]
+        with m.If(self.stop):
+            m.d.sync += self.active.eq(0)
+        return m
+
+
+class _LoadPath(wiring.Component):
+    """Load: R beats gathered and shifted into on-chip rows, for the receive
+    context ``ctx`` (rx[0]).
+
+    Every address the beat decision compares is a register: the current
+    beat's end, the current row's end, the next row's start and end (each
+    advanced by one add when a row ends). The decision is then three
+    register compares in parallel instead of two chained adds and a compare
+    from the descriptor (docs/synth.md, "Timing").
+
+    Interface
+    ---------
+    beats : In(stream.Signature(axi_data_bits))
+        The R channel's data.
+    receiving : In(1)
+        ``ctx`` has bursts still to come: the R beats are its.
+    ctx : In(context)
+        rx[0]: rows, row bytes, first on-chip row, stride, contiguity.
+    restart : In(1)
+        Take the first row of ``first``, a context that becomes rx[0].
+    first : In(context)
+    clear : In(1)
+        Drop a row not yet written (between descriptors).
+    row : Out(stream.Signature(RowWrite(chip row, max row bytes)))
+        The context's rows, zero past ``row_bytes``, in order.
+    rows_done : Out(rows)
+        Rows of ``ctx`` gathered.
+    """
+
+    def __init__(self, config):
+        self.config = config
+        c = config
+        ctx = _context_layout(c)
+        super().__init__({
+            "beats": In(stream.Signature(c.axi_data_bits)), "receiving": In(1),
+            "ctx": In(ctx), "restart": In(1), "first": In(ctx), "clear": In(1),
+            "row": Out(stream.Signature(RowWrite(ctx["chip_row"].width,
+                                                 8 * _max_row_bytes(c)))),
+            "rows_done": Out(ctx["rows"].width),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.config
+        BB, LG, RBX = c.axi_data_bytes, _log2(c.axi_data_bytes), _max_row_bytes(c)
+        A, ctx, beat, row = c.axi_addr_bits, self.ctx, self.beats, self.row
+        nslot = -(-(BB - 2 + RBX) // BB)
+        slots = [Signal(8 * BB, name=f"ld_slot{i}") for i in range(nslot)]
+        ld_k = Signal(range(nslot))
+        ld_r = self.rows_done              # rows finished
+        ld_more = Signal()                 # ld_r + 1 < rows: a row follows the current one
+        ld_a = Signal(A + 1)               # external address of the current row
+        ld_end = Signal(A + 1)             # ... and its end
+        ld_na = Signal(A + 1)              # the next row's address (ld_a + ext_stride)
+        ld_nend = Signal(A + 1)            # ... and its end (ld_end + ext_stride)
+        ld_be = Signal(A + 1)              # end of the next beat (its address + BB)
+        can_emit = ~row.valid | row.ready
+        ends, shared, next_ends_here = Signal(), Signal(), Signal()
+        m.d.comb += [
+            ends.eq(ld_be >= ld_end),
+            shared.eq(ctx.coalesced & ld_more & (ld_na < ld_be)),
+            next_ends_here.eq(ld_be >= ld_nend),
+        ]
+        # A beat that ends this row and holds all of the next one is used twice.
+        hold = ends & shared & next_ends_here
+        m.d.comb += beat.ready.eq(self.receiving & (~ends | can_emit) & ~hold)
+        process = self.receiving & beat.valid & (~ends | can_emit)
+        gathered = Cat(*[Mux(ld_k == i, beat.payload, slots[i]) for i in range(nslot)])
+        shifted = Signal(8 * RBX)
+        m.d.comb += shifted.eq(gathered >> Cat(C(0, 3), ld_a[:LG]))
+        with m.If(row.valid & row.ready):
+            m.d.sync += row.valid.eq(0)
+        with m.If(process):
+            with m.Switch(ld_k):
+                for i in range(nslot):
+                    with m.Case(i):
+                        m.d.sync += slots[i].eq(beat.payload)
+            with m.If(ends):
+                m.d.sync += [row.valid.eq(1),
+                             row.payload.data.eq(shifted & _byte_mask(RBX, ctx.row_bytes, 8)),
+                             row.payload.addr.eq(ctx.chip_row + ld_r),
+                             ld_r.eq(ld_r + 1), ld_more.eq(ld_r + 2 < ctx.rows),
+                             ld_a.eq(ld_na), ld_end.eq(ld_nend),
+                             ld_na.eq(ld_na + ctx.stride), ld_nend.eq(ld_nend + ctx.stride)]
+                with m.If(hold):
+                    m.d.sync += ld_k.eq(0)
+                with m.Elif(shared):
+                    m.d.sync += [slots[0].eq(beat.payload), ld_k.eq(1), ld_be.eq(ld_be + BB)]
+                with m.Else():
+                    m.d.sync += [ld_k.eq(0),
+                                 ld_be.eq(Mux(ctx.coalesced, ld_be + BB,
+                                              Cat(C(0, LG), ld_na[LG:] + 1)))]
+            with m.Else():
+                m.d.sync += [ld_k.eq(ld_k + 1), ld_be.eq(ld_be + BB)]
+        f = self.first
+        with m.If(self.restart):
+            m.d.sync += [ld_r.eq(0), ld_more.eq(f.rows > 1), ld_a.eq(f.a), ld_end.eq(f.end),
+                         ld_na.eq(f.na), ld_nend.eq(f.nend), ld_be.eq(f.be), ld_k.eq(0)]
+        with m.If(self.clear):
+            m.d.sync += row.valid.eq(0)
+        return m
+
+
+class _RowReader(wiring.Component):
+    """Store: the descriptor's on-chip rows read in order, through ReLU and
+    fp32 -> bf16, into a four-row queue in front of the gearbox.
+
+    Interface
+    ---------
+    desc : In(dma_descriptor_layout(config))
+    coalesced : In(1)
+        The rows form one contiguous external range.
+    start : In(1)
+        Begin at the descriptor's first row.
+    enable : In(1)
+        A store runs: read.
+    clear : In(1)
+        Empty the queue (between descriptors).
+    vmem_read, acc_read : Out(ReadPortSignature)
+    rows : Out(stream.Signature({data, first, last, off}))
+        The converted rows; ``first`` and ``last``: the row begins or ends a
+        contiguous range (every row does, unless ``coalesced``); ``off``: its
+        external address within a beat.
+    waiting : Out(1)
+        A read request is offered and not taken (it stays offered).
+    """
+
+    DEPTH = 4
+
+    def __init__(self, config):
+        self.config = config
+        c = config
+        super().__init__({
+            "desc": In(dma_descriptor_layout(c)), "coalesced": In(1),
+            "start": In(1), "enable": In(1), "clear": In(1),
+            "vmem_read": Out(ReadPortSignature(_addr_shape(c.vmem_rows), vmem_row_layout(c))),
+            "acc_read": Out(ReadPortSignature(_addr_shape(c.acc_rows), acc_row_layout(c))),
+            "rows": Out(stream.Signature(_store_row_layout(c))),
+            "waiting": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c, d, DEPTH = self.config, self.desc, self.DEPTH
+        A, LG = c.axi_addr_bits, _log2(c.axi_data_bytes)
+        is_vmem = d.space == DmaSpace.VMEM
+        meta = data.StructLayout({"first": 1, "last": 1, "off": range(c.axi_data_bytes)})
+        rd_width = max(8 * c.vmem_row_bytes, 8 * c.acc_row_bytes)
+        m.submodules.rd_q = rd_q = ResetInserter(self.clear)(
+            fifo.SyncFIFO(width=rd_width + meta.size, depth=DEPTH))
+        rd_r = Signal(len(d.rows))          # rows requested
+        rd_a = Signal(A + 1)                # external address of row rd_r
+        rd_pending = Signal()               # a response arrives next cycle
+        rd_meta = Signal(meta)
+        rd_req = Signal()
+        m.d.comb += rd_req.eq(self.enable & (rd_r < d.rows) & (rd_q.level + rd_pending < DEPTH))
+        m.d.comb += [
+            self.vmem_read.req.valid.eq(rd_req & is_vmem),
+            self.vmem_read.req.payload.eq(d.chip_row + rd_r),
+            self.acc_read.req.valid.eq(rd_req & ~is_vmem),
+            self.acc_read.req.payload.eq(d.chip_row + rd_r),
+        ]
+        rd_fire = rd_req & Mux(is_vmem, self.vmem_read.req.ready, self.acc_read.req.ready)
+        # A request is held until taken, even when an error response stops the
+        # store (stream rule; docs/formal.md).
+        m.d.comb += self.waiting.eq(rd_req & ~rd_fire)
+        m.d.sync += rd_pending.eq(rd_fire & ~self.clear)
+        with m.If(rd_fire):
+            m.d.sync += [rd_r.eq(rd_r + 1), rd_a.eq(rd_a + d.ext_stride),
+                         rd_meta.first.eq(~self.coalesced | (rd_r == 0)),
+                         rd_meta.last.eq(~self.coalesced | (rd_r + 1 == d.rows)),
+                         rd_meta.off.eq(rd_a[:LG])]
+        with m.If(self.start):
+            m.d.sync += [rd_r.eq(0), rd_a.eq(d.ext_base)]
+        resp_data = Mux(is_vmem, self.vmem_read.resp.payload.as_value(),
+                        self.acc_read.resp.payload.as_value())
+        m.d.comb += [rd_q.w_en.eq(self.vmem_read.resp.valid | self.acc_read.resp.valid),
+                     rd_q.w_data.eq(Cat(resp_data, rd_meta))]
+        q_meta = meta(rd_q.r_data[rd_width:])
+        m.d.comb += [
+            self.rows.valid.eq(rd_q.r_rdy), rd_q.r_en.eq(self.rows.valid & self.rows.ready),
+            self.rows.payload.data.eq(self._convert(m, rd_q.r_data[:rd_width], is_vmem)),
+            self.rows.payload.first.eq(q_meta.first), self.rows.payload.last.eq(q_meta.last),
+            self.rows.payload.off.eq(q_meta.off),
+        ]
+        return m
+
+    def _convert(self, m, q_row, is_vmem):
+        """ReLU and fp32 -> bf16 of a queued row, as the descriptor asks."""
+        c, d = self.config, self.desc
+        vmem_elems = []
+        for e in range(c.vmem_row_elems):
+            x = q_row[16 * e:16 * e + 16]
+            neg = x[15] & ~((x[7:15] == 0xFF) & (x[:7] != 0))
+            vmem_elems.append(Mux(d.relu & neg, 0, x))
+        acc_f32, acc_b16 = [], []
+        for e in range(c.cols):
+            x = q_row[32 * e:32 * e + 32]
+            neg = x[31] & ~((x[23:31] == 0xFF) & (x[:23] != 0))
+            y = Signal(32, name=f"relu{e}")
+            m.d.comb += y.eq(Mux(d.relu & neg, 0, x))
+            conv = Fp32ToBf16()
+            m.submodules[f"to_bf16_{e}"] = conv
+            m.d.comb += conv.x.as_value().eq(y)
+            acc_f32.append(y)
+            acc_b16.append(conv.y.as_value())
+        out = Signal(8 * _max_row_bytes(c))
+        with m.If(is_vmem):
+            m.d.comb += out.eq(Cat(*vmem_elems))
+        with m.Elif(d.to_bf16):
+            m.d.comb += out.eq(Cat(*acc_b16))
+        with m.Else():
+            m.d.comb += out.eq(Cat(*acc_f32))
+        return out
+
+
+class _Gearbox(wiring.Component):
+    """Store: rows packed into W beats with strobes, WLAST on each burst's
+    last beat.
+
+    Interface
+    ---------
+    rows : In(stream.Signature({data, first, last, off}))
+        From `_RowReader`.
+    lengths : In(stream.Signature(8))
+        The AxLEN of each burst issued, in order; taken with its last beat.
+    row_bytes : In(row bytes)
+        The descriptor's ``row_bytes``.
+    enable : In(1)
+        A store runs.
+    clear : In(1)
+        Drop what is packed (between descriptors).
+    w : Out(stream.Signature({data, strb, last}))
+        The W channel.
+    """
+
+    def __init__(self, config):
+        self.config = config
+        c = config
+        BB = c.axi_data_bytes
+        super().__init__({
+            "rows": In(stream.Signature(_store_row_layout(c))),
+            "lengths": In(stream.Signature(8)),
+            "row_bytes": In(dma_descriptor_layout(c)["row_bytes"].width),
+            "enable": In(1), "clear": In(1),
+            "w": Out(stream.Signature(data.StructLayout({"data": 8 * BB, "strb": BB, "last": 1}))),
+        })
+
+    def _last(self, beat, length):
+        """WLAST: the burst's beat ``beat`` (from 0) is its last of ``length`` + 1."""
+        return beat == length
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.config
+        BB, RBX = c.axi_data_bytes, _max_row_bytes(c)
+        rows, w, row_bytes = self.rows, self.w, self.row_bytes
+        CAP = BB + RBX
+        gb_data = Signal(8 * CAP)
+        gb_strb = Signal(CAP)
+        gb_n = Signal(range(CAP + 1))
+        gb_flush = Signal()
+        beat_valid = (gb_n >= BB) | (gb_flush & (gb_n != 0))
+        w_beat = Signal(8)
+        m.d.comb += [w.valid.eq(self.enable & beat_valid & self.lengths.valid),
+                     w.payload.data.eq(gb_data[:8 * BB]), w.payload.strb.eq(gb_strb[:BB]),
+                     w.payload.last.eq(self._last(w_beat, self.lengths.payload))]
+        w_fire = w.valid & w.ready
+        m.d.comb += self.lengths.ready.eq(w_fire & w.payload.last)
+        with m.If(w_fire):
+            m.d.sync += w_beat.eq(Mux(w.payload.last, 0, w_beat + 1))
+        n1 = Signal.like(gb_n)
+        data1 = Signal.like(gb_data)
+        strb1 = Signal.like(gb_strb)
+        flush1 = Signal()
+        m.d.comb += [n1.eq(gb_n), data1.eq(gb_data), strb1.eq(gb_strb), flush1.eq(gb_flush)]
+        with m.If(w_fire):
+            m.d.comb += [n1.eq(Mux(BB < gb_n, gb_n - BB, 0)), data1.eq(gb_data >> (8 * BB)),
+                         strb1.eq(gb_strb >> BB)]
+            with m.If(BB >= gb_n):
+                m.d.comb += flush1.eq(0)
+        pos = Signal(range(CAP + 1))
+        m.d.comb += pos.eq(Mux(rows.payload.first, rows.payload.off, n1))
+        m.d.comb += rows.ready.eq(self.enable & ~flush1 & (CAP >= pos + row_bytes))
+        accept = rows.valid & rows.ready
+        row = rows.payload.data & _byte_mask(RBX, row_bytes, 8)
+        with m.If(accept):
+            m.d.sync += [gb_data.eq(data1 | (row << Cat(C(0, 3), pos))),
+                         gb_strb.eq(strb1 | (_byte_mask(RBX, row_bytes, 1) << pos)),
+                         gb_n.eq(pos + row_bytes), gb_flush.eq(rows.payload.last)]
+        with m.Else():
+            m.d.sync += [gb_data.eq(data1), gb_strb.eq(strb1), gb_n.eq(n1), gb_flush.eq(flush1)]
+        with m.If(self.clear):
+            m.d.sync += [gb_n.eq(0), gb_flush.eq(0), gb_data.eq(0), gb_strb.eq(0), w_beat.eq(0)]
+        return m
+
+
+class _ReceiveContexts(wiring.Component):
+    """The loads in flight: rx[0] receives its data, rx[1] (if any) has issued
+    its bursts or is issuing them. A context completes once its bursts are
+    all back and its last row written; rx[1] then moves up and the load path
+    takes its first row.
+
+    Interface
+    ---------
+    alloc : In(1)
+        A load gets a context: ``new`` (rx[0] if free, else rx[1]).
+    new : In(context)
+    burst_issued : In(1)
+        A load's burst was issued: the issuing context has one more in flight.
+    issued : In(1)
+        The issuing load's bursts are all out.
+    r_last, r_error : In(1)
+        A cycle ago, a burst's last R beat, and an error response (of code
+        ``r_code``). rx[0] takes them a cycle late: R handshakes wait on the
+        load path's row-end compare, and that chain into the context was the
+        fpga chip's critical path (docs/synth.md).
+    r_code : In(DmaError)
+    row_idle : In(1)
+        The load path holds no unwritten row after this cycle.
+    rows_done : In(rows)
+        Rows of rx[0] written or being written.
+    abort : In(1), abort_err : In(DmaError)
+        Bursts stopped by an error response, and its code (for a context it cut short).
+    rx0, rx1 : Out(context)
+    following : Out(context)
+        What becomes rx[0] at a ``shift`` (the load path's next context).
+    done : Out(stream.Signature(dma_completion_layout(config)))
+        rx[0] completes: in the cycle its last row is written (the token it
+        frees is pushed a cycle later, when the row is in the memory).
+    shift : Out(1)
+        rx[0]'s completion is taken: rx[1] moves up.
+    """
+
+    def __init__(self, config):
+        self.config = config
+        c = config
+        ctx = _context_layout(c)
+        super().__init__({
+            "alloc": In(1), "new": In(ctx), "burst_issued": In(1), "issued": In(1),
+            "r_last": In(1), "r_error": In(1), "r_code": In(DmaError), "row_idle": In(1),
+            "rows_done": In(ctx["rows"].width), "abort": In(1), "abort_err": In(DmaError),
+            "rx0": Out(ctx), "rx1": Out(ctx), "following": Out(ctx),
+            "done": Out(stream.Signature(dma_completion_layout(c))), "shift": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        rx0, rx1, n1 = self.rx0, self.rx1, self.following
+        err0 = Mux(rx0.err != DmaError.OK, rx0.err,
+                   Mux(self.r_error, self.r_code, DmaError.OK))
+        short = self.rows_done != rx0.rows
+        m.d.comb += [
+            self.done.valid.eq(rx0.valid & rx0.issued & (rx0.bursts == self.r_last)
+                               & self.row_idle),
+            self.done.payload.tag.eq(rx0.tag),
+            self.done.payload.error.eq(Mux(err0 != DmaError.OK, err0,
+                                           Mux(self.abort & short, self.abort_err, DmaError.OK))),
+            self.shift.eq(self.done.valid & self.done.ready),
+        ]
+        # Updates of this cycle, then the move up.
+        n0 = Signal.like(rx0)
+        m.d.comb += [n0.eq(rx0), n1.eq(rx1)]
+        with m.If(rx1.valid):
+            m.d.comb += [n1.bursts.eq(rx1.bursts + self.burst_issued),
+                         n0.bursts.eq(rx0.bursts - self.r_last)]
+            with m.If(self.issued):
+                m.d.comb += n1.issued.eq(1)
+        with m.Else():
+            m.d.comb += n0.bursts.eq(rx0.bursts + self.burst_issued - self.r_last)
+            with m.If(self.issued):
+                m.d.comb += n0.issued.eq(1)
+        m.d.comb += n0.err.eq(err0)
+        with m.If(self.alloc):
+            with m.If(~rx0.valid):
+                m.d.comb += n0.eq(self.new)
+            with m.Else():
+                m.d.comb += n1.eq(self.new)
+        with m.If(self.shift):
+            m.d.sync += [rx0.eq(n1), rx1.eq(0)]
+        with m.Else():
+            m.d.sync += [rx0.eq(n0), rx1.eq(n1)]
+        return m
+
+
 class Dma(wiring.Component):
     """AXI4 DMA master between external memory and VMEM / the accumulator memory.
+
+    The sections are components, each with its interface: `_BurstGenerator`
+    (the external range cut into bursts), `_LoadPath` (R beats into on-chip
+    rows), `_ReceiveContexts` (the loads in flight), `_RowReader` and
+    `_Gearbox` (on-chip rows into W beats). This component holds the
+    descriptor, checks it, runs it (a state machine), and owns the AR
+    register, the AW queue and the responses.
 
     Parameters
     ----------
@@ -131,6 +635,9 @@ class Dma(wiring.Component):
         and `AccMem`.
     busy : Out(1)
         A descriptor is being checked, moved or completed.
+
+    The sections are attributes (``bursts``, ``load_path``, ``contexts``,
+    ``row_reader``, ``gearbox``), so that checkers can attach to their ports.
     """
 
     def __init__(self, config):
@@ -146,121 +653,79 @@ class Dma(wiring.Component):
             "acc_write": Out(WritePortSignature(_addr_shape(c.acc_rows), acc_row_layout(c))),
             "busy": Out(1),
         })
+        self.bursts = _BurstGenerator(c)
+        self.load_path = _LoadPath(c)
+        self.contexts = _ReceiveContexts(c)
+        self.row_reader = _RowReader(c)
+        self.gearbox = self._gearbox_class()(c)
+
+    def _gearbox_class(self):
+        return _Gearbox
 
     def elaborate(self, platform):
         m = Module()
         c = self.config
-        # `s` carries the signals the sections share; each section takes what it
-        # reads from it and puts back what later sections use.
-        s = SimpleNamespace(c=c, A=c.axi_addr_bits, BB=c.axi_data_bytes, LG=_log2(c.axi_data_bytes),
-                            RBV=c.vmem_row_bytes, RBA=c.acc_row_bytes, RBX=_max_row_bytes(c),
-                            MAXO=c.dma_max_outstanding, axi=self.axi)
-        self._descriptor(m, s)
-        self._burst_generator(m, s)
-        self._address_channels(m, s)
-        self._responses(m, s)
-        self._load_path(m, s)
-        self._row_reader(m, s)
-        self._gearbox(m, s)
-        self._control(m, s)
-        self._receive_contexts(m, s)
+        A = c.axi_addr_bits
+        m.submodules.bursts = bursts = self.bursts
+        m.submodules.load_path = lp = self.load_path
+        m.submodules.contexts = rc = self.contexts
+        m.submodules.row_reader = rr = self.row_reader
+        m.submodules.gearbox = gb = self.gearbox
+        d = Signal(dma_descriptor_layout(c))
+        # The descriptor's values that the checks and the sections derive from it.
+        derived = Signal(data.StructLayout({
+            "coalesced": 1,                                 # the rows are one range
+            "last_off": A + len(d.rows),                    # (rows - 1) * stride
+            "total": len(d.rows) + len(d.row_bytes),        # rows * row_bytes
+            "first_end": A + 1,                             # the first row's end
+        }))
+        status = Signal(data.StructLayout({
+            "err": DmaError,          # the completion of a descriptor the FSM completes
+            "abort": 1,               # no new bursts: an error response arrived
+            "abort_err": DmaError,    # the first error response, for contexts it cut short
+        }))
+        run, clear = Signal(), Signal()     # RUN; COMPLETE (the sections' state is reset)
+        is_load = d.dir == DmaDir.LOAD
+        m.d.comb += [
+            bursts.stride.eq(d.ext_stride), bursts.enable.eq(run), bursts.abort.eq(status.abort),
+            rr.desc.eq(d), rr.coalesced.eq(derived.coalesced),
+            rr.enable.eq(run & ~is_load), rr.clear.eq(clear),
+            gb.row_bytes.eq(d.row_bytes), gb.enable.eq(run & ~is_load), gb.clear.eq(clear),
+            rc.burst_issued.eq(bursts.burst.valid & bursts.burst.ready & is_load),
+            rc.abort.eq(status.abort), rc.abort_err.eq(status.abort_err),
+            self.load_path.clear.eq(clear),
+        ]
+        wiring.connect(m, rr.rows, gb.rows)
+        wiring.connect(m, rr.vmem_read, wiring.flipped(self.vmem_read))
+        wiring.connect(m, rr.acc_read, wiring.flipped(self.acc_read))
+        self._connect_axi(m, bursts, gb, is_load, clear)
+        self._responses(m, bursts, rc, status)
+        self._connect_load_path(m, lp, rc)
+        fsm_done = self._control(m, d, derived, status, run, clear)
+        # Completions leave in order: a descriptor the state machine completes
+        # waited for the loads in flight.
+        m.d.comb += [
+            self.done.valid.eq(rc.done.valid | fsm_done),
+            self.done.payload.eq(Mux(rc.done.valid, rc.done.payload, Cat(status.err, d.tag))),
+            rc.done.ready.eq(self.done.ready),
+        ]
+        with m.If(rc.rx0.valid):
+            m.d.comb += self.busy.eq(1)
         return m
 
-    def _descriptor(self, m, s):
-        """The descriptor being run and its derived values."""
-        A, c = s.A, s.c
-        d = Signal(dma_descriptor_layout(c))
-        err = Signal(DmaError)
-        abort = Signal()            # stop issuing bursts (an error response arrived)
-        is_load = d.dir == DmaDir.LOAD
-        is_vmem = d.space == DmaSpace.VMEM
-        coalesced = Signal()        # rows form one contiguous range
-        last_off = Signal(A + len(d.rows))      # (rows - 1) * stride
-        total = Signal(len(d.rows) + len(d.row_bytes))  # rows * row_bytes
-        first_end = Signal(A + 1)   # ext_base + row_bytes: the end of the first row
-        clear = Signal()            # reset the data-path state between descriptors
-        # Receive contexts of loads whose data is arriving (rx[0]) or whose
-        # bursts are issuing or issued (rx[1]): what the load path needs of
-        # its descriptor, its bursts in flight, and its first row's addresses.
-        ctx = data.StructLayout({
-            "valid": 1, "issued": 1, "err": DmaError, "tag": 8, "vmem": 1, "coalesced": 1,
-            "rows": len(d.rows), "row_bytes": len(d.row_bytes), "chip_row": len(d.chip_row),
-            "stride": A, "bursts": range(c.dma_max_outstanding + 1),
-            "a": A + 1, "end": A + 1, "na": A + 1, "nend": A + 1, "be": A + 1,
-        })
-        rx = [Signal(ctx, name=f"rx{k}") for k in range(2)]
-        abort_err = Signal(DmaError)   # the first error response, for contexts it cuts short
-        s.ctx = ctx
-        s.rx = rx
-        s.shift = Signal()          # rx[0] completes and rx[1] moves up
-        s.abort_err = abort_err
-        s.abort = abort
-        s.clear = clear
-        s.coalesced = coalesced
-        s.d = d
-        s.err = err
-        s.first_end = first_end
-        s.is_load = is_load
-        s.is_vmem = is_vmem
-        s.last_off = last_off
-        s.total = total
-
-    def _burst_generator(self, m, s):
-        """Cuts the external range into AXI bursts (at most the burst length, never
-        across 4 KiB)."""
-        A, LG, MAXO, abort, c, d, total = s.A, s.LG, s.MAXO, s.abort, s.c, s.d, s.total
-        bg_active = Signal()
-        bg_x = Signal(A + 1)        # beat-aligned address of the next burst
-        bg_beats = Signal(A + 1)    # beats left in the current segment (a register:
-                                    # no subtract-compare chain into the burst decision)
-        bg_seg = Signal(A + 1)      # start address of the current segment
-        bg_left = Signal(len(d.rows))  # segments left, including the current one
-        seg_len = Signal(len(total))
-        inflight = Signal(range(MAXO + 1))
-        to4k = Signal(13 - LG + 1)
-        nbeats = Signal(9)
-        m.d.comb += to4k.eq((4096 - bg_x[:12]) >> LG)
-        cap4k = Mux(to4k < c.dma_max_burst_beats, to4k, c.dma_max_burst_beats)
-        m.d.comb += nbeats.eq(Mux(bg_beats < cap4k, bg_beats, cap4k))
-        bg_ok = Signal()            # a burst may be issued this cycle (if taken)
-        bg_fire = Signal()
-        m.d.comb += bg_ok.eq(bg_active & ~abort & (inflight < MAXO))
-        with m.If(bg_fire):
-            with m.If(cap4k >= bg_beats):       # this burst ends the segment
-                with m.If(bg_left == 1):
-                    m.d.sync += bg_active.eq(0)
-                with m.Else():
-                    nxt = bg_seg + d.ext_stride
-                    m.d.sync += [bg_left.eq(bg_left - 1), bg_seg.eq(nxt),
-                                 bg_x.eq(Cat(C(0, LG), nxt[LG:])),
-                                 bg_beats.eq(segment_beats(nxt, seg_len, LG))]
-            with m.Else():
-                m.d.sync += [bg_x.eq(bg_x + (nbeats << LG)), bg_beats.eq(bg_beats - nbeats)]
-        s.bg_active = bg_active
-        s.bg_beats = bg_beats
-        s.bg_fire = bg_fire
-        s.bg_left = bg_left
-        s.bg_ok = bg_ok
-        s.bg_seg = bg_seg
-        s.bg_x = bg_x
-        s.inflight = inflight
-        s.nbeats = nbeats
-        s.seg_len = seg_len
-
-    def _address_channels(self, m, s):
-        """AR for loads; AW and the W-length queue for stores."""
-        A, LG, MAXO, axi, bg_fire, bg_ok = s.A, s.LG, s.MAXO, s.axi, s.bg_fire, s.bg_ok
-        bg_x, clear, d, is_load, nbeats = s.bg_x, s.clear, s.d, s.is_load, s.nbeats
+    def _connect_axi(self, m, bursts, gb, is_load, clear):
+        """AR for loads; AW and the queue of W burst lengths for stores; W."""
+        c, axi = self.config, self.axi
+        A, LG, MAXO = c.axi_addr_bits, _log2(c.axi_data_bytes), c.dma_max_outstanding
+        burst = bursts.burst
         ar_valid = Signal()
         ar_addr = Signal(A)
         ar_len = Signal(8)
         m.d.comb += [axi.arvalid.eq(ar_valid), axi.araddr.eq(ar_addr), axi.arlen.eq(ar_len),
                      axi.arsize.eq(LG), axi.arburst.eq(AxiBurst.INCR), axi.arid.eq(0),
                      axi.arcache.eq(0b0011), axi.arprot.eq(0), axi.arlock.eq(0)]
-        ar_free = ~ar_valid | axi.arready
         with m.If(axi.arvalid & axi.arready):
             m.d.sync += ar_valid.eq(0)
-        # ---------------------------------------------------------------- AW / W-length queues
         m.submodules.aw_q = aw_q = ResetInserter(clear)(fifo.SyncFIFO(width=A + 8, depth=MAXO))
         m.submodules.wl_q = wl_q = ResetInserter(clear)(fifo.SyncFIFO(width=8, depth=MAXO))
         m.d.comb += [axi.awvalid.eq(aw_q.r_rdy), axi.awaddr.eq(aw_q.r_data[:A]),
@@ -268,441 +733,177 @@ class Dma(wiring.Component):
                      axi.awburst.eq(AxiBurst.INCR), axi.awid.eq(0), axi.awcache.eq(0b0011),
                      axi.awprot.eq(0), axi.awlock.eq(0),
                      aw_q.r_en.eq(axi.awready),
-                     aw_q.w_data.eq(Cat(bg_x[:A], nbeats - 1)), wl_q.w_data.eq(nbeats - 1)]
-        run = Signal()
+                     aw_q.w_data.eq(Cat(burst.payload.addr, burst.payload.len)),
+                     wl_q.w_data.eq(burst.payload.len)]
+        fire = burst.valid & burst.ready
         with m.If(is_load):
-            m.d.comb += bg_fire.eq(run & bg_ok & ar_free)
-            with m.If(bg_fire):
-                m.d.sync += [ar_valid.eq(1), ar_addr.eq(bg_x[:A]), ar_len.eq(nbeats - 1)]
+            m.d.comb += burst.ready.eq(~ar_valid | axi.arready)
+            with m.If(fire):
+                m.d.sync += [ar_valid.eq(1), ar_addr.eq(burst.payload.addr),
+                             ar_len.eq(burst.payload.len)]
         with m.Else():
-            m.d.comb += [bg_fire.eq(run & bg_ok & aw_q.w_rdy & wl_q.w_rdy),
-                         aw_q.w_en.eq(bg_fire), wl_q.w_en.eq(bg_fire)]
-        s.run = run
-        s.wl_q = wl_q
+            m.d.comb += [burst.ready.eq(aw_q.w_rdy & wl_q.w_rdy),
+                         aw_q.w_en.eq(fire), wl_q.w_en.eq(fire)]
+        m.d.comb += [gb.lengths.valid.eq(wl_q.r_rdy), gb.lengths.payload.eq(wl_q.r_data),
+                     wl_q.r_en.eq(gb.lengths.ready),
+                     axi.wvalid.eq(gb.w.valid), axi.wdata.eq(gb.w.payload.data),
+                     axi.wstrb.eq(gb.w.payload.strb), axi.wlast.eq(gb.w.payload.last),
+                     gb.w.ready.eq(axi.wready)]
 
-    def _responses(self, m, s):
-        """R and B responses: bursts in flight, and the first error."""
-        abort, axi, bg_fire, d, err, inflight = s.abort, s.axi, s.bg_fire, s.d, s.err, s.inflight
-        is_load = s.is_load
+    def _responses(self, m, bursts, rc, status):
+        """R and B responses: bursts returned, and the first error."""
+        axi = self.axi
         r_fire = axi.rvalid & axi.rready
         b_fire = axi.bvalid & axi.bready
         m.d.comb += axi.bready.eq(1)
         # R beats are a load's (a store takes no R), B responses a store's: the
         # receive contexts may still hold loads while a store runs.
-        done_burst = (r_fire & axi.rlast) | b_fire
-        m.d.sync += inflight.eq(inflight + bg_fire - done_burst)
-        s.r_last = r_fire & axi.rlast
+        m.d.comb += bursts.returned.eq((r_fire & axi.rlast) | b_fire)
         resp = Mux(r_fire, axi.rresp, axi.bresp)
-        resp_fire = r_fire | b_fire
-        is_load = r_fire
         code = Mux(resp[0], DmaError.DECERR, DmaError.SLVERR)
-        s.r_error = Signal()           # an error response of a load's beat (its rx[0])
-        s.r_code = code
-        with m.If(resp_fire & resp[1]):
-            m.d.sync += abort.eq(1)
-            with m.If(s.abort_err == DmaError.OK):
-                m.d.sync += s.abort_err.eq(code)
-            with m.If(is_load):
-                m.d.comb += s.r_error.eq(1)
-            with m.Elif(err == DmaError.OK):
-                m.d.sync += err.eq(code)
-        # rx[0] counts a burst's last beat and takes an error a cycle after
-        # the beat: R handshakes wait on the load path's row-end comparison,
-        # and that chain into the receive context was the fpga chip's
-        # critical path (docs/synth.md). `_receive_contexts` reads the
-        # registered pair as part of rx[0].
-        s.r_last_q, s.r_error_q, s.r_code_q = Signal(), Signal(), Signal.like(code)
-        m.d.sync += [s.r_last_q.eq(s.r_last), s.r_error_q.eq(s.r_error), s.r_code_q.eq(code)]
+        r_error = Signal()
+        with m.If((r_fire | b_fire) & resp[1]):
+            m.d.sync += status.abort.eq(1)
+            with m.If(status.abort_err == DmaError.OK):
+                m.d.sync += status.abort_err.eq(code)
+            with m.If(r_fire):
+                m.d.comb += r_error.eq(1)       # rx[0]'s, a cycle later
+            with m.Elif(status.err == DmaError.OK):
+                m.d.sync += status.err.eq(code)
+        m.d.sync += [rc.r_last.eq(r_fire & axi.rlast), rc.r_error.eq(r_error),
+                     rc.r_code.eq(code)]
 
-    def _load_path(self, m, s):
-        """Load: R beats gathered and shifted into on-chip rows.
-
-        Every address the beat decision compares is a register: the current
-        beat's end, the current row's end, the next row's start and end (each
-        advanced by one add when a row ends). The decision is then three
-        register compares in parallel instead of two chained adds and a compare
-        from the descriptor (docs/synth.md, "Timing")."""
-        A, BB, LG, RBA, RBV, RBX, axi = s.A, s.BB, s.LG, s.RBA, s.RBV, s.RBX, s.axi
-        d, rx0 = s.d, s.rx[0]
-        # The load path works for the receive context rx[0]; R beats go to it
-        # while it has bursts in flight (later beats are the next context's).
-        coalesced, is_vmem = rx0.coalesced, rx0.vmem
-        run = rx0.valid & (rx0.bursts != s.r_last_q)     # bursts still to come
-        is_load = 1
-        nslot = -(-(BB - 2 + RBX) // BB)
-        slots = [Signal(8 * BB, name=f"ld_slot{i}") for i in range(nslot)]
-        ld_k = Signal(range(nslot))
-        ld_r = Signal(len(d.rows))         # rows finished
-        ld_more = Signal()                 # ld_r + 1 < rows: a row follows the current one
-        ld_a = Signal(A + 1)               # external address of the current row
-        ld_end = Signal(A + 1)             # ... and its end
-        ld_na = Signal(A + 1)              # the next row's address (ld_a + ext_stride)
-        ld_nend = Signal(A + 1)            # ... and its end (ld_end + ext_stride)
-        ld_be = Signal(A + 1)              # end of the next beat (its address + BB)
-        out_valid = Signal()
-        out_addr = Signal(len(d.chip_row))
-        out_data = Signal(8 * RBX)
-        out_ready = Mux(is_vmem, self.vmem_write.ready, self.acc_write.ready)
+    def _connect_load_path(self, m, lp, rc):
+        """The load path works for rx[0], and writes its rows to VMEM or the
+        accumulator; it takes a context's first row when the context becomes rx[0]."""
+        axi, rx0 = self.axi, rc.rx0
+        row = lp.row
         m.d.comb += [
-            self.vmem_write.valid.eq(out_valid & is_vmem),
-            self.vmem_write.payload.addr.eq(out_addr),
-            self.vmem_write.payload.data.eq(out_data[:8 * RBV]),
-            self.acc_write.valid.eq(out_valid & ~is_vmem),
-            self.acc_write.payload.addr.eq(out_addr),
-            self.acc_write.payload.data.eq(out_data[:8 * RBA]),
+            lp.beats.valid.eq(axi.rvalid), lp.beats.payload.eq(axi.rdata),
+            axi.rready.eq(lp.beats.ready),
+            lp.receiving.eq(rx0.valid & (rx0.bursts != rc.r_last)),
+            lp.ctx.eq(rx0),
+            lp.restart.eq((rc.alloc & ~rx0.valid) | rc.shift),
+            lp.first.eq(Mux(rc.shift, rc.following, rc.new)),
+            self.vmem_write.valid.eq(row.valid & rx0.vmem),
+            self.vmem_write.payload.addr.eq(row.payload.addr),
+            self.vmem_write.payload.data.eq(row.payload.data[:8 * self.config.vmem_row_bytes]),
+            self.acc_write.valid.eq(row.valid & ~rx0.vmem),
+            self.acc_write.payload.addr.eq(row.payload.addr),
+            self.acc_write.payload.data.eq(row.payload.data[:8 * self.config.acc_row_bytes]),
+            row.ready.eq(Mux(rx0.vmem, self.vmem_write.ready, self.acc_write.ready)),
+            rc.row_idle.eq(~row.valid | row.ready),
+            rc.rows_done.eq(lp.rows_done),
         ]
-        can_emit = ~out_valid | out_ready
-        s.out_written = out_valid & out_ready
-        ends = Signal()
-        shared = Signal()
-        next_ends_here = Signal()
-        m.d.comb += [
-            ends.eq(ld_be >= ld_end),
-            shared.eq(coalesced & ld_more & (ld_na < ld_be)),
-            next_ends_here.eq(ld_be >= ld_nend),
-        ]
-        hold = ends & shared & next_ends_here
-        m.d.comb += axi.rready.eq(run & is_load & (~ends | can_emit) & ~hold)
-        process = run & is_load & axi.rvalid & (~ends | can_emit)
-        gathered = Cat(*[Mux(ld_k == i, axi.rdata, slots[i]) for i in range(nslot)])
-        shifted = Signal(8 * RBX)
-        m.d.comb += shifted.eq(gathered >> Cat(C(0, 3), ld_a[:LG]))
-        row_mask = Cat(*[(C(j, 8) < rx0.row_bytes).replicate(8) for j in range(RBX)])
-        s.store_row_mask = Cat(*[(C(j, 8) < d.row_bytes).replicate(8) for j in range(RBX)])
-        with m.If(out_valid & out_ready):
-            m.d.sync += out_valid.eq(0)
-        with m.If(process):
-            with m.Switch(ld_k):
-                for i in range(nslot):
-                    with m.Case(i):
-                        m.d.sync += slots[i].eq(axi.rdata)
-            with m.If(ends):
-                m.d.sync += [out_valid.eq(1), out_data.eq(shifted & row_mask),
-                             out_addr.eq(rx0.chip_row + ld_r),
-                             ld_r.eq(ld_r + 1), ld_more.eq(ld_r + 2 < rx0.rows),
-                             ld_a.eq(ld_na), ld_end.eq(ld_nend),
-                             ld_na.eq(ld_na + rx0.stride), ld_nend.eq(ld_nend + rx0.stride)]
-                with m.If(hold):
-                    m.d.sync += ld_k.eq(0)
-                with m.Elif(shared):
-                    m.d.sync += [slots[0].eq(axi.rdata), ld_k.eq(1), ld_be.eq(ld_be + BB)]
-                with m.Else():
-                    m.d.sync += [ld_k.eq(0),
-                                 ld_be.eq(Mux(coalesced, ld_be + BB,
-                                              Cat(C(0, LG), ld_na[LG:] + 1)))]
-            with m.Else():
-                m.d.sync += [ld_k.eq(ld_k + 1), ld_be.eq(ld_be + BB)]
-        s.ld_a = ld_a
-        s.ld_be = ld_be
-        s.ld_end = ld_end
-        s.ld_k = ld_k
-        s.ld_more = ld_more
-        s.ld_na = ld_na
-        s.ld_nend = ld_nend
-        s.ld_r = ld_r
-        s.out_valid = out_valid
-        s.row_mask = s.store_row_mask
 
-    def _row_reader(self, m, s):
-        """Store: on-chip rows read, through ReLU and fp32 -> bf16."""
-        A, BB, LG, RBA, RBV, RBX, c, clear = s.A, s.BB, s.LG, s.RBA, s.RBV, s.RBX, s.c, s.clear
-        coalesced, d, is_load, is_vmem, run = s.coalesced, s.d, s.is_load, s.is_vmem, s.run
-        DEPTH = 4
-        meta = data.StructLayout({"first": 1, "last": 1, "off": range(BB)})
-        rd_width = max(8 * RBV, 8 * RBA)
-        m.submodules.rd_q = rd_q = ResetInserter(clear)(
-            fifo.SyncFIFO(width=rd_width + meta.size, depth=DEPTH))
-        rd_r = Signal(len(d.rows))          # rows requested
-        rd_a = Signal(A + 1)                # external address of row rd_r
-        rd_pending = Signal()               # a response arrives next cycle
-        rd_meta = Signal(meta)
-        rd_req = Signal()
-        m.d.comb += rd_req.eq(run & ~is_load & (rd_r < d.rows)
-                              & (rd_q.level + rd_pending < DEPTH))
-        m.d.comb += [
-            self.vmem_read.req.valid.eq(rd_req & is_vmem),
-            self.vmem_read.req.payload.eq(d.chip_row + rd_r),
-            self.acc_read.req.valid.eq(rd_req & ~is_vmem),
-            self.acc_read.req.payload.eq(d.chip_row + rd_r),
-        ]
-        rd_fire = rd_req & Mux(is_vmem, self.vmem_read.req.ready, self.acc_read.req.ready)
-        # A request is held until taken, even when an error response stops the
-        # store (stream rule; docs/formal.md).
-        s.rd_waiting = rd_req & ~rd_fire
-        m.d.sync += rd_pending.eq(rd_fire & ~clear)
-        with m.If(rd_fire):
-            m.d.sync += [rd_r.eq(rd_r + 1), rd_a.eq(rd_a + d.ext_stride),
-                         rd_meta.first.eq(~coalesced | (rd_r == 0)),
-                         rd_meta.last.eq(~coalesced | (rd_r + 1 == d.rows)),
-                         rd_meta.off.eq(rd_a[:LG])]
-        resp_data = Mux(is_vmem, self.vmem_read.resp.payload.as_value(),
-                        self.acc_read.resp.payload.as_value())
-        m.d.comb += [rd_q.w_en.eq(self.vmem_read.resp.valid | self.acc_read.resp.valid),
-                     rd_q.w_data.eq(Cat(resp_data, rd_meta))]
-
-        # ReLU and fp32 -> bf16 on the queue's output.
-        q_row = rd_q.r_data[:rd_width]
-        q_meta = Signal(meta)
-        m.d.comb += q_meta.eq(rd_q.r_data[rd_width:])
-        row_bytes_out = Signal(8 * RBX)
-        vmem_elems = []
-        for e in range(c.vmem_row_elems):
-            x = q_row[16 * e:16 * e + 16]
-            neg = x[15] & ~((x[7:15] == 0xFF) & (x[:7] != 0))
-            vmem_elems.append(Mux(d.relu & neg, 0, x))
-        acc_f32, acc_b16 = [], []
-        for e in range(c.cols):
-            x = q_row[32 * e:32 * e + 32]
-            neg = x[31] & ~((x[23:31] == 0xFF) & (x[:23] != 0))
-            y = Signal(32, name=f"relu{e}")
-            m.d.comb += y.eq(Mux(d.relu & neg, 0, x))
-            conv = Fp32ToBf16()
-            m.submodules[f"to_bf16_{e}"] = conv
-            m.d.comb += conv.x.as_value().eq(y)
-            acc_f32.append(y)
-            acc_b16.append(conv.y.as_value())
-        with m.If(is_vmem):
-            m.d.comb += row_bytes_out.eq(Cat(*vmem_elems))
-        with m.Elif(d.to_bf16):
-            m.d.comb += row_bytes_out.eq(Cat(*acc_b16))
-        with m.Else():
-            m.d.comb += row_bytes_out.eq(Cat(*acc_f32))
-        s.q_meta = q_meta
-        s.rd_a = rd_a
-        s.rd_q = rd_q
-        s.rd_r = rd_r
-        s.row_bytes_out = row_bytes_out
-
-    def _gearbox(self, m, s):
-        """Store: rows packed into W beats with strobes."""
-        BB, RBX, axi, d, is_load, q_meta = s.BB, s.RBX, s.axi, s.d, s.is_load, s.q_meta
-        rd_q, row_bytes_out, row_mask, run = s.rd_q, s.row_bytes_out, s.row_mask, s.run
-        wl_q = s.wl_q
-        CAP = BB + RBX
-        gb_data = Signal(8 * CAP)
-        gb_strb = Signal(CAP)
-        gb_n = Signal(range(CAP + 1))
-        gb_flush = Signal()
-        beat_valid = (gb_n >= BB) | (gb_flush & (gb_n != 0))
-        w_beat = Signal(8)
-        m.d.comb += [axi.wvalid.eq(run & ~is_load & beat_valid & wl_q.r_rdy),
-                     axi.wdata.eq(gb_data[:8 * BB]), axi.wstrb.eq(gb_strb[:BB]),
-                     axi.wlast.eq(w_beat == wl_q.r_data)]
-        w_fire = axi.wvalid & axi.wready
-        m.d.comb += wl_q.r_en.eq(w_fire & axi.wlast)
-        with m.If(w_fire):
-            m.d.sync += w_beat.eq(Mux(axi.wlast, 0, w_beat + 1))
-        n1 = Signal.like(gb_n)
-        data1 = Signal.like(gb_data)
-        strb1 = Signal.like(gb_strb)
-        flush1 = Signal()
-        m.d.comb += [n1.eq(gb_n), data1.eq(gb_data), strb1.eq(gb_strb), flush1.eq(gb_flush)]
-        with m.If(w_fire):
-            m.d.comb += [n1.eq(Mux(BB < gb_n, gb_n - BB, 0)), data1.eq(gb_data >> (8 * BB)),
-                         strb1.eq(gb_strb >> BB)]
-            with m.If(BB >= gb_n):
-                m.d.comb += flush1.eq(0)
-        pos = Signal(range(CAP + 1))
-        m.d.comb += pos.eq(Mux(q_meta.first, q_meta.off, n1))
-        accept = run & ~is_load & rd_q.r_rdy & ~flush1 & (CAP >= pos + d.row_bytes)
-        m.d.comb += rd_q.r_en.eq(accept)
-        L_mask = Cat(*[C(j, 8) < d.row_bytes for j in range(RBX)])
-        with m.If(accept):
-            m.d.sync += [gb_data.eq(data1 | ((row_bytes_out & row_mask) << Cat(C(0, 3), pos))),
-                         gb_strb.eq(strb1 | (L_mask << pos)),
-                         gb_n.eq(pos + d.row_bytes), gb_flush.eq(q_meta.last)]
-        with m.Else():
-            m.d.sync += [gb_data.eq(data1), gb_strb.eq(strb1), gb_n.eq(n1), gb_flush.eq(flush1)]
-        s.gb_data = gb_data
-        s.gb_flush = gb_flush
-        s.gb_n = gb_n
-        s.gb_strb = gb_strb
-        s.w_beat = w_beat
-
-    def _control(self, m, s):
-        """The descriptor's checks and the run state machine.
+    def _checks(self, d, derived):
+        """The descriptor's checks (docs/memory.md), in the order they are reported.
 
         (Comparisons throughout are written as ``<`` and ``>=``: Yosys maps
         ``a > b`` and ``a <= b`` to a carry chain plus an equality tree, the
         other two to the chain alone; docs/synth.md.)"""
-        A, LG, RBA, RBV, RBX, abort = s.A, s.LG, s.RBA, s.RBV, s.RBX, s.abort
-        bg_active, bg_beats, bg_fire, bg_left = s.bg_active, s.bg_beats, s.bg_fire, s.bg_left
-        bg_seg, bg_x, c, clear, coalesced, d = s.bg_seg, s.bg_x, s.c, s.clear, s.coalesced, s.d
-        err, gb_data, gb_flush, gb_n, gb_strb = s.err, s.gb_data, s.gb_flush, s.gb_n, s.gb_strb
-        inflight, is_load, is_vmem, last_off = s.inflight, s.is_load, s.is_vmem, s.last_off
-        ld_a, ld_be, ld_end, ld_k, ld_r = s.ld_a, s.ld_be, s.ld_end, s.ld_k, s.ld_r
-        ld_more, ld_na, ld_nend = s.ld_more, s.ld_na, s.ld_nend
-        out_valid, rd_a, rd_r, run, seg_len = s.out_valid, s.rd_a, s.rd_r, s.run, s.seg_len
-        total, w_beat, rd_waiting = s.total, s.w_beat, s.rd_waiting
-        chip_rows = Mux(is_vmem, c.vmem_rows, c.acc_rows)
-        limit = Signal(range(RBX + 1))
-        with m.If(is_vmem):
-            m.d.comb += limit.eq(RBV)
-        with m.Elif(is_load | ~d.to_bf16):
-            m.d.comb += limit.eq(RBA)
-        with m.Else():
-            m.d.comb += limit.eq(RBA // 2)
+        c = self.config
+        is_load, is_vmem = d.dir == DmaDir.LOAD, d.space == DmaSpace.VMEM
+        limit = Mux(is_vmem, c.vmem_row_bytes,
+                    Mux(is_load | ~d.to_bf16, c.acc_row_bytes, c.acc_row_bytes // 2))
         four = ~is_vmem & ~d.to_bf16    # fp32 rows: 4-byte alignment
-        misaligned = ((d.ext_base | d.ext_stride | d.row_bytes)[0]
-                      | (four & (d.ext_base | d.ext_stride | d.row_bytes)[1]))
-        empty = (d.rows == 0) | (d.row_bytes == 0)
-        first_end = s.first_end
-        ext_end = Signal(A + len(d.rows) + 2)
-        m.d.comb += ext_end.eq(first_end + last_off)
+        fields = d.ext_base | d.ext_stride | d.row_bytes
+        chip_rows = Mux(is_vmem, c.vmem_rows, c.acc_rows)
+        ext_end = derived.first_end + derived.last_off
+        return [
+            (DmaError.BAD_OPTION, (is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)),
+            (DmaError.ROW_BYTES, limit < d.row_bytes),
+            (DmaError.MISALIGNED, fields[0] | (four & fields[1])),
+            (DmaError.CHIP_RANGE, chip_rows < d.chip_row + d.rows),
+            (DmaError.OK, (d.rows == 0) | (d.row_bytes == 0)),       # empty: nothing to move
+            (DmaError.EXT_RANGE, ext_end >= c.ext_mem_bytes + 1),
+        ]
 
-        rx0, rx1 = s.rx
-        # A descriptor that does not receive data waits until no load does, so
-        # that completions stay in order.
-        s.alloc = alloc = Signal()      # DECIDE gives a receive context to this load
-        s.issued = issued = Signal()    # RUN: the issuing load's bursts are all out
-        s.fsm_done = fsm_done = Signal()
+    def _control(self, m, d, derived, status, run, clear):
+        """The run state machine; returns "the state machine completes a
+        descriptor" (a store, or one that failed its checks)."""
+        c, bursts, rc, lp = self.config, self.bursts, self.contexts, self.load_path
+        LG = _log2(c.axi_data_bytes)
+        is_load = d.dir == DmaDir.LOAD
+        rx0 = rc.rx0
+        checks = self._checks(d, derived)
         bad = Signal()
-        m.d.comb += bad.eq((is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)
-                           | (d.row_bytes > limit) | misaligned
-                           | (d.chip_row + d.rows > chip_rows) | empty
-                           | (ext_end > c.ext_mem_bytes))
+        m.d.comb += bad.eq(Cat(*(failed for _, failed in checks)).any())
+        # What a load's context starts from.
+        first_end = derived.first_end
+        m.d.comb += [
+            rc.new.valid.eq(1), rc.new.tag.eq(d.tag),
+            rc.new.vmem.eq(d.space == DmaSpace.VMEM), rc.new.coalesced.eq(derived.coalesced),
+            rc.new.rows.eq(d.rows), rc.new.row_bytes.eq(d.row_bytes),
+            rc.new.chip_row.eq(d.chip_row), rc.new.stride.eq(d.ext_stride),
+            rc.new.a.eq(d.ext_base), rc.new.end.eq(first_end),
+            rc.new.na.eq(d.ext_base + d.ext_stride), rc.new.nend.eq(first_end + d.ext_stride),
+            rc.new.be.eq(Cat(C(0, LG), d.ext_base[LG:] + 1)),
+        ]
+        fsm_done = Signal()
         with m.FSM():
             with m.State("IDLE"):
                 # After an error response, nothing new until the loads in flight drain.
-                m.d.comb += self.cmd.ready.eq(~abort | ~rx0.valid)
+                m.d.comb += self.cmd.ready.eq(~status.abort | ~rx0.valid)
                 with m.If(self.cmd.valid & self.cmd.ready):
-                    m.d.sync += [d.eq(self.cmd.payload), err.eq(DmaError.OK), abort.eq(0),
-                                 s.abort_err.eq(DmaError.OK)]
+                    m.d.sync += [d.eq(self.cmd.payload), status.eq(0)]
                     m.next = "CHECK"
             with m.State("CHECK"):
                 m.d.comb += self.busy.eq(1)
-                m.d.sync += [last_off.eq(Mux(d.rows == 0, 0, (d.rows - 1)[:len(d.rows)]
-                                             * d.ext_stride)),
-                             total.eq(d.rows * d.row_bytes),
-                             first_end.eq(d.ext_base + d.row_bytes),
-                             coalesced.eq((d.ext_stride == d.row_bytes) | (d.rows == 1))]
+                m.d.sync += [
+                    derived.last_off.eq(Mux(d.rows == 0, 0,
+                                            (d.rows - 1)[:len(d.rows)] * d.ext_stride)),
+                    derived.total.eq(d.rows * d.row_bytes),
+                    derived.first_end.eq(d.ext_base + d.row_bytes),
+                    derived.coalesced.eq((d.ext_stride == d.row_bytes) | (d.rows == 1)),
+                ]
                 m.next = "DECIDE"
             with m.State("DECIDE"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(rx0.valid & (bad | ~is_load)):
-                    pass                  # wait for the loads in flight
-                with m.Elif((is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)):
-                    m.d.sync += err.eq(DmaError.BAD_OPTION)
-                    m.next = "COMPLETE"
-                with m.Elif(limit < d.row_bytes):
-                    m.d.sync += err.eq(DmaError.ROW_BYTES)
-                    m.next = "COMPLETE"
-                with m.Elif(misaligned):
-                    m.d.sync += err.eq(DmaError.MISALIGNED)
-                    m.next = "COMPLETE"
-                with m.Elif(chip_rows < d.chip_row + d.rows):
-                    m.d.sync += err.eq(DmaError.CHIP_RANGE)
-                    m.next = "COMPLETE"
-                with m.Elif(empty):
-                    m.next = "COMPLETE"
-                with m.Elif(ext_end >= c.ext_mem_bytes + 1):
-                    m.d.sync += err.eq(DmaError.EXT_RANGE)
-                    m.next = "COMPLETE"
-                with m.Elif(~is_load | ~rx1.valid & ~s.shift & (~abort | ~rx0.valid)):
-                    # (After an error response, a load accepted meanwhile starts
-                    # afresh once the loads before it have drained.)
-                    sl = Mux(coalesced, total, d.row_bytes)
-                    m.d.comb += alloc.eq(is_load)
-                    m.d.sync += [
-                        abort.eq(abort & rx0.valid),
-                        s.abort_err.eq(Mux(abort & rx0.valid, s.abort_err, DmaError.OK)),
-                        seg_len.eq(sl),
-                        bg_active.eq(1), bg_seg.eq(d.ext_base),
-                        bg_x.eq(Cat(C(0, LG), d.ext_base[LG:])),
-                        bg_beats.eq(segment_beats(d.ext_base, sl, LG)),
-                        bg_left.eq(Mux(coalesced, 1, d.rows)),
-                        rd_r.eq(0), rd_a.eq(d.ext_base),
-                    ]
-                    with m.If(is_load & ~rx0.valid):
-                        # The load path is free: it takes this load's first row now.
-                        m.d.sync += [
-                            ld_r.eq(0), ld_more.eq(d.rows >= 2), ld_a.eq(d.ext_base),
-                            ld_end.eq(first_end), ld_na.eq(d.ext_base + d.ext_stride),
-                            ld_nend.eq(first_end + d.ext_stride),
-                            ld_be.eq(Cat(C(0, LG), d.ext_base[LG:] + 1)), ld_k.eq(0),
-                        ]
-                    m.next = "RUN"
+                self._decide(m, d, derived, status, bad, checks)
             with m.State("RUN"):
                 m.d.comb += [self.busy.eq(1), run.eq(1)]
+                out = (~bursts.active | status.abort) & ~(bursts.burst.valid & bursts.burst.ready)
                 with m.If(is_load):
                     # Its bursts are out: the receive context completes it, and
                     # the next descriptor may issue meanwhile.
-                    with m.If((~bg_active | abort) & ~bg_fire):
-                        m.d.comb += issued.eq(1)
-                        m.d.sync += bg_active.eq(0)
+                    with m.If(out):
+                        m.d.comb += [rc.issued.eq(1), bursts.stop.eq(1)]
                         m.next = "IDLE"
-                with m.Elif((~bg_active | abort) & (inflight == 0) & ~bg_fire & ~rd_waiting):
+                with m.Elif(out & (bursts.inflight == 0) & ~self.row_reader.waiting):
                     m.next = "COMPLETE"
             with m.State("COMPLETE"):
-                m.d.comb += [self.busy.eq(1), fsm_done.eq(1), clear.eq(1)]
-                m.d.sync += [bg_active.eq(0), gb_n.eq(0), gb_flush.eq(0), gb_data.eq(0),
-                             gb_strb.eq(0), w_beat.eq(0), out_valid.eq(0)]
+                m.d.comb += [self.busy.eq(1), fsm_done.eq(1), clear.eq(1), bursts.stop.eq(1)]
                 with m.If(self.done.ready):
                     m.next = "IDLE"
+        return fsm_done
 
-    def _receive_contexts(self, m, s):
-        """The loads in flight: rx[0] receives its data, rx[1] (if any) has
-        issued its bursts or is issuing them. A context completes once its
-        bursts are all back and its last row written; rx[1] then moves up and
-        the load path takes its first row. Completions, of these and of the
-        descriptors the state machine completes itself, leave in order."""
-        rx0, rx1 = s.rx
-        d, LG = s.d, s.LG
-        done0 = Signal()
-        # Complete in the cycle the last row is written (the token it frees is
-        # pushed a cycle later, when the row is in the memory).
-        # rx[0] with its last cycle's R beat (`r_last_q`, `r_error_q`).
-        err0 = Mux(rx0.err != DmaError.OK, rx0.err,
-                   Mux(s.r_error_q, s.r_code_q, DmaError.OK))
-        m.d.comb += done0.eq(rx0.valid & rx0.issued & (rx0.bursts == s.r_last_q)
-                             & (~s.out_valid | s.out_written))
-        short = s.ld_r != rx0.rows
-        m.d.comb += [
-            self.done.valid.eq(done0 | s.fsm_done),
-            self.done.payload.tag.eq(Mux(done0, rx0.tag, d.tag)),
-            self.done.payload.error.eq(
-                Mux(done0, Mux(err0 != DmaError.OK, err0,
-                               Mux(s.abort & short, s.abort_err, DmaError.OK)), s.err)),
-        ]
-        with m.If(rx0.valid):
-            m.d.comb += self.busy.eq(1)
-        m.d.comb += s.shift.eq(done0 & self.done.ready)
-        # Updates of this cycle, then the move up.
-        n0, n1 = Signal.like(rx0), Signal.like(rx1)
-        m.d.comb += [n0.eq(rx0), n1.eq(rx1)]
-        issuing_1 = rx1.valid
-        inc = s.bg_fire & (d.dir == DmaDir.LOAD)
-        with m.If(issuing_1):
-            m.d.comb += [n1.bursts.eq(rx1.bursts + inc), n0.bursts.eq(rx0.bursts - s.r_last_q)]
-            with m.If(s.issued):
-                m.d.comb += n1.issued.eq(1)
-        with m.Else():
-            m.d.comb += n0.bursts.eq(rx0.bursts + inc - s.r_last_q)
-            with m.If(s.issued):
-                m.d.comb += n0.issued.eq(1)
-        m.d.comb += n0.err.eq(err0)
-        new = Signal.like(rx0)
-        m.d.comb += [
-            new.valid.eq(1), new.issued.eq(0), new.err.eq(DmaError.OK), new.tag.eq(d.tag),
-            new.vmem.eq(d.space == DmaSpace.VMEM), new.coalesced.eq(s.coalesced),
-            new.rows.eq(d.rows), new.row_bytes.eq(d.row_bytes), new.chip_row.eq(d.chip_row),
-            new.stride.eq(d.ext_stride), new.bursts.eq(0),
-            new.a.eq(d.ext_base), new.end.eq(s.first_end), new.na.eq(d.ext_base + d.ext_stride),
-            new.nend.eq(s.first_end + d.ext_stride), new.be.eq(Cat(C(0, LG), d.ext_base[LG:] + 1)),
-        ]
-        with m.If(s.alloc):
-            with m.If(~rx0.valid):
-                m.d.comb += n0.eq(new)
-            with m.Else():
-                m.d.comb += n1.eq(new)
-        with m.If(s.shift):
-            m.d.sync += [rx0.eq(n1), rx1.eq(0),
-                         # The load path takes the next context's first row.
-                         s.ld_r.eq(0), s.ld_more.eq(n1.rows > 1), s.ld_a.eq(n1.a),
-                         s.ld_end.eq(n1.end), s.ld_na.eq(n1.na), s.ld_nend.eq(n1.nend),
-                         s.ld_be.eq(n1.be), s.ld_k.eq(0)]
-        with m.Else():
-            m.d.sync += [rx0.eq(n0), rx1.eq(n1)]
+    def _decide(self, m, d, derived, status, bad, checks):
+        """DECIDE: wait for the loads in flight if need be; then either complete
+        with the first failed check's code, or start the descriptor."""
+        c, bursts, rc = self.config, self.bursts, self.contexts
+        is_load = d.dir == DmaDir.LOAD
+        rx0, rx1 = rc.rx0, rc.rx1
+        with m.If(rx0.valid & (bad | ~is_load)):
+            pass                  # a descriptor that receives no data waits for the loads
+        for code, failed in checks:
+            with m.Elif(failed):
+                if code != DmaError.OK:
+                    m.d.sync += status.err.eq(code)
+                m.next = "COMPLETE"
+        with m.Elif(~is_load | ~rx1.valid & ~rc.shift & (~status.abort | ~rx0.valid)):
+            # (After an error response, a load accepted meanwhile starts
+            # afresh once the loads before it have drained.)
+            keep = status.abort & rx0.valid
+            m.d.comb += [
+                rc.alloc.eq(is_load), bursts.start.eq(1), self.row_reader.start.eq(1),
+                bursts.setup.base.eq(d.ext_base),
+                bursts.setup.seg_len.eq(Mux(derived.coalesced, derived.total, d.row_bytes)),
+                bursts.setup.segments.eq(Mux(derived.coalesced, 1, d.rows)),
+            ]
+            m.d.sync += [status.abort.eq(keep),
+                         status.abort_err.eq(Mux(keep, status.abort_err, DmaError.OK))]
+            m.next = "RUN"
 
 
 class DmaSystem(wiring.Component):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from amaranth.hdl import Signal
 
-from mxu.hdl.dma import Dma, DmaDir
+from mxu.hdl.dma import Dma, DmaDir, _Gearbox
 
 from .sby import Proof
 from .units import controller_harness, dma_harness, regs_harness
@@ -24,21 +24,25 @@ class _DropsAwvalidOnStall(Dma):
     """A DMA that drops AWVALID for a cycle when a stall arrives (AWREADY low),
     and offers the same burst again after."""
 
-    def _address_channels(self, m, s):
-        super()._address_channels(m, s)
+    def _connect_axi(self, m, *sections):
+        super()._connect_axi(m, *sections)
         stalled = Signal()
         m.d.sync += stalled.eq(self.axi.awvalid & ~self.axi.awready)
         with m.If(stalled):
             m.d.comb += self.axi.awvalid.eq(0)
 
 
+class _ShortGearbox(_Gearbox):
+    def _last(self, beat, length):
+        return beat + 1 == length
+
+
 class _ShortBurst(Dma):
     """A DMA whose W beat counter ends each burst one beat short (WLAST on
     beat AWLEN)."""
 
-    def _gearbox(self, m, s):
-        super()._gearbox(m, s)
-        m.d.comb += s.axi.wlast.eq(s.w_beat + 1 == s.wl_q.r_data)
+    def _gearbox_class(self):
+        return _ShortGearbox
 
 
 @dataclass(frozen=True)

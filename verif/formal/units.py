@@ -516,6 +516,23 @@ def dma_harness(config, direction, *, dma=None):
                 stream_check(m, p.req, source=DUT, sink=ENV, name=f"dma.{port}")
             prop(m, ENV, f"dma.env.{port}_one_cycle",
                  p.resp.valid == (past(p.req.valid & p.req.ready, port) & ~past.after_reset))
+        # Between the DMA's sections (docs/formal.md): a load's bursts
+        # (withdrawn only when an error response stops them), rows and
+        # completions; a store's bursts (never refused), converted rows and W
+        # burst lengths (both queues are emptied when a descriptor completes).
+        if load:
+            stream_check(m, dut.bursts.burst, source=DUT, sink=DUT, name="dma.bursts.burst",
+                         exempt=dut.bursts.abort)
+            stream_check(m, dut.load_path.row, source=DUT, sink=DUT, name="dma.load_path.row")
+            stream_check(m, dut.contexts.done, source=DUT, sink=DUT, name="dma.contexts.done")
+        else:
+            # The AW queue has room for every burst the in-flight limit lets out.
+            prop(m, DUT, "dma.bursts.store_never_stalls", dut.bursts.burst.ready,
+                 when=dut.bursts.burst.valid)
+            stream_check(m, dut.row_reader.rows, source=DUT, sink=DUT,
+                         name="dma.row_reader.rows", exempt=dut.row_reader.clear)
+            stream_check(m, dut.gearbox.lengths, source=DUT, sink=DUT,
+                         name="dma.gearbox.lengths", exempt=dut.gearbox.clear)
         # One completion per descriptor; a load overlaps two descriptors (its
         # receive contexts), a store runs one at a time.
         most = 2 if load else 1

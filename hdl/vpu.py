@@ -427,6 +427,223 @@ def _swap_pairs(row):
     return Cat(*lanes)
 
 
+def _row_meta_layout(config):
+    """What travels with each operand row to the ALU and beside it to the writer."""
+    c = config
+    return data.StructLayout({
+        "op": VpuOp, "b_source": 2,          # 0 none, 1 operand buffer, 2 imm
+        "imm": 32, "dst": max(_addr_shape(c.acc_rows).width, _addr_shape(c.vmem_rows).width),
+        "to_vmem": 1, "transpose": 1, "swap": 1, "last": 1, "push": Pushes,
+    })
+
+
+class _OperandReader(wiring.Component):
+    """The issue stage of `VectorUnit`: reads a VECTOR's operand rows, each
+    port at its own pace, into small buffers (so that a bank conflict between
+    ``a`` and ``b`` costs a cycle, not a deadlock).
+
+    Parameters
+    ----------
+    config : ChipConfig
+    depth : int
+        Rows each buffer holds; a port reads only with a credit for its buffer.
+
+    Interface
+    ---------
+    instr : In(stream.Signature(VectorInstr))
+        The next VECTOR (its interlock already passed); taken once the one
+        before has issued its last read.
+    read_a, read_b : Out(ReadPortSignature(acc addr, acc row))
+    a : Out(stream.Signature({row, meta}))
+        Operand ``a``'s rows, with the meta of the row (op, ``b`` source,
+        destination row, flags, and the pushes on the last row).
+    b : Out(stream.Signature(row))
+        Operand ``b``'s rows (binary ops that read a row).
+    busy : Out(1)
+        An instruction is issuing, a read is in flight, or a buffer holds a row.
+    """
+
+    def __init__(self, config, depth):
+        self.config, self.depth = config, depth
+        c = config
+        row = data.ArrayLayout(32, c.cols)
+        aaddr = _addr_shape(c.acc_rows)
+        super().__init__({
+            "instr": In(stream.Signature(VectorInstr)),
+            "read_a": Out(ReadPortSignature(aaddr, acc_row_layout(c))),
+            "read_b": Out(ReadPortSignature(aaddr, acc_row_layout(c))),
+            "a": Out(stream.Signature(data.StructLayout({"row": row,
+                                                         "meta": _row_meta_layout(c)}))),
+            "b": Out(stream.Signature(row)),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c, depth = self.config, self.depth
+        meta = _row_meta_layout(c)
+        row_bits = 32 * c.cols
+        m.submodules.buf_a = buf_a = fifo.SyncFIFO(width=row_bits + meta.size, depth=depth)
+        m.submodules.buf_b = buf_b = fifo.SyncFIFO(width=row_bits, depth=depth)
+        cur = Signal(VectorInstr)
+        cur_valid = Signal()
+        issue_done = Signal()
+        m.d.comb += self.instr.ready.eq(~cur_valid | issue_done)
+        with m.If(self.instr.valid & self.instr.ready):
+            m.d.sync += [cur.eq(self.instr.payload), cur_valid.eq(1)]
+        with m.Elif(issue_done):
+            m.d.sync += cur_valid.eq(0)
+
+        ia, ib = Signal(16), Signal(16)
+        binary = Cat(*(cur.op == op for op in BINARY_VPU_OPS)).any()
+        scalar = cur.flags.b_mode == BMode.SCALAR
+        reads_b = binary & ~scalar
+        credits_a = Signal(range(depth + 1), init=depth)
+        credits_b = Signal(range(depth + 1), init=depth)
+        a_left, b_left = ia != cur.rows, reads_b & (ib != cur.rows)
+        m.d.comb += [
+            self.read_a.req.valid.eq(cur_valid & a_left & (credits_a != 0)),
+            self.read_a.req.payload.eq(cur.a_row + ia),
+            self.read_b.req.valid.eq(cur_valid & b_left & (credits_b != 0)),
+            self.read_b.req.payload.eq(
+                cur.b_row + Mux(cur.flags.b_mode == BMode.ROW, ib, 0)),
+        ]
+        fire_a = self.read_a.req.valid & self.read_a.req.ready
+        fire_b = self.read_b.req.valid & self.read_b.req.ready
+        last = ia == cur.rows - 1
+        # `issue_done` ends the instruction in the stage a cycle after its last
+        # read; the counters are back at zero for the next one.
+        m.d.comb += issue_done.eq(cur_valid & ~a_left & ~b_left)
+        with m.If(issue_done):
+            m.d.sync += [ia.eq(0), ib.eq(0)]
+        with m.If(fire_a):
+            m.d.sync += ia.eq(ia + 1)
+        with m.If(fire_b):
+            m.d.sync += ib.eq(ib + 1)
+
+        row_meta = Signal(meta)
+        m.d.comb += [
+            row_meta.op.eq(cur.op),
+            row_meta.b_source.eq(Mux(binary, Mux(scalar, 2, 1), 0)),
+            row_meta.imm.eq(cur.imm),
+            row_meta.dst.eq(cur.dst_row + Mux(cur.flags.transpose, 0, ia)),
+            row_meta.to_vmem.eq(cur.flags.to_vmem),
+            row_meta.transpose.eq(cur.flags.transpose),
+            row_meta.swap.eq(cur.flags.swap),
+            row_meta.last.eq(last),
+            row_meta.push.deps.eq(cur.deps),
+        ]
+        # Responses come a cycle after the request: the row's meta waits a cycle too.
+        inflight_a, inflight_b = Signal(), Signal()
+        meta_q = Signal(meta)
+        m.d.sync += [inflight_a.eq(fire_a), inflight_b.eq(fire_b),
+                     credits_a.eq(credits_a - fire_a + buf_a.r_en),
+                     credits_b.eq(credits_b - fire_b + buf_b.r_en)]
+        with m.If(fire_a):
+            m.d.sync += meta_q.eq(row_meta)
+        m.d.comb += [
+            buf_a.w_en.eq(inflight_a),
+            buf_a.w_data.eq(Cat(self.read_a.resp.payload, meta_q)),
+            buf_b.w_en.eq(inflight_b),
+            buf_b.w_data.eq(self.read_b.resp.payload),
+            self.a.valid.eq(buf_a.r_rdy), self.a.payload.eq(buf_a.r_data),
+            buf_a.r_en.eq(self.a.valid & self.a.ready),
+            self.b.valid.eq(buf_b.r_rdy), self.b.payload.eq(buf_b.r_data),
+            buf_b.r_en.eq(self.b.valid & self.b.ready),
+            self.busy.eq(cur_valid | (buf_a.level != 0) | (buf_b.level != 0)
+                         | inflight_a | inflight_b),
+        ]
+        return m
+
+
+class _ResultWriter(wiring.Component):
+    """The write stage of `VectorUnit`: result rows to the accumulator, to
+    VMEM in bf16, or through `RowTranspose` to VMEM columns.
+
+    Interface
+    ---------
+    result : In(stream.Signature(ArrayLayout(32, cols)))
+        The ALU's rows.
+    meta : In(stream.Signature(row meta))
+        Each row's meta, beside it (taken with it).
+    acc_write : Out(WritePortSignature(acc addr, acc row))
+    vmem_write : Out(WritePortSignature(vmem addr, vmem row))
+    retire : Out(1)
+        An instruction completed: its last row is written (after its last
+        block has drained, with ``transpose``). In program order.
+    push : Out(Pushes)
+        The completed instruction's pushes.
+    draining : Out(1)
+        A transposed block goes to VMEM (no row is taken meanwhile).
+    """
+
+    def __init__(self, config):
+        self.config = config
+        c = config
+        aaddr, vaddr = _addr_shape(c.acc_rows), _addr_shape(c.vmem_rows)
+        super().__init__({
+            "result": In(stream.Signature(data.ArrayLayout(32, c.cols))),
+            "meta": In(stream.Signature(_row_meta_layout(c))),
+            "acc_write": Out(WritePortSignature(aaddr, acc_row_layout(c))),
+            "vmem_write": Out(WritePortSignature(vaddr, vmem_row_layout(c))),
+            "retire": Out(1), "push": Out(Pushes), "draining": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.config
+        m.submodules.transpose = tr = RowTranspose(c)
+        rm, result = self.meta.payload, self.result
+        draining = self.draining
+        m.d.comb += draining.eq(tr.o.valid)
+        out = result.valid & self.meta.valid & ~draining
+        to_acc = ~rm.to_vmem
+        direct_vmem = rm.to_vmem & ~rm.transpose
+        bf16 = []
+        for j in range(c.cols):
+            m.submodules[f"to_bf16_{j}"] = conv = Fp32ToBf16()
+            m.d.comb += conv.x.eq(result.payload[j])
+            bf16.append(conv.y.as_value())
+        m.d.comb += [
+            self.acc_write.payload.addr.eq(rm.dst),
+            self.acc_write.payload.data.eq(result.payload),
+            tr.i.payload.row.eq(result.payload),
+            tr.i.payload.last.eq(rm.last),
+        ]
+        taken = Signal()
+        with m.If(to_acc):
+            m.d.comb += [self.acc_write.valid.eq(out), taken.eq(out & self.acc_write.ready)]
+        with m.Elif(direct_vmem):
+            m.d.comb += taken.eq(out & self.vmem_write.ready)
+        with m.Else():
+            m.d.comb += [tr.i.valid.eq(out), taken.eq(out & tr.i.ready)]
+        m.d.comb += [result.ready.eq(taken), self.meta.ready.eq(taken)]
+
+        # The transposed block's VMEM rows: base and pushes latched with its last row.
+        t_base = Signal(len(rm.dst))
+        t_col = Signal(range(c.cols))
+        t_push = Signal(Pushes)
+        with m.If(taken & rm.transpose & rm.last):
+            m.d.sync += [t_base.eq(rm.dst), t_col.eq(0), t_push.eq(rm.push)]
+        t_fire = tr.o.valid & self.vmem_write.ready
+        with m.If(t_fire):
+            m.d.sync += t_col.eq(t_col + 1)
+        with m.If(draining):
+            m.d.comb += [self.vmem_write.valid.eq(1),
+                         self.vmem_write.payload.addr.eq(t_base + t_col),
+                         self.vmem_write.payload.data.eq(tr.o.payload),
+                         tr.o.ready.eq(self.vmem_write.ready)]
+        with m.Else():
+            m.d.comb += [self.vmem_write.valid.eq(out & direct_vmem),
+                         self.vmem_write.payload.addr.eq(rm.dst),
+                         self.vmem_write.payload.data.eq(Cat(*bf16))]
+        m.d.comb += [
+            self.retire.eq((taken & rm.last & ~rm.transpose) | (t_fire & (t_col == c.cols - 1))),
+            self.push.eq(Mux(draining, t_push, rm.push)),
+        ]
+        return m
+
+
 class VectorUnit(wiring.Component):
     """The vector engine: runs VECTOR (and SYNC) instructions, one accumulator
     row per cycle through a `VectorAlu` (docs/vpu.md).
@@ -445,7 +662,7 @@ class VectorUnit(wiring.Component):
 
     Operand reads run ahead of the ALU into small buffers, each port on its
     own, so a bank conflict between ``a`` and ``b`` costs a cycle, not a
-    deadlock. An instruction starts once no instruction in flight writes an
+    deadlock (`_OperandReader`); `_ResultWriter` writes the results. An instruction starts once no instruction in flight writes an
     accumulator row it reads (`_WriteRanges`); results leave in order, and an
     instruction completes when its last row is written (after its last block
     has drained, with ``transpose``), so completions are in program order.
@@ -491,46 +708,39 @@ class VectorUnit(wiring.Component):
             "active": Out(1),
         })
 
-    def _row_meta(self):
-        c = self.config
-        return data.StructLayout({
-            "op": VpuOp, "b_source": 2,          # 0 none, 1 operand buffer, 2 imm
-            "imm": 32, "dst": max(_addr_shape(c.acc_rows).width, _addr_shape(c.vmem_rows).width),
-            "to_vmem": 1, "transpose": 1, "swap": 1, "last": 1, "push": Pushes,
-        })
-
     def elaborate(self, platform):
         m = Module()
         c = self.config
-        meta = self._row_meta()
         m.submodules.alu = alu = VectorAlu(c, self.unit_modules)
-        m.submodules.transpose = tr = RowTranspose(c)
         m.submodules.ranges = ranges = _WriteRanges(self.RANGES, _addr_shape(c.acc_rows).width)
-        row_bits = 32 * c.cols
-        m.submodules.buf_a = buf_a = fifo.SyncFIFO(width=row_bits + meta.size,
-                                                   depth=self.BUFFER_DEPTH)
-        m.submodules.buf_b = buf_b = fifo.SyncFIFO(width=row_bits, depth=self.BUFFER_DEPTH)
+        m.submodules.reader = reader = _OperandReader(c, self.BUFFER_DEPTH)
+        m.submodules.writer = writer = _ResultWriter(c)
         m.submodules.beside = beside = fifo.SyncFIFOBuffered(
-            width=meta.size, depth=_pow2_at_least(alu_latency(c) + 4))
-
-        issuing = self._intake(m, ranges)
-        self._issue(m, meta, buf_a, buf_b)
-        self._feed(m, meta, alu, buf_a, buf_b, beside)
-        draining = self._write(m, meta, alu, tr, beside, ranges)
+            width=_row_meta_layout(c).size, depth=_pow2_at_least(alu_latency(c) + 4))
+        wiring.connect(m, reader.read_a, wiring.flipped(self.read_a))
+        wiring.connect(m, reader.read_b, wiring.flipped(self.read_b))
+        wiring.connect(m, writer.acc_write, wiring.flipped(self.acc_write))
+        wiring.connect(m, writer.vmem_write, wiring.flipped(self.vmem_write))
+        wiring.connect(m, alu.o, writer.result)
+        m.d.comb += [writer.meta.valid.eq(beside.r_rdy), writer.meta.payload.eq(beside.r_data),
+                     beside.r_en.eq(writer.meta.ready)]
+        sync = self._intake(m, ranges, reader)
+        self._feed(m, alu, reader, beside)
         m.d.comb += [
+            ranges.retire.eq(writer.retire),
+            self.complete.valid.eq(writer.retire | sync),
+            self.complete.payload.eq(Mux(writer.retire, writer.push,
+                                         self.cmd.payload.deps.as_value())),
             self.error.eq(ErrorCode.NONE),
-            self.idle.eq(~issuing & (buf_a.level == 0) & (buf_b.level == 0) & ~self._inflight
-                         & (beside.level == 0) & ~draining),
+            self.idle.eq(~reader.busy & (beside.level == 0) & ~writer.draining),
         ]
         return m
 
-    # ---- intake: the interlock, then the instruction moves into the issue stage --
-    def _intake(self, m, ranges):
+    def _intake(self, m, ranges, reader):
+        """The interlock; a VECTOR then moves into the issue stage. Returns
+        "a SYNC is taken" (once the engine is idle)."""
         ins = self.cmd.payload
         is_sync = ins.opcode == Opcode.SYNC
-        self._cur = cur = Signal(VectorInstr)
-        self._cur_valid = cur_valid = Signal()
-        self._issue_done = Signal()
         binary = Cat(*(ins.op == op for op in BINARY_VPU_OPS)).any()
         reads_b = binary & (ins.flags.b_mode != BMode.SCALAR)
         m.d.comb += [
@@ -541,149 +751,31 @@ class VectorUnit(wiring.Component):
             ranges.probe_b.on.eq(reads_b),
             ranges.add.payload.lo.eq(ins.dst_row), ranges.add.payload.hi.eq(ins.dst_row + ins.rows),
             ranges.add.payload.acc.eq(~ins.flags.to_vmem),
+            reader.instr.payload.eq(ins),
+            reader.instr.valid.eq(self.cmd.valid & ~is_sync & ~ranges.hit & ranges.add.ready),
         ]
-        free = ~cur_valid | self._issue_done
-        start = self.cmd.valid & ~is_sync & free & ~ranges.hit & ranges.add.ready
+        start = reader.instr.valid & reader.instr.ready
         sync = self.cmd.valid & is_sync & self.idle
         m.d.comb += [self.cmd.ready.eq(start | sync), ranges.add.valid.eq(start)]
-        with m.If(start):
-            m.d.sync += [cur.eq(ins), cur_valid.eq(1)]
-        with m.Elif(self._issue_done):
-            m.d.sync += cur_valid.eq(0)
-        self._sync_done = sync
-        return cur_valid
+        return sync
 
-    # ---- issue: operand reads, each port at its own pace -----------------------
-    def _issue(self, m, meta, buf_a, buf_b):
-        cur, cur_valid = self._cur, self._cur_valid
-        ia, ib = Signal(16), Signal(16)
-        binary = Cat(*(cur.op == op for op in BINARY_VPU_OPS)).any()
-        scalar = cur.flags.b_mode == BMode.SCALAR
-        reads_b = binary & ~scalar
-        credits_a = Signal(range(self.BUFFER_DEPTH + 1), init=self.BUFFER_DEPTH)
-        credits_b = Signal(range(self.BUFFER_DEPTH + 1), init=self.BUFFER_DEPTH)
-        a_left, b_left = ia != cur.rows, reads_b & (ib != cur.rows)
-        m.d.comb += [
-            self.read_a.req.valid.eq(cur_valid & a_left & (credits_a != 0)),
-            self.read_a.req.payload.eq(cur.a_row + ia),
-            self.read_b.req.valid.eq(cur_valid & b_left & (credits_b != 0)),
-            self.read_b.req.payload.eq(
-                cur.b_row + Mux(cur.flags.b_mode == BMode.ROW, ib, 0)),
-        ]
-        fire_a = self.read_a.req.valid & self.read_a.req.ready
-        fire_b = self.read_b.req.valid & self.read_b.req.ready
-        last = ia == cur.rows - 1
-        # `issue_done` ends the instruction in the stage a cycle after its last
-        # read; the counters are back at zero for the next one.
-        m.d.comb += self._issue_done.eq(cur_valid & ~a_left & ~b_left)
-        with m.If(self._issue_done):
-            m.d.sync += [ia.eq(0), ib.eq(0)]
-        with m.If(fire_a):
-            m.d.sync += ia.eq(ia + 1)
-        with m.If(fire_b):
-            m.d.sync += ib.eq(ib + 1)
-
-        row_meta = Signal(meta)
-        m.d.comb += [
-            row_meta.op.eq(cur.op),
-            row_meta.b_source.eq(Mux(binary, Mux(scalar, 2, 1), 0)),
-            row_meta.imm.eq(cur.imm),
-            row_meta.dst.eq(cur.dst_row + Mux(cur.flags.transpose, 0, ia)),
-            row_meta.to_vmem.eq(cur.flags.to_vmem),
-            row_meta.transpose.eq(cur.flags.transpose),
-            row_meta.swap.eq(cur.flags.swap),
-            row_meta.last.eq(last),
-            row_meta.push.deps.eq(cur.deps),
-        ]
-        # Responses come a cycle after the request: the row's meta waits a cycle too.
-        inflight_a, inflight_b = Signal(), Signal()
-        meta_q = Signal(meta)
-        m.d.sync += [inflight_a.eq(fire_a), inflight_b.eq(fire_b),
-                     credits_a.eq(credits_a - fire_a + buf_a.r_en),
-                     credits_b.eq(credits_b - fire_b + buf_b.r_en)]
-        with m.If(fire_a):
-            m.d.sync += meta_q.eq(row_meta)
-        m.d.comb += [
-            buf_a.w_en.eq(inflight_a),
-            buf_a.w_data.eq(Cat(self.read_a.resp.payload, meta_q)),
-            buf_b.w_en.eq(inflight_b),
-            buf_b.w_data.eq(self.read_b.resp.payload),
-        ]
-        self._inflight = inflight_a | inflight_b
-
-    # ---- feed: buffered operands -> ALU, the row's meta beside it ---------------
-    def _feed(self, m, meta, alu, buf_a, buf_b, beside):
+    def _feed(self, m, alu, reader, beside):
+        """Buffered operands -> ALU, the row's meta beside it."""
         c = self.config
-        row_bits = 32 * c.cols
-        rm = meta(buf_a.r_data[row_bits:])
+        rm = reader.a.payload.meta
         needs_b = rm.b_source == 1
-        go = buf_a.r_rdy & (~needs_b | buf_b.r_rdy) & beside.w_rdy
-        a = data.ArrayLayout(32, c.cols)(buf_a.r_data[:row_bits])
+        go = reader.a.valid & (~needs_b | reader.b.valid) & beside.w_rdy
+        a = reader.a.payload.row
         m.d.comb += [
             alu.i.valid.eq(go),
             alu.i.payload.op.eq(rm.op),
             alu.i.payload.a.eq(Mux(rm.swap, _swap_pairs(a), a.as_value())),
             alu.i.payload.b.eq(Mux(rm.b_source == 2, Cat(*([rm.imm] * c.cols)),
-                                   Mux(needs_b, buf_b.r_data, 0))),
+                                   Mux(needs_b, reader.b.payload.as_value(), 0))),
         ]
         fire = alu.i.valid & alu.i.ready
         m.d.comb += [
-            buf_a.r_en.eq(fire), buf_b.r_en.eq(fire & needs_b),
+            reader.a.ready.eq(fire), reader.b.ready.eq(fire & needs_b),
             beside.w_en.eq(fire), beside.w_data.eq(rm),
             self.active.eq(fire),
         ]
-
-    # ---- write: results -> accumulator, VMEM or the transpose path --------------
-    def _write(self, m, meta, alu, tr, beside, ranges):
-        c = self.config
-        rm = meta(beside.r_data)
-        draining = tr.o.valid
-        out = alu.o.valid & beside.r_rdy & ~draining
-        to_acc = ~rm.to_vmem
-        direct_vmem = rm.to_vmem & ~rm.transpose
-        bf16 = []
-        for j in range(c.cols):
-            m.submodules[f"to_bf16_{j}"] = conv = Fp32ToBf16()
-            m.d.comb += conv.x.eq(alu.o.payload[j])
-            bf16.append(conv.y.as_value())
-        m.d.comb += [
-            self.acc_write.payload.addr.eq(rm.dst),
-            self.acc_write.payload.data.eq(alu.o.payload),
-            tr.i.payload.row.eq(alu.o.payload),
-            tr.i.payload.last.eq(rm.last),
-        ]
-        taken = Signal()
-        with m.If(to_acc):
-            m.d.comb += [self.acc_write.valid.eq(out), taken.eq(out & self.acc_write.ready)]
-        with m.Elif(direct_vmem):
-            m.d.comb += taken.eq(out & self.vmem_write.ready)
-        with m.Else():
-            m.d.comb += [tr.i.valid.eq(out), taken.eq(out & tr.i.ready)]
-        m.d.comb += [alu.o.ready.eq(taken), beside.r_en.eq(taken)]
-
-        # The transposed block's VMEM rows: base and pushes latched with its last row.
-        t_base = Signal(len(rm.dst))
-        t_col = Signal(range(c.cols))
-        t_push = Signal(Pushes)
-        with m.If(taken & rm.transpose & rm.last):
-            m.d.sync += [t_base.eq(rm.dst), t_col.eq(0), t_push.eq(rm.push)]
-        t_fire = tr.o.valid & self.vmem_write.ready
-        with m.If(t_fire):
-            m.d.sync += t_col.eq(t_col + 1)
-        with m.If(draining):
-            m.d.comb += [self.vmem_write.valid.eq(1),
-                         self.vmem_write.payload.addr.eq(t_base + t_col),
-                         self.vmem_write.payload.data.eq(tr.o.payload),
-                         tr.o.ready.eq(self.vmem_write.ready)]
-        with m.Else():
-            m.d.comb += [self.vmem_write.valid.eq(out & direct_vmem),
-                         self.vmem_write.payload.addr.eq(rm.dst),
-                         self.vmem_write.payload.data.eq(Cat(*bf16))]
-        done = (taken & rm.last & ~rm.transpose) | (t_fire & (t_col == c.cols - 1))
-        push = Mux(draining, t_push, rm.push)
-        m.d.comb += [
-            ranges.retire.eq(done),
-            self.complete.valid.eq(done | self._sync_done),
-            self.complete.payload.eq(Mux(done, push, self.cmd.payload.deps.as_value())),
-        ]
-        return draining

@@ -431,6 +431,7 @@ def controller_harness(config, token_bits=2):
 # bits and every register stay): the weight path and the handshakes do not
 # depend on the numbers (docs/formal.md).
 CUT_MAC = ("cutpoint top.dut.pe_*.mac.round", "flatten", "opt_clean")
+CUT_COMPUTE = ("cutpoint top.dut.array.pe_*.mac.round", "flatten", "opt_clean")
 
 
 def array_harness(rows, cols, mac_stages):
@@ -470,6 +471,53 @@ def array_harness(rows, cols, mac_stages):
                          witness=load & full & switch)
                     prop(m, DUT, f"array.pe_{r}_{c}.switch_loaded", full, when=switch)
         return After(inside)
+
+    return Harness(dut, extra)
+
+
+# ---- compute: the compute engine's streams ---------------------------------------------
+
+def compute_harness(config):
+    """`ComputeEngine` (the array's arithmetic cut out, as in the array
+    proofs): the stream rules on its command stream (assumed: the
+    controller's), its weight read port, and the streams it drives into the
+    array (activations, seeds, weight rows), whose results it always takes; a
+    completion only for a MATMUL or SYNC taken, a SYNC taken only when every
+    MATMUL before it has completed, and ``idle`` only then. The memories
+    answer a read one cycle after it is taken; LOADW and MATMUL counts are
+    at least 1 (the decoder's rules, docs/isa.md)."""
+    from mxu.hdl.compute import ComputeEngine
+    from mxu.hdl.isa import Opcode
+    dut = ComputeEngine(config)
+
+    def extra(m, dut):
+        past = Past(m, "compute")
+        cmd = dut.cmd.payload
+        is_sync = (cmd.opcode != Opcode.LOADW) & (cmd.opcode != Opcode.MATMUL)
+        stream_check(m, dut.cmd, source=ENV, sink=DUT, name="compute.cmd")
+        prop(m, ENV, "compute.env.legal",
+             is_sync & (cmd.opcode == Opcode.SYNC) | ~is_sync & (cmd.count != 0)
+             & (cmd.count <= config.rows), when=dut.cmd.valid)
+        for port in ("act_read", "weight_read", "seed_read"):
+            p = getattr(dut, port)
+            prop(m, ENV, f"compute.env.{port}_one_cycle",
+                 p.resp.valid == (past(p.req.valid & p.req.ready, port) & ~past.after_reset))
+        stream_check(m, dut.weight_read.req, source=DUT, sink=ENV, name="compute.weight_read")
+        for name in ("act", "seed", "weight"):
+            stream_check(m, getattr(dut.array, name), source=DUT, sink=DUT,
+                         name=f"compute.array.{name}")
+        # The accumulator's result port never refuses: results never wait.
+        prop(m, DUT, "compute.array.result_taken", dut.array.result.ready,
+             when=dut.array.result.valid)
+        # MATMULs and SYNCs taken and not yet completed (a ghost count).
+        open_ = Signal(range(8))
+        counted = dut.cmd.valid & dut.cmd.ready & (cmd.opcode != Opcode.LOADW) & (dut.error.as_value() == 0)
+        done = dut.complete.valid
+        m.d.sync += open_.eq(open_ + counted - done)
+        prop(m, DUT, "compute.complete_after_cmd", (open_ != 0) | counted, when=done)
+        prop(m, DUT, "compute.sync_when_done", open_ == 0,
+             when=dut.cmd.valid & dut.cmd.ready & is_sync)
+        prop(m, DUT, "compute.idle_when_done", open_ == 0, when=dut.idle & (dut.error.as_value() == 0))
 
     return Harness(dut, extra)
 
@@ -724,6 +772,8 @@ def proofs_for(config, *, depth=None):
               why="k-induction; the ghost counters equal the controller's (an invariant)"),
         Proof("streams.vector", lambda: vector_harness(vpu), mode="bmc", depth=VECTOR_DEPTH,
               cover_depth=VECTOR_DEPTH, why=VECTOR_BOUND),
+        Proof("streams.compute", lambda: compute_harness(c), mode="bmc", depth=14,
+              cover_depth=14, script=CUT_COMPUTE, why=ARRAY_BOUND),
     ]
     if c.mac_stages < 3:
         proofs.insert(-1, Proof("array.weights_s3", lambda: array_harness(c.rows, c.cols, 3),

@@ -12,9 +12,9 @@ from .mac import MAC_STAGES
 __all__ = ["ChipConfig", "MEASURED_FMAX_MHZ"]
 
 # Fmax of a preset's whole chip, placed and routed on the LFE5U-85F at
-# nextpnr's seed 2 (docs/synth.md has the runs and their commits, ddb3a1a): what
+# nextpnr's seed 2 (docs/synth.md has the runs and their commits, ee37186): what
 # cycle counts are turned into seconds with (`mxu generate`'s tokens/s).
-MEASURED_FMAX_MHZ = {"fpga": 53.6}
+MEASURED_FMAX_MHZ = {"fpga": 49.8}
 
 
 def _is_pow2(n):
@@ -200,7 +200,7 @@ _PRESETS = {
     "llm": ChipConfig(vpu=True, acc_banks=4, acc_bytes=1 << 20, ext_mem_bytes=1 << 30),
     # LFE5U-85F, measured (docs/synth.md): the whole 8x8 chip needs 77.5k of the
     # 83.6k LUT4 and does not place; 8x6 places but does not route; 4x4 places
-    # and routes at 53.6 MHz (35 % of the LUT4s). mac_stages 7: the PE closes at
+    # and routes at 49.8-56.0 MHz by seed (35 % of the LUT4s). mac_stages 7: the PE closes at
     # 68 MHz on its own (729 LUT4), so the chip's worst path is in the control; at 4 the
     # PE's three long stages kept the chip at 45-50 MHz. VMEM: 8192 rows of 4
     # bf16; accumulator: 3072 rows of 4 fp32; 72 of the 208 DP16KD block RAMs.

@@ -194,6 +194,16 @@ def alu_latency(config):
     return lane_latency() + tree_levels(config.cols)
 
 
+def vector_alu_signature(config):
+    """`VectorAlu`'s ports: ``i`` (op and rows a, b of ``cols`` fp32 words) and
+    ``o`` (the result row)."""
+    row = data.ArrayLayout(32, config.cols)
+    return wiring.Signature({
+        "i": In(stream.Signature(data.StructLayout({"op": VpuOp, "a": row, "b": row}))),
+        "o": Out(stream.Signature(row)),
+    })
+
+
 class VectorAlu(wiring.Component):
     """``cols`` `VectorLane` s in lockstep, then a reduction tree: one row
     operation per cycle, `alu_latency` cycles each.
@@ -224,11 +234,7 @@ class VectorAlu(wiring.Component):
     def __init__(self, config, unit_modules=None):
         self.config = config
         self.unit_modules = unit_modules or {}
-        row = data.ArrayLayout(32, config.cols)
-        super().__init__({
-            "i": In(stream.Signature(data.StructLayout({"op": VpuOp, "a": row, "b": row}))),
-            "o": Out(stream.Signature(row)),
-        })
+        super().__init__(vector_alu_signature(config))
 
     def _lane(self, m, name):
         module = self.unit_modules.get("lane")

@@ -537,9 +537,9 @@ class _FreeAlu(wiring.Component):
     enters a stage, held while it stalls)."""
 
     def __init__(self, config):
-        from mxu.hdl.vpu import VectorAlu
+        from mxu.hdl.vpu import vector_alu_signature
         self.config = config
-        super().__init__(dict(VectorAlu(config).signature.members))
+        super().__init__(vector_alu_signature(config))
 
     def elaborate(self, platform):
         m = Module()

@@ -822,7 +822,7 @@ class Dma(wiring.Component):
     def _control(self, m, d, derived, status, run, clear):
         """The run state machine; returns "the state machine completes a
         descriptor" (a store, or one that failed its checks)."""
-        c, bursts, rc, lp = self.config, self.bursts, self.contexts, self.load_path
+        c, bursts, rc = self.config, self.bursts, self.contexts
         LG = _log2(c.axi_data_bytes)
         is_load = d.dir == DmaDir.LOAD
         rx0 = rc.rx0
@@ -881,7 +881,7 @@ class Dma(wiring.Component):
     def _decide(self, m, d, derived, status, bad, checks):
         """DECIDE: wait for the loads in flight if need be; then either complete
         with the first failed check's code, or start the descriptor."""
-        c, bursts, rc = self.config, self.bursts, self.contexts
+        bursts, rc = self.bursts, self.contexts
         is_load = d.dir == DmaDir.LOAD
         rx0, rx1 = rc.rx0, rc.rx1
         with m.If(rx0.valid & (bad | ~is_load)):

@@ -542,15 +542,11 @@ class _FreeAlu(wiring.Component):
         super().__init__(vector_alu_signature(config))
 
     def elaborate(self, platform):
+        from mxu.hdl.vpu import _valid_chain     # the lanes' own valid pipeline
         m = Module()
         enable = ~self.o.valid | self.o.ready
         m.d.comb += self.i.ready.eq(enable)
-        valid = self.i.valid
-        for stage in range(FREE_ALU_LATENCY):
-            nxt = Signal(name=f"valid_s{stage + 1}")
-            with m.If(enable):
-                m.d.sync += nxt.eq(valid)
-            valid = nxt
+        valid = _valid_chain(m, enable, self.i.valid, FREE_ALU_LATENCY)
         with m.If(enable):
             m.d.sync += self.o.payload.eq(AnySeq(len(self.o.payload.as_value())))
         m.d.comb += self.o.valid.eq(valid)

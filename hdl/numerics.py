@@ -202,9 +202,14 @@ class Bf16ProductCore(wiring.Component):
 
 class Bf16ProductPlan(data.Struct):
     """What `Bf16ProductAmount` hands to `Bf16ProductShift`: the raw product, the
-    shift that places it, and the exponent field of a normal result."""
+    shift that places it, and the exponent field of a normal result.
+
+    The shift ``amount`` = 16 ``coarse`` + r travels as ``coarse`` and the one-hot
+    ``power`` = 2**r: decoded before the register, so that the DSP block that
+    multiplies by it sees a register at its input (docs/synth.md)."""
     product: 16
-    amount: 6             # left shift of the product into [sig(24) | fraction(17)]
+    power: 16             # 2**(amount % 16)
+    coarse: 2             # amount // 16
     normal: 1             # the result is normal (else subnormal, or zero)
     field: 8              # exponent field of a normal result
     overflow: 1           # a normal result's field is 255 or more: infinity
@@ -258,7 +263,8 @@ class Bf16ProductAmount(wiring.Component):
                                   Mux(at_least(exp_sum, grid_base), grid, 0)))
         m.d.comb += [
             plan.product.eq(product),
-            plan.amount.eq(amount),
+            plan.power.eq(C(1, 16) << amount[:4]),
+            plan.coarse.eq(amount[4:]),
             # A zero product must look like an fp32 zero (exp 1) to the adder's
             # magnitude comparison.
             plan.normal.eq(normal & ~raw.zero),
@@ -285,17 +291,14 @@ class Bf16ProductShift(wiring.Component):
         m = Module()
         plan, p = self.plan, self.p
         fraction = Bf16ProductAmount.FRACTION
-        # The shift by amount = 16 h + r: the fine part is a multiplication by
+        # The shift by amount = 16 coarse + r: the fine part is a multiplication by
         # 2**r, which an FPGA maps to a DSP block (MULT18X18D on the ECP5; a
         # 6-level shifter of 41 bits took 65 more LUT4), the coarse part a
         # choice of three positions.
-        r, h = plan.amount[:4], plan.amount[4:]
-        power = Signal(16)
-        m.d.comb += power.eq(C(1, 16) << r)
         fine = Signal(31)
-        m.d.comb += fine.eq(plan.product * power)
+        m.d.comb += fine.eq(plan.product * plan.power)
         shifted = Signal(24 + fraction)
-        with m.Switch(h):
+        with m.Switch(plan.coarse):
             with m.Case(0):
                 m.d.comb += shifted.eq(fine)
             with m.Case(1):

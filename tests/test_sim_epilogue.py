@@ -14,7 +14,7 @@ import pytest
 from chip_configs import TINY, VPU_SHAPES
 from mxu.hdl.dtypes import bfloat16
 from mxu.sim import Chip
-from mxu.sim.compiler.matmul import compile_matmuls
+from mxu.sim.compiler.matmul import _interleave, compile_matmuls
 from mxu.sim.runtime.vector import layer_norm_params, softmax_bias
 from mxu.verif import golden, vpu
 from mxu.verif.hazards import races
@@ -187,6 +187,38 @@ def test_several_fused_heads_in_one_program(chip):
         s = golden.matmul(q[h * L:(h + 1) * L], kt[h * d:(h + 1) * d], rows=cfg.rows)
         want = golden.fp32_to_bf16(golden.f32_bits(vpu.softmax(s, mask, lanes=cfg.cols)))
         golden.assert_bits_equal(_bits(probs[h * L:(h + 1) * L]), want, f"head {h}")
+
+
+def test_short_softmax_heads_interleave_their_epilogues(chip):
+    """A decode step's scores: heads of 3 query rows, each with its own keys
+    and length. Their softmaxes are latency-bound, so the compiler runs two
+    heads' epilogues interleaved (an odd head alone at the end): each head's
+    rows bit-exact, the program race-free."""
+    cfg = chip.config
+    rng = np.random.default_rng(SEED + 11)
+    rows, d, heads = 3, cfg.rows + 2, 5
+    lengths = [cfg.cols + 1 + 3 * h for h in range(heads)]
+    q = golden.as_bf16(rng.standard_normal((heads * rows, d)).astype(np.float32))
+    kts = [golden.as_bf16(rng.standard_normal((d, L)).astype(np.float32)) for L in lengths]
+    masks = [rng.random((1, L)) < 0.8 for L in lengths]
+    for mask in masks:
+        mask[0, 0] = True
+    Q, KT = chip.upload(q), [chip.upload(kt) for kt in kts]
+    biases = [softmax_bias(chip, mask) for mask in masks]
+    probs = [chip.empty((rows, L), bfloat16) for L in lengths]
+    with chip.record() as rec:
+        for h in range(heads):
+            chip.matmul(Q[h * rows:(h + 1) * rows], KT[h], out=probs[h], then="softmax",
+                        other=biases[h])
+        ops = [op for call in rec.calls for op in call.ops]
+    assert rec.stats.programs == 1
+    plans = [plan for segment in compile_matmuls(cfg, ops).segments for _, plan in segment]
+    assert _interleave(plans) == 2
+    assert races(cfg, compile_matmuls(cfg, ops).program) == []
+    for h, (kt, mask) in enumerate(zip(kts, masks)):
+        s = golden.matmul(q[h * rows:(h + 1) * rows], kt, rows=cfg.rows)
+        want = golden.fp32_to_bf16(golden.f32_bits(vpu.softmax(s, mask, lanes=cfg.cols)))
+        golden.assert_bits_equal(_bits(probs[h]), want, f"head {h}")
 
 
 def test_an_epilogue_that_does_not_fit_runs_unfused():

@@ -414,7 +414,8 @@ class FusedGroups:
         # A norm stored from the shared scratch (add_rms_norm): the next
         # group's VECTORs, which may write the scratch, wait for its STOREs.
         owed, self.scratch_token = self.scratch_token, False
-        emit, outs = emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, ring.scratch_base,
+        scratch = ring.scratch_base + (grp.index % ring.interleave) * ring.scratch_rows
+        emit, outs = emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, scratch,
                                    self.residual_row(grp), j0=grp.j0, m0=grp.m0,
                                    on_sum=store_the_sum, pop_prev=True, pop_next=owed)
         blocks = self.transposed_blocks(grp) if op.transposed and stored else []

@@ -36,7 +36,7 @@ import collections
 import math
 from dataclasses import dataclass
 
-from mxu.hdl.isa import INSTR_BITS, SeedMode
+from mxu.hdl.isa import INSTR_BITS, Opcode, SeedMode
 
 from .operands import MatmulOp
 from .plan import RING_SLOTS, ceil_div, plan_op
@@ -68,6 +68,8 @@ class _Ring:
     t_base: int = 0      # VMEM row of a transpose epilogue's slots
     t_slot: int = 0      # VMEM rows of one
     out_base: int = 0    # accumulator row of the output slots
+    interleave: int = 1  # groups whose epilogues run interleaved (`_interleave`)
+    scratch_rows: int = 0  # working rows of one of them
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,9 @@ def _place(config, items):
             acc += plan.acc_rows
     else:
         plans = [item[2] for item in items]
-        buffers = min(p.out_buffers for p in plans)
+        k = _interleave(plans)
+        # k groups wait for each other's epilogue: 2k buffers keep the array busy meanwhile.
+        buffers = max(min(p.out_buffers for p in plans), 2 * k if k > 1 else 0)
         slot = max(p.G * p.Mb for p in plans)
         res_slot = max(p.residual_rows for p in plans)
         # The output slots come first, or at `out_base` when a later op reads
@@ -207,10 +211,11 @@ def _place(config, items):
         out_base = items[0][3][2]
         res_base = buffers * slot if out_base is None else 0
         scratch_base = res_base + buffers * res_slot
-        acc = scratch_base + max(p.scratch_rows for p in plans)
+        scratch_rows = max(p.scratch_rows for p in plans)
+        acc = scratch_base + k * scratch_rows
         t_slot = max(p.t_rows for p in plans)
         ring = _Ring(buffers, slot, res_base, res_slot, scratch_base, acc, vmem, t_slot,
-                     out_base or 0)
+                     out_base or 0, k, scratch_rows)
         if out_base is not None and out_base + buffers * slot > config.acc_rows:
             return None
         vmem += buffers * t_slot
@@ -222,6 +227,50 @@ def _place(config, items):
             acc += bias_rows + plan.param_rows
     acc_limit = min(acc_limit, items[0][3][2] or acc_limit)
     return placed if vmem <= limit and acc <= acc_limit else None
+
+
+# A softmax on at most this many rows per group is latency-bound: each of its
+# dependent passes waits for the vector unit's whole pipeline (docs/compiler.md).
+_SHORT_SOFTMAX_ROWS = 4
+
+
+def _interleave(plans):
+    """Groups of a fused segment whose epilogues run interleaved, pass by pass:
+    2 for a softmax over a few rows (a decode step's attention scores), where
+    one group's chain of dependent passes leaves the vector unit's pipeline
+    mostly empty; else 1."""
+    short = all(p.epilogue in ("softmax", "masked_softmax") and p.Mb <= _SHORT_SOFTMAX_ROWS
+                for p in plans)
+    return 2 if short and sum(p.blocks * p.groups_per_block for p in plans) > 1 else 1
+
+
+def _merge_epilogues(programs):
+    """One program of several groups' epilogues (each: its VECTORs, then
+    STOREs and SYNCs): their VECTORs interleaved -- the first ones in group
+    order, then one of each in turn, then the last ones in group order, so
+    that the tokens each first pops and each last pushes stay in order --
+    then each group's STOREs and SYNCs in group order."""
+    heads, tails = [], []
+    for prog in programs:
+        items = list(zip(prog.words, prog.text))
+        n = 0
+        while n < len(items) and items[n][0] & 0xF == Opcode.VECTOR.value:
+            n += 1
+        if any(word & 0xF == Opcode.VECTOR.value for word, _ in items[n:]) or n < 2:
+            raise AssertionError("an interleaved epilogue is its VECTORs, then STOREs and SYNCs")
+        heads.append(items[:n])
+        tails.append(items[n:])
+    order = [h[0] for h in heads]
+    middles = [h[1:-1] for h in heads]
+    for i in range(max(len(m) for m in middles)):
+        order += [m[i] for m in middles if i < len(m)]
+    order += [h[-1] for h in heads]
+    for tail in tails:
+        order += tail
+    merged = Program()
+    merged.words += [word for word, _ in order]
+    merged.text += [text for _, text in order]
+    return merged
 
 
 class _Segment(FusedGroups):
@@ -250,8 +299,10 @@ class _Segment(FusedGroups):
         self.fused = self.ring is not None
         self.buffers = self.ring.buffers if self.fused else 2   # output buffers in flight
         # Each fused group's VECTORs and STOREs, waiting to be spread over the
-        # next group's steps.
+        # next group's steps (`waiting`: those of the groups interleaved with
+        # ones still to come).
         self.pending = collections.deque()
+        self.waiting = []
 
     # ---- where step n is --------------------------------------------------------------
     def locate(self, n):
@@ -343,10 +394,14 @@ class _Segment(FusedGroups):
         if fused and last_t and last_of_group:
             prog.sync("compute", push_next=True, vector=True)
             barrier = not self.last and grp.index == len(self.groups) - 1
-            ep_prog = self.epilogue_program(grp, grp.index + self.buffers < len(self.groups)
-                                            or barrier)
+            self.waiting.append(self.epilogue_program(
+                grp, grp.index + self.buffers < len(self.groups) or barrier))
             nxt = self.groups[grp.index + 1] if grp.index + 1 < len(self.groups) else grp
-            self.pending.append(Pending(ep_prog, n, nxt.end - 1))
+            if len(self.waiting) == self.ring.interleave or nxt is grp:
+                ep_prog = (self.waiting[0] if len(self.waiting) == 1
+                           else _merge_epilogues(self.waiting))
+                self.waiting = []
+                self.pending.append(Pending(ep_prog, n, nxt.end - 1))
         elif last_t and not fused:
             self.drain(prog)
             esize = op.c.elem

@@ -223,7 +223,10 @@ class _BurstGenerator(wiring.Component):
 
 class _LoadPath(wiring.Component):
     """Load: R beats gathered and shifted into on-chip rows, for the receive
-    context ``ctx`` (rx[0]).
+    context it took last (at ``restart``: its own copy of the context's
+    fields). It can take the next context in the cycle it takes the last beat
+    of this one, so that back-to-back loads receive without a gap while the
+    receive contexts complete the one that ended (docs/memory.md).
 
     Every address the beat decision compares is a register: the current
     beat's end, the current row's end, the next row's start and end (each
@@ -236,37 +239,44 @@ class _LoadPath(wiring.Component):
     beats : In(stream.Signature(axi_data_bits))
         The R channel's data.
     receiving : In(1)
-        ``ctx`` has bursts still to come: the R beats are its.
-    ctx : In(context)
-        rx[0]: rows, row bytes, first on-chip row, stride, contiguity.
+        The context taken last has bursts still to come: the R beats are its.
     restart : In(1)
-        Take the first row of ``first``, a context that becomes rx[0].
+        Take ``first``: its rows, row bytes, first on-chip row, stride,
+        contiguity, memory and its first row's addresses.
     first : In(context)
     clear : In(1)
         Drop a row not yet written (between descriptors).
-    row : Out(stream.Signature(RowWrite(chip row, max row bytes)))
-        The context's rows, zero past ``row_bytes``, in order.
+    hold_rows : In(1)
+        End no row: the last context's completion waits for its last row,
+        which must stay the only row offered until it completes.
+    row : Out(stream.Signature(RowWrite(chip row, max row bytes) and ``vmem``))
+        The context's rows, zero past ``row_bytes``, in order, each with the
+        memory it goes to.
     rows_done : Out(rows)
-        Rows of ``ctx`` gathered.
+        Rows of the context gathered.
+    last : Out(1)
+        The context's last row is gathered in this cycle.
     """
 
     def __init__(self, config):
         self.config = config
         c = config
         ctx = _context_layout(c)
+        row = data.StructLayout({**RowWrite(ctx["chip_row"].width, 8 * _max_row_bytes(c)).members,
+                                 "vmem": 1})
         super().__init__({
             "beats": In(stream.Signature(c.axi_data_bits)), "receiving": In(1),
-            "ctx": In(ctx), "restart": In(1), "first": In(ctx), "clear": In(1),
-            "row": Out(stream.Signature(RowWrite(ctx["chip_row"].width,
-                                                 8 * _max_row_bytes(c)))),
-            "rows_done": Out(ctx["rows"].width),
+            "restart": In(1), "first": In(ctx), "clear": In(1), "hold_rows": In(1),
+            "row": Out(stream.Signature(row)), "rows_done": Out(ctx["rows"].width),
+            "last": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
         c = self.config
         BB, LG, RBX = c.axi_data_bytes, _log2(c.axi_data_bytes), _max_row_bytes(c)
-        A, ctx, beat, row = c.axi_addr_bits, self.ctx, self.beats, self.row
+        A, beat, row = c.axi_addr_bits, self.beats, self.row
+        ctx = Signal(_context_layout(c))   # the context's fields, taken at restart
         nslot = -(-(BB - 2 + RBX) // BB)
         slots = [Signal(8 * BB, name=f"ld_slot{i}") for i in range(nslot)]
         ld_k = Signal(range(nslot))
@@ -277,7 +287,7 @@ class _LoadPath(wiring.Component):
         ld_na = Signal(A + 1)              # the next row's address (ld_a + ext_stride)
         ld_nend = Signal(A + 1)            # ... and its end (ld_end + ext_stride)
         ld_be = Signal(A + 1)              # end of the next beat (its address + BB)
-        can_emit = ~row.valid | row.ready
+        can_emit = (~row.valid | row.ready) & ~self.hold_rows
         ends, shared, next_ends_here = Signal(), Signal(), Signal()
         m.d.comb += [
             ends.eq(ld_be >= ld_end),
@@ -302,6 +312,7 @@ class _LoadPath(wiring.Component):
                 m.d.sync += [row.valid.eq(1),
                              row.payload.data.eq(shifted & _byte_mask(RBX, ctx.row_bytes, 8)),
                              row.payload.addr.eq(ctx.chip_row + ld_r),
+                             row.payload.vmem.eq(ctx.vmem),
                              ld_r.eq(ld_r + 1), ld_more.eq(ld_r + 2 < ctx.rows),
                              ld_a.eq(ld_na), ld_end.eq(ld_nend),
                              ld_na.eq(ld_na + ctx.stride), ld_nend.eq(ld_nend + ctx.stride)]
@@ -315,9 +326,11 @@ class _LoadPath(wiring.Component):
                                               Cat(C(0, LG), ld_na[LG:] + 1)))]
             with m.Else():
                 m.d.sync += [ld_k.eq(ld_k + 1), ld_be.eq(ld_be + BB)]
+        m.d.comb += self.last.eq(process & ends & ~ld_more)
         f = self.first
         with m.If(self.restart):
-            m.d.sync += [ld_r.eq(0), ld_more.eq(f.rows > 1), ld_a.eq(f.a), ld_end.eq(f.end),
+            m.d.sync += [ctx.eq(f),
+                         ld_r.eq(0), ld_more.eq(f.rows > 1), ld_a.eq(f.a), ld_end.eq(f.end),
                          ld_na.eq(f.na), ld_nend.eq(f.nend), ld_be.eq(f.be), ld_k.eq(0)]
         with m.If(self.clear):
             m.d.sync += row.valid.eq(0)
@@ -535,10 +548,12 @@ class _ReceiveContexts(wiring.Component):
         The issuing load's bursts are all out.
     r_last, r_error : In(1)
         A cycle ago, a burst's last R beat, and an error response (of code
-        ``r_code``). rx[0] takes them a cycle late: R handshakes wait on the
-        load path's row-end compare, and that chain into the context was the
-        fpga chip's critical path (docs/synth.md).
+        ``r_code``). The contexts take them a cycle late: R handshakes wait on
+        the load path's row-end compare, and that chain into the context was
+        the fpga chip's critical path (docs/synth.md).
     r_code : In(DmaError)
+    r_next : In(1)
+        That beat was rx[1]'s (the load path had moved on to it), else rx[0]'s.
     row_idle : In(1)
         The load path holds no unwritten row after this cycle.
     rows_done : In(rows)
@@ -561,7 +576,8 @@ class _ReceiveContexts(wiring.Component):
         ctx = _context_layout(c)
         super().__init__({
             "alloc": In(1), "new": In(ctx), "burst_issued": In(1), "issued": In(1),
-            "r_last": In(1), "r_error": In(1), "r_code": In(DmaError), "row_idle": In(1),
+            "r_last": In(1), "r_error": In(1), "r_code": In(DmaError), "r_next": In(1),
+            "row_idle": In(1),
             "rows_done": In(ctx["rows"].width), "abort": In(1), "abort_err": In(DmaError),
             "rx0": Out(ctx), "rx1": Out(ctx), "following": Out(ctx),
             "done": Out(stream.Signature(dma_completion_layout(c))), "shift": Out(1),
@@ -570,12 +586,14 @@ class _ReceiveContexts(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         rx0, rx1, n1 = self.rx0, self.rx1, self.following
-        err0 = Mux(rx0.err != DmaError.OK, rx0.err,
-                   Mux(self.r_error, self.r_code, DmaError.OK))
+        last0, last1 = self.r_last & ~self.r_next, self.r_last & self.r_next
+
+        def err(ctx, error):
+            return Mux(ctx.err != DmaError.OK, ctx.err, Mux(error, self.r_code, DmaError.OK))
+        err0 = err(rx0, self.r_error & ~self.r_next)
         short = self.rows_done != rx0.rows
         m.d.comb += [
-            self.done.valid.eq(rx0.valid & rx0.issued & (rx0.bursts == self.r_last)
-                               & self.row_idle),
+            self.done.valid.eq(rx0.valid & rx0.issued & (rx0.bursts == last0) & self.row_idle),
             self.done.payload.tag.eq(rx0.tag),
             self.done.payload.error.eq(Mux(err0 != DmaError.OK, err0,
                                            Mux(self.abort & short, self.abort_err, DmaError.OK))),
@@ -585,12 +603,13 @@ class _ReceiveContexts(wiring.Component):
         n0 = Signal.like(rx0)
         m.d.comb += [n0.eq(rx0), n1.eq(rx1)]
         with m.If(rx1.valid):
-            m.d.comb += [n1.bursts.eq(rx1.bursts + self.burst_issued),
-                         n0.bursts.eq(rx0.bursts - self.r_last)]
+            m.d.comb += [n1.bursts.eq(rx1.bursts + self.burst_issued - last1),
+                         n1.err.eq(err(rx1, self.r_error & self.r_next)),
+                         n0.bursts.eq(rx0.bursts - last0)]
             with m.If(self.issued):
                 m.d.comb += n1.issued.eq(1)
         with m.Else():
-            m.d.comb += n0.bursts.eq(rx0.bursts + self.burst_issued - self.r_last)
+            m.d.comb += n0.bursts.eq(rx0.bursts + self.burst_issued - last0)
             with m.If(self.issued):
                 m.d.comb += n0.issued.eq(1)
         m.d.comb += n0.err.eq(err0)
@@ -699,8 +718,9 @@ class Dma(wiring.Component):
         wiring.connect(m, rr.vmem_read, wiring.flipped(self.vmem_read))
         wiring.connect(m, rr.acc_read, wiring.flipped(self.acc_read))
         self._connect_axi(m, bursts, gb, is_load, clear)
-        self._responses(m, bursts, rc, status)
-        self._connect_load_path(m, lp, rc)
+        moved_on = Signal()     # the load path works for rx[1] (`_connect_load_path`)
+        self._responses(m, bursts, rc, status, moved_on)
+        self._connect_load_path(m, lp, rc, clear, moved_on)
         fsm_done = self._control(m, d, derived, status, run, clear)
         # Completions leave in order: a descriptor the state machine completes
         # waited for the loads in flight.
@@ -750,7 +770,7 @@ class Dma(wiring.Component):
                      axi.wstrb.eq(gb.w.payload.strb), axi.wlast.eq(gb.w.payload.last),
                      gb.w.ready.eq(axi.wready)]
 
-    def _responses(self, m, bursts, rc, status):
+    def _responses(self, m, bursts, rc, status, moved_on):
         """R and B responses: bursts returned, and the first error."""
         axi = self.axi
         r_fire = axi.rvalid & axi.rready
@@ -771,29 +791,44 @@ class Dma(wiring.Component):
             with m.Elif(status.err == DmaError.OK):
                 m.d.sync += status.err.eq(code)
         m.d.sync += [rc.r_last.eq(r_fire & axi.rlast), rc.r_error.eq(r_error),
-                     rc.r_code.eq(code)]
+                     rc.r_code.eq(code),
+                     # rx[1]'s beat, unless rx[1] moves up to rx[0] at this edge.
+                     rc.r_next.eq(moved_on & ~rc.shift)]
 
-    def _connect_load_path(self, m, lp, rc):
+    def _connect_load_path(self, m, lp, rc, clear, moved_on):
         """The load path works for rx[0], and writes its rows to VMEM or the
-        accumulator; it takes a context's first row when the context becomes rx[0]."""
-        axi, rx0 = self.axi, rc.rx0
+        accumulator; it takes a context's first row when the context becomes
+        rx[0], or earlier: in the cycle it gathers rx[0]'s last row, if rx[1]
+        is there (it has then moved on: rx[0] completes a cycle later, when
+        its last burst's end reaches it, and R beats meanwhile are rx[1]'s)."""
+        axi, rx0, rx1 = self.axi, rc.rx0, rc.rx1
         row = lp.row
+        early = lp.last & rc.following.valid & ~moved_on
+        with m.If(early):
+            m.d.sync += moved_on.eq(1)
+        with m.If(rc.shift | clear):
+            m.d.sync += moved_on.eq(0)
+        last1 = rc.r_last & rc.r_next
         m.d.comb += [
             lp.beats.valid.eq(axi.rvalid), lp.beats.payload.eq(axi.rdata),
             axi.rready.eq(lp.beats.ready),
-            lp.receiving.eq(rx0.valid & (rx0.bursts != rc.r_last)),
-            lp.ctx.eq(rx0),
-            lp.restart.eq((rc.alloc & ~rx0.valid) | rc.shift),
-            lp.first.eq(Mux(rc.shift, rc.following, rc.new)),
-            self.vmem_write.valid.eq(row.valid & rx0.vmem),
+            lp.receiving.eq(Mux(moved_on, rx1.valid & (rx1.bursts != last1),
+                                rx0.valid & (rx0.bursts != (rc.r_last & ~rc.r_next)))),
+            lp.restart.eq((rc.alloc & ~rx0.valid) | (rc.shift & ~moved_on) | early),
+            # rx[0]'s completion counts on its last row: rx[1]'s wait for the
+            # move up (they may end in the cycle of the move).
+            lp.hold_rows.eq(moved_on & ~rc.shift),
+            lp.first.eq(Mux(rc.shift | early, rc.following, rc.new)),
+            self.vmem_write.valid.eq(row.valid & row.payload.vmem),
             self.vmem_write.payload.addr.eq(row.payload.addr),
             self.vmem_write.payload.data.eq(row.payload.data[:8 * self.config.vmem_row_bytes]),
-            self.acc_write.valid.eq(row.valid & ~rx0.vmem),
+            self.acc_write.valid.eq(row.valid & ~row.payload.vmem),
             self.acc_write.payload.addr.eq(row.payload.addr),
             self.acc_write.payload.data.eq(row.payload.data[:8 * self.config.acc_row_bytes]),
-            row.ready.eq(Mux(rx0.vmem, self.vmem_write.ready, self.acc_write.ready)),
+            row.ready.eq(Mux(row.payload.vmem, self.vmem_write.ready, self.acc_write.ready)),
             rc.row_idle.eq(~row.valid | row.ready),
-            rc.rows_done.eq(lp.rows_done),
+            # Moved on, the load path counts rx[1]'s rows: rx[0]'s are all in.
+            rc.rows_done.eq(Mux(moved_on, rx0.rows, lp.rows_done)),
         ]
 
     def _checks(self, d, derived):

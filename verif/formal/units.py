@@ -10,7 +10,7 @@ are proved, and they make the induction step see only reachable states.
 """
 
 from amaranth.hdl import Cat, Elaboratable, Module, Mux, Signal, Value
-from amaranth.asserts import AnySeq
+from amaranth.asserts import AnySeq, Cover
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -660,6 +660,9 @@ def dma_harness(config, direction, *, dma=None):
                          exempt=dut.bursts.abort)
             stream_check(m, dut.load_path.row, source=DUT, sink=DUT, name="dma.load_path.row")
             stream_check(m, dut.contexts.done, source=DUT, sink=DUT, name="dma.contexts.done")
+            # The load path takes the next load's context in the cycle of the
+            # last row (back-to-back loads): the rules above must meet it.
+            m.d.comb += Cover(dut.load_path.last & dut.load_path.restart, "dma.load_path.moves_on")
         else:
             # The AW queue has room for every burst the in-flight limit lets out.
             prop(m, DUT, "dma.bursts.store_never_stalls", dut.bursts.burst.ready,

@@ -314,17 +314,19 @@ def test_fused_segments_loop_their_middle_k_tiles(chip, M):
     ops = [op for call in rec.calls for op in call.ops]
     looped, literal = compile_matmuls(cfg, ops), compile_matmuls(cfg, ops, loops=False)
     # One row: the epilogues are short, whole groups loop; five rows of
-    # gelu on a tiny array: more batches of them between LOOPs.
-    assert len(looped.program) < len(literal.program) / (3 if M == 1 else 1.5)
+    # gelu on a tiny array: more batches of them between LOOPs (the last
+    # groups keep `hide` tiles, so their epilogues are long: 1.43x-1.48x,
+    # against 1.54x-1.58x when they shrank to one tile and the array waited).
+    assert len(looped.program) < len(literal.program) / (3 if M == 1 else 1.4)
     assert races(cfg, looped.program) == []
     for kind, out in outs.items():
         golden.assert_bits_equal(out.numpy(), case.golden(kind), f"{kind}, M={M}")
 
 
-def test_rope_loads_its_table_once_per_slot():
-    """RoPE's cos|sin table is the same for every group of an M block: a
-    slot that holds it is not loaded again (docs/compiler.md), and every
-    group's rows stay bit-exact."""
+def test_rope_loads_its_table_once():
+    """RoPE's cos|sin table is the same for every group of an M block: an
+    op of one block loads it once, into rows of its own (docs/compiler.md),
+    and every group's rows stay bit-exact."""
     chip = Chip(VPU_SHAPES["4x4"], fast_mac=True)
     cfg, P, M, N = chip.config, 8, 7, 80 * VPU_SHAPES["4x4"].cols
     rng = np.random.default_rng(SEED + 11)
@@ -340,7 +342,7 @@ def test_rope_loads_its_table_once_per_slot():
     compiled = compile_matmuls(cfg, ops)
     groups = compiled.segments[0][0][1].NT // compiled.segments[0][0][1].G
     table_loads = sum(f"ext_addr={table.addr}," in text for text in compiled.program.text)
-    assert groups > 3 and table_loads == 3, (groups, table_loads)     # one per output buffer
+    assert groups > 3 and table_loads == 1, (groups, table_loads)
     assert races(cfg, compiled.program) == []
     r = golden.matmul(a, b, rows=cfg.rows)
     want = vpu.rope(r, np.tile(cos, (1, N // P)), np.tile(sin, (1, N // P)))

@@ -369,18 +369,25 @@ class FusedGroups:
     def _holds_its_table(self, grp):
         """Whether group `grp`'s row-operand slot still holds the table it
         reads: a table (RoPE's cos|sin) is the same for every group of an M
-        block, and the slot's last group, ``buffers`` earlier, was of the
-        same op and block (the epilogue only reads it)."""
-        if self.placed[grp.op].op.epilogue.desc.row_operand != "table" \
-                or grp.index < self.buffers:
+        block, and the op's own table rows were loaded by its first group,
+        or the slot's last group, ``buffers`` earlier, was of the same op
+        and block (the epilogue only reads it)."""
+        p = self.placed[grp.op]
+        if p.op.epilogue.desc.row_operand != "table":
+            return False
+        if p.table_base is not None:
+            return not grp.first_of_op
+        if grp.index < self.buffers:
             return False
         prev = self.groups[grp.index - self.buffers]
         return prev.op == grp.op and prev.mb == grp.mb
 
     def residual_row(self, grp):
-        residual = self.placed[grp.op].residual
-        if residual is not None:           # handed off: in its region for good
-            return residual.residual_row(grp.m0)
+        p = self.placed[grp.op]
+        if p.residual is not None:         # handed off: in its region for good
+            return p.residual.residual_row(grp.m0)
+        if p.table_base is not None:       # its table, loaded once
+            return p.table_base
         return self.ring.res_base + self.ring.res_slot * (grp.index % self.buffers)
 
     def epilogue_tiles(self, grp):

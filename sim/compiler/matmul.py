@@ -87,6 +87,7 @@ class _Placed:
     residual: object = None  # the `Handoff` whose accumulator rows hold its residual, or None
     handoffs: tuple = () # the (`Handoff`, `Source`) pairs its epilogue writes
     unstored: tuple = () # outputs that stay on the chip only
+    table_base: int = None   # accumulator row of a table it loads once (`_held_table`)
 
 
 @dataclass(frozen=True)
@@ -173,25 +174,27 @@ def plan_segments(config, ops, handoffs=None, first=0):
     return segments
 
 
-def _place(config, items):
+def _place(config, items, hold_tables=True):
     """[(op index, _Placed)] of (op index, op, plan, VMEM limit, hand-off in,
     hand-offs out) items side by side, or None if they do not fit. Plain ops
     get regions of their own; a fused segment's ops share a `_Ring` of output,
-    residual and working rows. An op whose activations are handed off
-    (docs/compiler.md) reads them where the hand-off put them."""
+    residual and working rows, and an op's table gets rows of its own when
+    they fit (`hold_tables`, `_held_table`). An op whose activations are
+    handed off (docs/compiler.md) reads them where the hand-off put them."""
     limit = min(item[3][0] for item in items)
     acc_limit = min(item[3][1] for item in items)
     vmem = RING_SLOTS * config.rows + sum(item[2].vmem_rows for item in items if not item[4])
     a_base = RING_SLOTS * config.rows
 
-    def placed_op(i, op, plan, handed, outs, operands, *regions):
+    def placed_op(i, op, plan, handed, outs, operands, *regions, table_base=None):
         nonlocal a_base
         base = handed.base if handed else a_base
         if not handed:
             a_base += plan.vmem_rows
         pairs, unstored = outs or ((), ())
         return i, _Placed(op, plan, base, *regions, handed=bool(handed), handoffs=pairs,
-                          unstored=unstored, weights=operands[0], residual=operands[1])
+                          unstored=unstored, weights=operands[0], residual=operands[1],
+                          table_base=table_base)
 
     if items[0][1].epilogue is None:
         placed, acc = [], 0
@@ -222,11 +225,26 @@ def _place(config, items):
         placed = []
         for i, op, plan, _, handed, outs, operands in items:
             bias_rows = plan.NT if plan.bias == "row" else 0
+            held = hold_tables and _held_table(op, plan, operands)
+            table = acc + bias_rows + plan.param_rows if held else None
             placed.append(placed_op(i, op, plan, handed, outs, operands, 0, acc, acc + bias_rows,
-                                    ring))
-            acc += bias_rows + plan.param_rows
+                                    ring, table_base=table))
+            acc += bias_rows + plan.param_rows + (plan.residual_rows if table is not None else 0)
     acc_limit = min(acc_limit, items[0][3][2] or acc_limit)
-    return placed if vmem <= limit and acc <= acc_limit else None
+    if vmem <= limit and acc <= acc_limit:
+        return placed
+    # Tables held once are a saving, not a need: without them the ops may fit.
+    return _place(config, items, hold_tables=False) if hold_tables else None
+
+
+def _held_table(op, plan, operands):
+    """Whether a fused op's table (RoPE's cos|sin) is loaded once, into rows
+    of its own, rather than into each group's residual slot: when it has one
+    M block, every group reads the same table, and the slots' turn made
+    each group of ``buffers`` load it again (8 KB a group for SmolLM2's Q)."""
+    ep = op.epilogue
+    return (ep is not None and ep.desc.row_operand == "table" and plan.blocks == 1
+            and operands[1] is None)
 
 
 # A softmax on at most this many rows per group is latency-bound: each of its

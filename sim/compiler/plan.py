@@ -67,19 +67,24 @@ class OpPlan:
 
     def groups_of_block(self, last=False):
         """(first N tile, tiles) of each group of an M block. The `last` block
-        of an element-wise epilogue ends in ever smaller groups: the vector
-        unit's work on the final group is the op's tail, which nothing
-        overlaps."""
+        of an element-wise epilogue ends in ever smaller groups, down to
+        `hide` tiles: the vector unit's work on the final group is the op's
+        tail, which nothing overlaps."""
         out = [(0, min(self.G, self.NT))]
         j = out[0][1]
         while j < self.NT:
             out.append((j, min(self.rest, self.NT - j)))
             j += out[-1][1]
         if last and self.epilogue is not None and not layer_op(self.epilogue).row_wise:
+            # Never below the tiles that hide the array's latency: a group of
+            # one tile of a few rows would wait for it at every K tile.
             unit = 2 if self.paired else 1
+            least = max(unit, ceil_div(self.hide, unit) * unit)
             j, size = out.pop()
             while size > unit:
                 half = size // 2 // unit * unit
+                if half < least:
+                    break
                 out.append((j, half))
                 j, size = j + half, size - half
             out.append((j, size))

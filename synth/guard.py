@@ -27,7 +27,6 @@ from pathlib import Path
 
 from mxu.hdl.config import ChipConfig
 
-from .blocks import BLOCK_UNITS
 from .flow import Phases
 from .report import format_table
 from .run import Ecp5Options, design, synth_ecp5

@@ -4,7 +4,7 @@ the critical path, and the plain-text tables the reports are printed as."""
 import json
 import re
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mxu.sim.report import format_table   # the one table printer (sim and synth)

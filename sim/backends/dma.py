@@ -7,7 +7,6 @@ steps), hands over a list of descriptors, and the whole run happens in C++.
 """
 
 import ctypes
-import functools
 
 import numpy as np
 

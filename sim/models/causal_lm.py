@@ -35,7 +35,7 @@ from mxu.hdl.dtypes import bfloat16
 
 from ..runtime.chip import Chip
 from ..runtime.stats import RunStats
-from ..runtime.vector import rms_norm_params, softmax_bias
+from ..runtime.vector import rms_norm_params
 from .blocks import Head, Linear, attention, feed_forward
 from .llama import model_macs, read_gguf, rope_tables
 from .tokenizer import GgufTokenizer

@@ -11,8 +11,8 @@ are proved, and they make the induction step see only reachable states.
 
 from amaranth.hdl import Cat, Elaboratable, Module, Mux, Signal, Value
 from amaranth.asserts import AnySeq, Cover
-from amaranth.lib import data, stream, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In
 
 from mxu.hdl.axi import AXI4LiteSignature, AxiResp
 from mxu.hdl.config import ChipConfig

@@ -12,9 +12,10 @@ from .mac import MAC_STAGES
 __all__ = ["ChipConfig", "MEASURED_FMAX_MHZ"]
 
 # Fmax of a preset's whole chip, placed and routed on the LFE5U-85F at
-# nextpnr's seed 2 (docs/synth.md has the runs and their commits, ee37186): what
-# cycle counts are turned into seconds with (`mxu generate`'s tokens/s).
-MEASURED_FMAX_MHZ = {"fpga": 49.8}
+# nextpnr's default seed, 1 (docs/synth.md has the runs and their commits,
+# 3cb6ea0): what cycle counts are turned into seconds with (`mxu generate`'s
+# tokens/s).
+MEASURED_FMAX_MHZ = {"fpga": 51.5}
 
 
 def _is_pow2(n):

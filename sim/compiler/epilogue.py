@@ -24,7 +24,7 @@ from .vector import Tiles, VectorEmitter, flag_instruction, tile_moves
 
 __all__ = ["EPILOGUE_KINDS", "Epilogue", "epilogue_operands", "epilogue_scratch",
            "epilogue_param_rows", "epilogue_param_loads", "transpose_vmem_rows", "emit_epilogue",
-           "out_tiles", "Pending", "FusedGroups"]
+           "out_tiles", "Pending", "FusedGroups", "is_vector"]
 
 
 
@@ -266,6 +266,11 @@ def _emit_rope(emit, ep, x, table, at, j0):
     emit_rope(emit, x.m, jobs, at["t1"], at["t2"])
 
 
+def is_vector(word):
+    """Whether an instruction word is a VECTOR."""
+    return word & 0xF == Opcode.VECTOR.value
+
+
 class Pending:
     """A group's epilogue instructions on their way into the program: due
     between steps `first` and `last`, in proportion to their rows."""
@@ -275,7 +280,7 @@ class Pending:
         self.first, self.last, self.done = first, last, 0
         self.cumulative, total = [], 0
         for word in self.words:
-            if word & 0xF == Opcode.VECTOR.value:
+            if is_vector(word):
                 total += field_value(word, Opcode.VECTOR, "rows")
             self.cumulative.append(total)
         self.total = total

@@ -36,12 +36,12 @@ import collections
 import math
 from dataclasses import dataclass
 
-from mxu.hdl.isa import INSTR_BITS, Opcode, SeedMode
+from mxu.hdl.isa import INSTR_BITS, SeedMode
 
 from .operands import MatmulOp
 from .plan import RING_SLOTS, ceil_div, plan_op
 from .program import Program
-from .epilogue import FusedGroups, Pending, epilogue_param_loads
+from .epilogue import FusedGroups, Pending, epilogue_param_loads, is_vector
 from .handoff import plan_handoffs
 from .vector import VectorOp, emit_vector_op
 
@@ -206,7 +206,7 @@ def _place(config, items, hold_tables=True):
         plans = [item[2] for item in items]
         k = _interleave(plans)
         # k groups wait for each other's epilogue: 2k buffers keep the array busy meanwhile.
-        buffers = max(min(p.out_buffers for p in plans), 2 * k if k > 1 else 0)
+        buffers = max(min(p.out_buffers for p in plans), 2 * k)
         slot = max(p.G * p.Mb for p in plans)
         res_slot = max(p.residual_rows for p in plans)
         # The output slots come first, or at `out_base` when a later op reads
@@ -272,9 +272,9 @@ def _merge_epilogues(programs):
     for prog in programs:
         items = list(zip(prog.words, prog.text))
         n = 0
-        while n < len(items) and items[n][0] & 0xF == Opcode.VECTOR.value:
+        while n < len(items) and is_vector(items[n][0]):
             n += 1
-        if any(word & 0xF == Opcode.VECTOR.value for word, _ in items[n:]) or n < 2:
+        if any(is_vector(word) for word, _ in items[n:]) or n < 2:
             raise AssertionError("an interleaved epilogue is its VECTORs, then STOREs and SYNCs")
         heads.append(items[:n])
         tails.append(items[n:])

@@ -40,3 +40,13 @@ def test_bad_stages_and_simulator():
 def test_empty_input():
     assert simulate_mac(np.zeros(0, np.uint16), np.zeros(0, np.uint16),
                         np.zeros(0, np.uint32)).dtype == np.uint32
+
+
+def test_units_not_inlined_marks_only_the_core_units():
+    from mxu.sim.backends.verilog import units_not_inlined
+    text = ("module \\top.chip.core.load_dma (a, b);\n  input a;\nendmodule\n"
+            "module \\top.chip.core.load_dma.gearbox (a);\nendmodule\n"
+            "module \\top.chip (a);\nendmodule\n")
+    marked = units_not_inlined(text)
+    assert marked.count("/*verilator no_inline_module*/") == 1
+    assert marked.startswith("module \\top.chip.core.load_dma (a, b);\n  /*verilator no_inline_module*/\n")

@@ -266,3 +266,19 @@ def test_fast_lanes_give_the_same_results_and_cycles():
                         done.memory[0x20000:0x20000 + n].copy()))
     assert results[0][:2] == results[1][:2]
     np.testing.assert_array_equal(results[0][2], results[1][2])
+
+
+def test_profile_build_gives_the_same_results_and_cycles():
+    """``profile_units=True`` (each unit of the core a C++ class of its own,
+    for bench/simprofile.py) is the same model: same bits, same cycles."""
+    cfg = VPU_SHAPES["4x4"]
+    chip, profiled = Chip(cfg, fast_mac=True), Chip(cfg, fast_mac=True, profile_units=True)
+    p, image, outputs = programs.vector_program(cfg, np.random.default_rng(SEED + 5))
+    runs = []
+    for c in (chip, profiled):
+        _fresh(c)
+        result, model, _ = programs.run_both(c, p, image)
+        for lo, hi in outputs:
+            golden.assert_bits_equal(result.memory[lo:hi], model.ext[lo:hi], f"bytes {lo:#x}")
+        runs.append((result.counters["cycles"], bytes(result.memory[:max(hi for _, hi in outputs)])))
+    assert runs[0] == runs[1]

@@ -140,6 +140,12 @@ def vpu_cpp_source():
     return "\n".join(out)
 
 
+# The pipeline is a ring of `lane_latency` slots, not a shift register: an
+# enabled cycle writes the incoming beat over the oldest one (the one leaving)
+# and moves `head` on, so a cycle costs one slot's write instead of moving every
+# stage. The element op is called only for a valid beat; an empty slot holds 0
+# (an output that is not valid is never read, and the lane tests compare the
+# valid results and the cycles with the RTL lane).
 _TEMPLATE = """\
 module {name}(i__valid, o__ready, clk, rst, i__ready, o__payload, o__valid, i__payload);
   /*verilator no_inline_module*/
@@ -152,21 +158,24 @@ module {name}(i__valid, o__ready, clk, rst, i__ready, o__payload, o__valid, i__p
   output [31:0] o__payload;
   reg [31:0] data [0:{last}];
   reg valid [0:{last}];
-  wire enable = ~valid[{last}] | o__ready;
+  reg [7:0] head = 8'd0;
+  wire enable = ~valid[head] | o__ready;
   integer i;
   initial for (i = 0; i <= {last}; i = i + 1) begin data[i] = 32'h0; valid[i] = 1'b0; end
   always @(posedge clk) begin
     if (rst) begin
       for (i = 0; i <= {last}; i = i + 1) begin data[i] <= 32'h0; valid[i] <= 1'b0; end
+      head <= 8'd0;
     end else if (enable) begin
-      data[0] <= mxu_vpu_f32({{28'h0, i__payload[3:0]}}, i__payload[35:4], i__payload[67:36]);
-      valid[0] <= i__valid;
-      for (i = 1; i <= {last}; i = i + 1) begin data[i] <= data[i - 1]; valid[i] <= valid[i - 1]; end
+      data[head] <= i__valid ? mxu_vpu_f32({{28'h0, i__payload[3:0]}}, i__payload[35:4],
+                                           i__payload[67:36]) : 32'h0;
+      valid[head] <= i__valid;
+      head <= (head == 8'd{last}) ? 8'd0 : head + 8'd1;
     end
   end
   assign i__ready = enable;
-  assign o__valid = valid[{last}];
-  assign o__payload = data[{last}];
+  assign o__valid = valid[head];
+  assign o__payload = data[head];
 endmodule
 """
 

@@ -2,6 +2,7 @@
 
 import contextlib
 import functools
+import re
 
 from amaranth.back import verilog
 from amaranth.hdl import ClockDomain, ClockSignal, Module, ResetSignal, Signal
@@ -140,11 +141,14 @@ def dma_system_verilog(config):
 
 
 @functools.lru_cache(maxsize=4)
-def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None):
+def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=False):
     """Verilog (module ``top``) of ``MxuChip(config)`` for simulation: the PE is a
     separate module instantiated rows*cols times (the RTL `ProcessingElement`,
     `pe_verilog`), or with `fast_mac` the whole PE grid is one C++ model
-    (`mxu.sim.backends.fast_array`). `trace` adds the profiler's trace port."""
+    (`mxu.sim.backends.fast_array`). `trace` adds the profiler's trace port.
+    `units` keeps every unit of the core (``top.chip.core.<unit>``) a C++ class
+    of its own in Verilator, so that a sampling profiler names the unit that
+    spends the time (`units_not_inlined`)."""
     from mxu.hdl.top import MxuChip
     if fast_mac:
         pe_name, (datapath_name, pe) = None, fast_datapath_verilog(config.rows, config.cols,
@@ -165,4 +169,14 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None):
             vpu += adder
     chip = MxuChip(config, pe_module=pe_name, datapath_module=datapath_name, trace=trace,
                    vpu_modules=vpu_modules)
-    return pe + vpu + lean_verilog(RegisteredReset(chip))
+    text = lean_verilog(RegisteredReset(chip))
+    return pe + vpu + (units_not_inlined(text) if units else text)
+
+
+def units_not_inlined(text, scope="top.chip.core"):
+    """`text` with every module directly under `scope` (Amaranth names it
+    ``\\<scope>.<unit>``) marked ``no_inline_module``: Verilator then keeps
+    its logic in functions of its own class (``Vtop_<scope>_<unit>...``)
+    instead of the top's. For profiling: the model runs slower so."""
+    pattern = re.compile(r"^module \\" + re.escape(scope) + r"\.(\w+) \(.*?\);", re.M | re.S)
+    return pattern.sub(lambda match: match.group(0) + "\n  /*verilator no_inline_module*/", text)

@@ -135,15 +135,15 @@ def _wave_format(waves):
 
 
 @functools.lru_cache(maxsize=4)
-def _library(config, waves=None, fast_mac=False, trace=False):
-    # Waveforms and the profiler's trace need builds of their own, so that the
-    # plain model pays nothing for them.
+def _library(config, waves=None, fast_mac=False, trace=False, units=False):
+    # Waveforms, the profiler's trace and the per-unit profile need builds of
+    # their own, so that the plain model pays nothing for them.
     name = f"chip{config.rows}x{config.cols}" + ("_fastmac" if fast_mac else "") + \
-        (f"_{waves}" if waves else "") + ("_trace" if trace else "")
+        (f"_{waves}" if waves else "") + ("_trace" if trace else "") + ("_units" if units else "")
     flags = _TRACE_FLAGS[waves] + (("-CFLAGS", "-DMXU_TRACE") if trace else ())
     lib = native_library(name, "chip_harness.cpp", key=[repr(config)], extra_flags=flags,
                          make_vars=_TRACE_MAKE.get(waves, ()),
-                         verilog=lambda: chip_verilog(config, fast_mac, trace),
+                         verilog=lambda: chip_verilog(config, fast_mac, trace, units=units),
                          extra_cpp=vpu_cpp_source if config.vpu and fast_mac else None)
     for fn_name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, fn_name)
@@ -241,11 +241,17 @@ class SimulatedChip:
         Build the chip with its trace port and record, in every run, what each
         engine started and completed and when (`RunResult.trace`, a
         `ChipTraceData`; docs/profiler.md).
+    profile_units : bool
+        Build the chip with each unit of its core a C++ class of its own, so
+        that a sampling profiler (``perf``) names the unit each simulated
+        cycle's time goes to (``bench/simprofile.py``, docs/simulation.md).
+        Same bits and cycles; the model runs slower.
     """
 
     def __init__(self, config=None, simulator="verilator", *, mem_latency=(0, 0), mem_pause=None,
                  seed=1, waves=None, waves_from=0, waves_cycles=None, waves_depth=None,
-                 waves_scope="TOP", fast_mac=False, trace=False, trace_bucket=256):
+                 waves_scope="TOP", fast_mac=False, trace=False, trace_bucket=256,
+                 profile_units=False):
         if config is not None and not isinstance(config, ChipConfig):
             raise TypeError(f"config must be a ChipConfig, not {type(config).__name__}")
         self.config = config or ChipConfig()
@@ -268,7 +274,8 @@ class SimulatedChip:
         self.waves = None if waves is None else str(waves)
         self.trace = bool(check_bool(trace, "trace"))
         self.trace_bucket = _integer(trace_bucket, "trace_bucket", 1)
-        self._lib = _library(self.config, wave_format, self.fast_mac, self.trace)
+        self.profile_units = bool(check_bool(profile_units, "profile_units"))
+        self._lib = _library(self.config, wave_format, self.fast_mac, self.trace, self.profile_units)
         self._native = _NativeChip(self._lib, self.config)
         self._handle = self._native.handle
         if waves is not None:

@@ -19,9 +19,11 @@ the array does with its PE.
 
 import itertools
 from collections import Counter
+from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import vecmath
@@ -33,6 +35,7 @@ from .pipeline import LatencyOps, PipelineOps, SharedPipelineOps, UsageOps, Valu
 from .vmem import ReadPortSignature, WritePortSignature, _addr_shape, vmem_row_layout
 
 __all__ = ["VpuOp", "VectorUnit", "VectorLane", "VectorAlu", "LaneInput", "RowTranspose", "lane_latency",
+           "lane_row_signature",
            "alu_latency", "function_offsets", "tree_levels"]
 
 
@@ -204,6 +207,16 @@ def vector_alu_signature(config):
     })
 
 
+def lane_row_signature(cols):
+    """The ports of a row of `cols` lanes in lockstep (one valid, one ready):
+    ``i`` carries the op and the rows ``a`` and ``b``, ``o`` the result row."""
+    return wiring.Signature({
+        "i": In(stream.Signature(data.StructLayout({
+            "op": VpuOp, "a": data.ArrayLayout(32, cols), "b": data.ArrayLayout(32, cols)}))),
+        "o": Out(stream.Signature(data.ArrayLayout(32, cols))),
+    })
+
+
 class VectorAlu(wiring.Component):
     """``cols`` `VectorLane` s in lockstep, then a reduction tree: one row
     operation per cycle, `alu_latency` cycles each.
@@ -221,7 +234,10 @@ class VectorAlu(wiring.Component):
         ``cols`` lanes.
     unit_modules : dict or None
         See `PipelineOps`; with a "lane" entry, the lanes themselves are
-        black-box instances of that module (a `VectorLane` generated once).
+        black-box instances of that module (a `VectorLane` generated once);
+        with a "lanes" entry, the whole row of lanes is one instance of that
+        module, with the ports of `lane_row_signature` (the simulation's
+        stand-in: the lanes run in lockstep).
 
     Interface
     ---------
@@ -236,6 +252,19 @@ class VectorAlu(wiring.Component):
         self.unit_modules = unit_modules or {}
         super().__init__(vector_alu_signature(config))
 
+    def _lanes(self, m, cols):
+        """The lanes' interfaces (``i``, ``o``), one per column: lanes of their
+        own, or views of one row instance (``unit_modules["lanes"]``)."""
+        module = self.unit_modules.get("lanes")
+        if module is None:
+            return [self._lane(m, f"lane{k}") for k in range(cols)]
+        row = black_box(m, "lanes", module, lane_row_signature(cols), clocked=True)
+        return [SimpleNamespace(
+            i=SimpleNamespace(valid=row.i.valid, ready=row.i.ready, payload=SimpleNamespace(
+                op=row.i.payload.op, a=row.i.payload.a[k], b=row.i.payload.b[k])),
+            o=SimpleNamespace(valid=row.o.valid, ready=row.o.ready, payload=row.o.payload[k]))
+            for k in range(cols)]
+
     def _lane(self, m, name):
         module = self.unit_modules.get("lane")
         if module is None:
@@ -248,7 +277,7 @@ class VectorAlu(wiring.Component):
         cols = self.config.cols
         op = self.i.payload.op
         reduce = (op == VpuOp.RSUM) | (op == VpuOp.RMAX)
-        lanes = [self._lane(m, f"lane{k}") for k in range(cols)]
+        lanes = self._lanes(m, cols)
         # One stallable pipeline: the tree's stages load under `enable`, the
         # lanes' under their own handshake with the tree (bubbles collapse).
         valid = Signal()
@@ -310,6 +339,15 @@ class RowTranspose(wiring.Component):
     Parameters
     ----------
     config : ChipConfig
+    storage : "registers" or "memory"
+        How the block is held. ``"registers"`` (the default, what synthesis
+        builds): one register per element. ``"memory"``: a memory of
+        ``vmem_row_elems`` rows written one row per taken input and read at
+        every row at once, for simulation: Verilator evaluates every
+        register's next state every cycle, and a memory write only when it
+        happens. Same ports, cycles and bits: a block row is read only below
+        ``filled``, and every such row was written in this block, so the rows a
+        reset does not clear are never read (`tests/test_hdl_vpu.py` runs both).
 
     Interface
     ---------
@@ -318,8 +356,11 @@ class RowTranspose(wiring.Component):
         One block's ``cols`` rows, after its last input row.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, storage="registers"):
+        if storage not in ("registers", "memory"):
+            raise ValueError(f"storage must be 'registers' or 'memory', not {storage!r}")
         self.config = config
+        self.storage = storage
         super().__init__({
             "i": In(stream.Signature(data.StructLayout({
                 "row": data.ArrayLayout(32, config.cols), "last": 1}))),
@@ -330,8 +371,6 @@ class RowTranspose(wiring.Component):
         m = Module()
         c = self.config
         height, cols = c.vmem_row_elems, c.cols
-        # block[i][j]: bf16 of element j of block row i.
-        block = [[Signal(16, name=f"block_{i}_{j}") for j in range(cols)] for i in range(height)]
         filled = Signal(range(height + 1))
         column = Signal(range(cols))
         converted = []
@@ -339,6 +378,28 @@ class RowTranspose(wiring.Component):
             m.submodules[f"to_bf16_{j}"] = conv = Fp32ToBf16()
             m.d.comb += conv.x.eq(self.i.payload.row[j])
             converted.append(conv.y.as_value())
+        # block(i, j): bf16 of element j of block row i; write_row(i): the
+        # statements that store `converted` as block row i.
+        if self.storage == "registers":
+            regs = [[Signal(16, name=f"block_{i}_{j}") for j in range(cols)] for i in range(height)]
+
+            def block(i, j):
+                return regs[i][j]
+
+            def write_row(i):
+                m.d.sync += [regs[i][j].eq(converted[j]) for j in range(cols)]
+        else:
+            m.submodules.block = memory = Memory(shape=16 * cols, depth=height, init=[])
+            write = memory.write_port()
+            rows = [memory.read_port(domain="comb") for _ in range(height)]
+            m.d.comb += [port.addr.eq(i) for i, port in enumerate(rows)]
+            m.d.comb += [write.addr.eq(filled), write.data.eq(Cat(*converted))]
+
+            def block(i, j):
+                return rows[i].data[16 * j:16 * (j + 1)]
+
+            def write_row(i):
+                m.d.comb += write.en.eq(1)
         with m.FSM():
             with m.State("FILL"):
                 m.d.comb += self.i.ready.eq(1)
@@ -346,7 +407,7 @@ class RowTranspose(wiring.Component):
                     with m.Switch(filled):
                         for i in range(height):
                             with m.Case(i):
-                                m.d.sync += [block[i][j].eq(converted[j]) for j in range(cols)]
+                                write_row(i)
                     m.d.sync += filled.eq(filled + 1)
                     with m.If(self.i.payload.last | (filled == height - 1)):
                         m.d.sync += column.eq(0)
@@ -356,7 +417,7 @@ class RowTranspose(wiring.Component):
                 with m.Switch(column):
                     for j in range(cols):
                         with m.Case(j):
-                            m.d.comb += [self.o.payload[i].eq(Mux(i < filled, block[i][j], 0))
+                            m.d.comb += [self.o.payload[i].eq(Mux(i < filled, block(i, j), 0))
                                          for i in range(height)]
                 with m.If(self.o.ready):
                     m.d.sync += column.eq(column + 1)
@@ -583,8 +644,9 @@ class _ResultWriter(wiring.Component):
         A transposed block goes to VMEM (no row is taken meanwhile).
     """
 
-    def __init__(self, config):
+    def __init__(self, config, transpose_storage="registers"):
         self.config = config
+        self.transpose_storage = transpose_storage
         c = config
         aaddr, vaddr = _addr_shape(c.acc_rows), _addr_shape(c.vmem_rows)
         super().__init__({
@@ -598,7 +660,7 @@ class _ResultWriter(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c = self.config
-        m.submodules.transpose = tr = RowTranspose(c)
+        m.submodules.transpose = tr = RowTranspose(c, self.transpose_storage)
         rm, result = self.meta.payload, self.result
         draining = self.draining
         m.d.comb += draining.eq(tr.o.valid)
@@ -677,7 +739,8 @@ class VectorUnit(wiring.Component):
     ----------
     config : ChipConfig
     unit_modules : dict or None
-        See `VectorAlu`.
+        See `VectorAlu`; a ``"transpose"`` entry is the `RowTranspose`'s
+        ``storage`` (``"memory"`` in the simulation's fast builds).
 
     Interface
     ---------
@@ -716,7 +779,7 @@ class VectorUnit(wiring.Component):
         # The sections are attributes, so that formal checkers reach their ports.
         self.alu = self._make_alu()
         self.reader = _OperandReader(c, self.BUFFER_DEPTH)
-        self.writer = _ResultWriter(c)
+        self.writer = _ResultWriter(c, (unit_modules or {}).get("transpose", "registers"))
 
     def _make_alu(self):
         """The `VectorAlu` (a formal harness replaces it by a stand-in with

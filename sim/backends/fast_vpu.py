@@ -1,11 +1,12 @@
-"""A simulation-only stand-in for `VectorLane` whose element operation is one C
-call (`mxu_vpu_f32`) instead of the lane's unrolled fp32 pipeline.
+"""A simulation-only stand-in for the row of `VectorLane`s of a `VectorAlu`
+whose element operation is a C call (`mxu_vpu_f32`) instead of each lane's
+unrolled fp32 pipeline.
 
 The 16 RTL lanes of the 16x16 chip make Verilator evaluate some 30 fp32
 multipliers and adders per lane every cycle, busy or not: the chip simulates
-about 20 times slower with them. This lane keeps the RTL lane's ports, reset,
-stall behaviour and `lane_latency` (the same cycles on the chip), and computes
-``op(a, b)`` in C. The C source is **generated from `mxu.hdl.vecmath`**
+about 20 times slower with them. The stand-in keeps the lanes' ports (one
+row: `mxu.hdl.vpu.lane_row_signature`), reset, stall behaviour and
+`lane_latency` (the same cycles on the chip), and computes ``op(a, b)`` in C. The C source is **generated from `mxu.hdl.vecmath`**
 (`CppOps` runs the same sequences as the hardware and the golden model, one C
 statement per operation), so the functions are written once; the fp32 steps
 are IEEE binary32 with round to nearest even on x86-64 SSE, no fast-math, NaN
@@ -20,7 +21,7 @@ from mxu.hdl import vecmath
 from mxu.hdl.isa import VpuOp
 from mxu.hdl.vpu import lane_latency
 
-__all__ = ["fast_vpu_lane_verilog", "fast_vpu_adder_verilog", "vpu_cpp_source", "CppOps"]
+__all__ = ["fast_vpu_lanes_verilog", "fast_vpu_adder_verilog", "vpu_cpp_source", "CppOps"]
 
 
 class CppOps:
@@ -95,6 +96,8 @@ _PRELUDE = """\
 #include <cstdint>
 #include <cstring>
 
+#include "svdpi.h"
+
 static inline uint32_t canon(uint32_t x) {
     return ((x & 0x7FFFFFFFu) > 0x7F800000u) ? 0x7FC00000u : x;
 }
@@ -137,38 +140,50 @@ def vpu_cpp_source():
     out += [f"    case {op.value}: return {expr};" for op, expr in cases.items()]
     out += ["    default: return a;   // PASS, and the reductions (whose lanes pass a)", "    }",
             "}", ""]
+    out += ["// A row of lanes (fast_vpu_lanes_verilog), one call per valid row.",
+            'extern "C" void mxu_vpu_row(unsigned int op, unsigned int cols, const svBitVecVal *a,',
+            "                            const svBitVecVal *b, svBitVecVal *y) {",
+            "    for (unsigned int k = 0; k < cols; k++) y[k] = mxu_vpu_f32(op, a[k], b[k]);",
+            "}", ""]
     return "\n".join(out)
 
 
-# The pipeline is a ring of `lane_latency` slots, not a shift register: an
-# enabled cycle writes the incoming beat over the oldest one (the one leaving)
-# and moves `head` on, so a cycle costs one slot's write instead of moving every
-# stage. The element op is called only for a valid beat; an empty slot holds 0
-# (an output that is not valid is never read, and the lane tests compare the
-# valid results and the cycles with the RTL lane).
+# The lanes of a `VectorAlu` run in lockstep (one valid, one ready for all), so
+# the stand-in is one module for the whole row of lanes: a ring of
+# `lane_latency` slots of one row each. An enabled cycle writes the incoming
+# row over the oldest slot (the one leaving) and moves `head` on, so a cycle
+# costs one slot's write, not a shift of every stage of every lane; the
+# element ops run (one C call for the row) only for a valid row, and an empty
+# slot holds 0 (an output that is not valid is never read: the lane tests
+# compare the valid results and the cycles with the RTL lanes).
 _TEMPLATE = """\
 module {name}(i__valid, o__ready, clk, rst, i__ready, o__payload, o__valid, i__payload);
   /*verilator no_inline_module*/
-  import "DPI-C" pure function int unsigned mxu_vpu_f32(input int unsigned op,
-      input int unsigned a, input int unsigned b);
+  import "DPI-C" function void mxu_vpu_row(input int unsigned op, input int unsigned cols,
+      input bit [{row_msb}:0] a, input bit [{row_msb}:0] b, output bit [{row_msb}:0] y);
   input clk, rst;
   input i__valid, o__ready;
-  input [67:0] i__payload;
+  input [{in_msb}:0] i__payload;
   output i__ready, o__valid;
-  output [31:0] o__payload;
-  reg [31:0] data [0:{last}];
+  output [{row_msb}:0] o__payload;
+  reg [{row_msb}:0] data [0:{last}];
   reg valid [0:{last}];
   reg [7:0] head = 8'd0;
+  bit [{row_msb}:0] row;
   wire enable = ~valid[head] | o__ready;
   integer i;
-  initial for (i = 0; i <= {last}; i = i + 1) begin data[i] = 32'h0; valid[i] = 1'b0; end
+  initial for (i = 0; i <= {last}; i = i + 1) begin data[i] = 0; valid[i] = 1'b0; end
   always @(posedge clk) begin
     if (rst) begin
-      for (i = 0; i <= {last}; i = i + 1) begin data[i] <= 32'h0; valid[i] <= 1'b0; end
+      for (i = 0; i <= {last}; i = i + 1) begin data[i] <= 0; valid[i] <= 1'b0; end
       head <= 8'd0;
     end else if (enable) begin
-      data[head] <= i__valid ? mxu_vpu_f32({{28'h0, i__payload[3:0]}}, i__payload[35:4],
-                                           i__payload[67:36]) : 32'h0;
+      if (i__valid)
+        mxu_vpu_row({{28'h0, i__payload[3:0]}}, {cols}, i__payload[{a_msb}:4],
+                    i__payload[{in_msb}:{b_lsb}], row);
+      else
+        row = 0;
+      data[head] <= row;
       valid[head] <= i__valid;
       head <= (head == 8'd{last}) ? 8'd0 : head + 8'd1;
     end
@@ -181,10 +196,15 @@ endmodule
 
 
 @functools.cache
-def fast_vpu_lane_verilog():
-    """(module name, Verilog) of the fast lane (``mxu_vpu_f32`` from `vpu_cpp_source`)."""
-    name = "mxu_vpu_lane_fast"
-    return name, _TEMPLATE.format(name=name, last=lane_latency() - 1)
+def fast_vpu_lanes_verilog(cols):
+    """(module name, Verilog) of the fast row of `cols` lanes (the element op
+    ``mxu_vpu_f32`` of `vpu_cpp_source`, through ``mxu_vpu_row``), with the
+    ports of `mxu.hdl.vpu.lane_row_signature`."""
+    name = f"mxu_vpu_lanes_fast_{cols}"
+    return name, _TEMPLATE.format(name=name, cols=cols, last=lane_latency() - 1,
+                                  row_msb=32 * cols - 1,
+                                  a_msb=32 * cols + 3, b_lsb=32 * cols + 4,
+                                  in_msb=64 * cols + 3)
 
 
 _ADDER_TEMPLATE = """\

@@ -5,15 +5,16 @@ import functools
 import re
 
 from amaranth.back import verilog
-from amaranth.hdl import ClockDomain, ClockSignal, Module, ResetSignal, Signal
+from amaranth.hdl import ClockDomain, ClockSignal, Instance, Module, ResetSignal, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In
 
 from mxu.hdl.array import SystolicArray
 from mxu.hdl.pe import ProcessingElement
 
+from .axi_memory import axi_memory_verilog
 from .fast_array import fast_datapath_verilog
-from .fast_vpu import fast_vpu_adder_verilog, fast_vpu_lane_verilog
+from .fast_vpu import fast_vpu_adder_verilog, fast_vpu_lanes_verilog
 
 __all__ = ["to_verilog", "lean_verilog", "pe_verilog", "vpu_lane_verilog", "array_verilog",
            "chip_verilog", "dma_system_verilog"]
@@ -29,13 +30,20 @@ class RegisteredReset(wiring.Component):
     all of that logic in its input-combinational region, at every ``eval()``
     (twice a cycle in our harnesses) besides after the clock edge; from a
     flip-flop it is evaluated once a cycle. Measured on the 16x16 chip with the
-    vector unit: docs/simulation.md."""
+    vector unit: docs/simulation.md.
 
-    def __init__(self, component):
+    With `axi_memory` (a module name from `mxu.sim.backends.axi_memory`), the
+    component's ``axi`` port is not a port: it connects to an instance of
+    that memory model (``memory``), for the native harness."""
+
+    def __init__(self, component, axi_memory=None):
         self._inner = component
+        self._axi_memory = axi_memory
         members = dict(component.signature.members.items())
         if {"clk", "rst"} & set(members):
             raise ValueError("the component already has a port named clk or rst")
+        if axi_memory is not None:
+            del members["axi"]
         super().__init__({**members, "clk": In(1), "rst": In(1)})
 
     def elaborate(self, platform):
@@ -45,7 +53,11 @@ class RegisteredReset(wiring.Component):
         rst_q = Signal(init=1, reset_less=True)
         m.d.sync += rst_q.eq(self.rst)
         m.d.comb += [ClockSignal("sync").eq(self.clk), ResetSignal("sync").eq(rst_q)]
+        if self._axi_memory is not None:
+            m.submodules.memory = self._memory(inner.axi)
         for name, member in inner.signature.members.items():
+            if name == "axi" and self._axi_memory is not None:
+                continue
             ours, theirs = getattr(self, name), getattr(inner, name)
             if not member.is_port:
                 wiring.connect(m, wiring.flipped(ours), theirs)
@@ -54,6 +66,14 @@ class RegisteredReset(wiring.Component):
             else:
                 m.d.comb += ours.eq(theirs)
         return m
+
+    def _memory(self, axi):
+        from .axi_memory import MASTER_FIELDS, SLAVE_FIELDS
+        master = ["wdata", "wstrb", "awaddr", "araddr", *(n for n, _ in MASTER_FIELDS)]
+        slave = ["rdata", *(n for n, _ in SLAVE_FIELDS)]
+        return Instance(self._axi_memory, i_clk=ClockSignal("sync"),
+                        **{f"i_{n}": getattr(axi, n) for n in master},
+                        **{f"o_{n}": getattr(axi, n) for n in slave})
 
 
 def to_verilog(component, name="top"):
@@ -141,14 +161,17 @@ def dma_system_verilog(config):
 
 
 @functools.lru_cache(maxsize=4)
-def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=False):
+def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=False,
+                 memory=False):
     """Verilog (module ``top``) of ``MxuChip(config)`` for simulation: the PE is a
     separate module instantiated rows*cols times (the RTL `ProcessingElement`,
     `pe_verilog`), or with `fast_mac` the whole PE grid is one C++ model
     (`mxu.sim.backends.fast_array`). `trace` adds the profiler's trace port.
     `units` keeps every unit of the core (``top.chip.core.<unit>``) a C++ class
     of its own in Verilator, so that a sampling profiler names the unit that
-    spends the time (`units_not_inlined`)."""
+    spends the time (`units_not_inlined`). `memory` puts the external-memory
+    model inside (`mxu.sim.backends.axi_memory`; the top then has no ``axi``
+    port): the native harness's build."""
     from mxu.hdl.top import MxuChip
     if fast_mac:
         pe_name, (datapath_name, pe) = None, fast_datapath_verilog(config.rows, config.cols,
@@ -156,21 +179,30 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     else:
         datapath_name, (pe_name, pe) = None, pe_verilog(config.mac_stages)
     # With the vector unit, its lane is a module of its own too (with
-    # `fast_lanes`, default `fast_mac`, the stand-in whose element op is a C
-    # call, `mxu.sim.backends.fast_vpu`).
+    # `fast_lanes`, default `fast_mac`, one stand-in for the whole row of lanes
+    # whose element op is a C call, `mxu.sim.backends.fast_vpu`).
     # The fast lanes come with fast fp32 adders for the reduction tree.
     fast_lanes = fast_mac if fast_lanes is None else fast_lanes
     vpu_modules, vpu = None, ""
     if config.vpu:
-        lane_name, lane = (fast_vpu_lane_verilog if fast_lanes else vpu_lane_verilog)()
-        vpu_modules, vpu = {"lane": lane_name}, lane
         if fast_lanes:
+            lanes_name, vpu = fast_vpu_lanes_verilog(config.cols)
+            vpu_modules = {"lanes": lanes_name}
             vpu_modules["fadd"], adder = fast_vpu_adder_verilog()
             vpu += adder
+            # The transpose block as a memory: same bits and cycles, and
+            # Verilator writes one row when one arrives instead of evaluating
+            # every element's register each cycle (docs/simulation.md).
+            vpu_modules["transpose"] = "memory"
+        else:
+            lane_name, vpu = vpu_lane_verilog()
+            vpu_modules = {"lane": lane_name}
     chip = MxuChip(config, pe_module=pe_name, datapath_module=datapath_name, trace=trace,
                    vpu_modules=vpu_modules)
-    text = lean_verilog(RegisteredReset(chip))
-    return pe + vpu + (units_not_inlined(text) if units else text)
+    memory_name, memory_text = (axi_memory_verilog(config.axi_data_bits, config.axi_addr_bits)
+                                if memory else (None, ""))
+    text = lean_verilog(RegisteredReset(chip, axi_memory=memory_name))
+    return pe + vpu + memory_text + (units_not_inlined(text) if units else text)
 
 
 def units_not_inlined(text, scope="top.chip.core"):

@@ -143,7 +143,7 @@ def _library(config, waves=None, fast_mac=False, trace=False, units=False):
     flags = _TRACE_FLAGS[waves] + (("-CFLAGS", "-DMXU_TRACE") if trace else ())
     lib = native_library(name, "chip_harness.cpp", key=[repr(config)], extra_flags=flags,
                          make_vars=_TRACE_MAKE.get(waves, ()),
-                         verilog=lambda: chip_verilog(config, fast_mac, trace, units=units),
+                         verilog=lambda: chip_verilog(config, fast_mac, trace, units=units, memory=True),
                          extra_cpp=vpu_cpp_source if config.vpu and fast_mac else None)
     for fn_name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, fn_name)

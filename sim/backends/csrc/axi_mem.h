@@ -130,6 +130,8 @@ class AxiMem {
         rng_ = p.seed ? p.seed : 0x9E3779B97F4A7C15ull;
     }
 
+    uint32_t data_bytes() const { return bytes_; }
+
     void add_error(uint64_t lo, uint64_t hi, uint32_t resp) { errors_.push_back({lo, hi, resp}); }
     void clear_errors() { errors_.clear(); }
 

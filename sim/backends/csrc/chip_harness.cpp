@@ -106,10 +106,12 @@ struct Host {
     bool awvalid = false, wvalid = false, bready = false, arvalid = false, rready = false;
 };
 
+// The chip the memory model's DPI call works for: set before every eval().
+thread_local Chip *current = nullptr;
+
 void step(Chip &c, const Host &h) {
     Vtop &t = *c.top;
-    c.mem.drive(c.pins);
-    MXU_AXI_DRIVE(t, axi___05F, c.pins);
+    current = &c;
     t.host___05Fawaddr = h.awaddr; t.host___05Fawvalid = h.awvalid;
     t.host___05Fwdata = h.wdata; t.host___05Fwstrb = 0xF; t.host___05Fwvalid = h.wvalid;
     t.host___05Fbready = h.bready;
@@ -118,7 +120,6 @@ void step(Chip &c, const Host &h) {
     t.clk = 0;
     t.eval();
     c.dump(10 * c.cycles + 5);
-    MXU_AXI_SAMPLE(t, axi___05F, c.pins);
 #ifdef MXU_TRACE
     if (c.tbuf.on) {
         uint32_t w[TraceBuffer::WORDS];
@@ -130,11 +131,25 @@ void step(Chip &c, const Host &h) {
     c.host.bvalid = t.host___05Fbvalid; c.host.bresp = t.host___05Fbresp;
     c.host.arready = t.host___05Farready; c.host.rvalid = t.host___05Frvalid;
     c.host.rdata = t.host___05Frdata; c.host.rresp = t.host___05Frresp;
-    c.mem.update(c.pins);
     t.clk = 1;
-    t.eval();
+    t.eval();     // the rising edge: the memory model's mxu_axi_mem_step runs in it
     c.dump(10 * c.cycles + 10);
     c.cycles++;
+}
+
+// Bits [lo, lo + width) of a packed DPI vector, width <= 32.
+uint32_t bits(const svBitVecVal *v, int lo, int width) {
+    uint64_t pair = v[lo / 32];
+    if ((lo % 32) + width > 32) pair |= (uint64_t)v[lo / 32 + 1] << 32;
+    uint32_t mask = width == 32 ? 0xFFFFFFFFu : (1u << width) - 1u;
+    return (uint32_t)(pair >> (lo % 32)) & mask;
+}
+
+void put_bits(svBitVecVal *v, int lo, int width, uint32_t value) {
+    for (int i = 0; i < width; i++, lo++) {
+        uint32_t bit = 1u << (lo % 32);
+        v[lo / 32] = (value >> i) & 1 ? v[lo / 32] | bit : v[lo / 32] & ~bit;
+    }
 }
 
 const uint64_t HOST_TIMEOUT = 64;
@@ -143,18 +158,57 @@ const uint64_t HOST_TIMEOUT = 64;
 
 extern "C" {
 
+// The memory model inside the Verilated chip (mxu.sim.backends.axi_memory): at
+// the rising edge that ends a cycle, that cycle's handshakes complete (update,
+// with the master's outputs `m`) and the slave's outputs of the next cycle are
+// computed (drive, into `s`). Field order: MASTER_FIELDS and SLAVE_FIELDS there.
+void mxu_axi_mem_step(int addr_bits, const svBitVecVal *m, svBitVecVal *s) {
+    Chip &c = *current;
+    mxu::AxiPins &p = c.pins;
+    const int data_bits = 8 * c.mem.data_bytes(), words = data_bits / 32;
+    for (int i = 0; i < words; i++) p.wdata[i] = m[i];
+    int at = data_bits;
+    for (int i = 0; i < data_bits / 8; i += 32, at += 32)
+        p.wstrb[i / 32] = bits(m, at, data_bits / 8 - i < 32 ? data_bits / 8 - i : 32);
+    at = data_bits + data_bits / 8;
+    p.awaddr = bits(m, at, addr_bits); at += addr_bits;
+    p.araddr = bits(m, at, addr_bits); at += addr_bits;
+    uint32_t *small[] = {&p.awlen, &p.awsize, &p.awburst, &p.awid};
+    const int small_w[] = {8, 3, 2, 1};
+    for (int i = 0; i < 4; i++) { *small[i] = bits(m, at, small_w[i]); at += small_w[i]; }
+    p.awvalid = bits(m, at++, 1); p.wlast = bits(m, at++, 1); p.wvalid = bits(m, at++, 1);
+    p.bready = bits(m, at++, 1);
+    p.arlen = bits(m, at, 8); at += 8;
+    p.arsize = bits(m, at, 3); at += 3;
+    p.arburst = bits(m, at, 2); at += 2;
+    p.arid = bits(m, at++, 1); p.arvalid = bits(m, at++, 1); p.rready = bits(m, at++, 1);
+    c.mem.update(p);
+    c.mem.drive(p);
+    for (int i = 0; i < words; i++) s[i] = p.rdata[i];
+    at = data_bits;
+    put_bits(s, at, 2, p.rresp); at += 2;
+    put_bits(s, at++, 1, p.rlast); put_bits(s, at++, 1, p.rvalid); put_bits(s, at++, 1, p.rid);
+    put_bits(s, at, 2, p.bresp); at += 2;
+    put_bits(s, at++, 1, p.bvalid); put_bits(s, at++, 1, p.bid);
+    put_bits(s, at++, 1, p.awready); put_bits(s, at++, 1, p.wready); put_bits(s, at++, 1, p.arready);
+}
+
 // Hard reset: the chip's reset for a few cycles, and every transaction the
 // memory model still holds for the old program dropped (its bytes, timing
 // parameters and error ranges stay).
 void mxu_chip_reset(void *h) {
     Chip &c = *static_cast<Chip *>(h);
     Host idle;
+    // The slave outputs the model believes it presents go back to idle with
+    // the abort (the model's registers follow at the next edge, in reset).
     c.mem.abort();
+    c.pins = mxu::AxiPins();
     c.top->rst = 1;
     for (int i = 0; i < 4; i++) step(c, idle);
     c.top->rst = 0;
     step(c, idle);
     c.mem.abort();
+    c.pins = mxu::AxiPins();
 }
 
 void *mxu_chip_new(uint64_t mem_bytes, uint32_t data_bytes) {

@@ -70,8 +70,10 @@ def category(dso, symbol, chip_dso):
         unit = _demangle(cls)
         if unit.startswith("top.chip.core."):
             return f"unit {unit[len('top.chip.core.'):]}", region
-        if unit.startswith("mxu_vpu_lane_fast"):
+        if unit.startswith("mxu_vpu_lane"):
             return "fast vector lanes (pipelines)", region
+        if unit.startswith("mxu_axi_memory"):
+            return "AXI memory model", region
         if unit.startswith("mxu_array_fast") or unit.startswith("mxu_pe"):
             return "array datapath (fast model / PEs)", region
         return f"module {unit}", region
@@ -81,7 +83,7 @@ def category(dso, symbol, chip_dso):
         return "fast array model (C++)", ""
     if symbol.startswith("mxu_vpu_f32") or symbol.startswith("vpu_") or symbol.startswith("f_"):
         return "fast vector lanes' element ops (C++)", ""
-    if "AxiMem" in symbol:
+    if "AxiMem" in symbol or symbol.startswith("mxu_axi_mem"):
         return "AXI memory model", ""
     if symbol.startswith("mxu_chip") or "namespace)::step" in symbol:
         return "harness", ""

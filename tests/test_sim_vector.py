@@ -29,6 +29,16 @@ def _fresh(chip):
     chip.memory[:] = 0
 
 
+def _run_checked(chip, p, image, outputs):
+    """`p` on a fresh `chip` and on the ISA model; the `outputs` byte ranges
+    must be bit-equal. Returns the chip's result."""
+    _fresh(chip)
+    result, model, _ = programs.run_both(chip, p, image)
+    for lo, hi in outputs:
+        golden.assert_bits_equal(result.memory[lo:hi], model.ext[lo:hi], f"bytes {lo:#x}")
+    return result
+
+
 def test_every_vector_op_against_the_model(chip):
     _fresh(chip)
     p, image, outputs = programs.vector_program(chip.config, np.random.default_rng(SEED))
@@ -245,10 +255,7 @@ def test_fast_lanes_give_the_same_results_and_cycles():
     sweep = np.concatenate([sweep, programs.fp32_operands(rng, (64,))]).reshape(-1, 4)
     results = []
     for chip in (rtl, fast):
-        _fresh(chip)
-        result, model, _ = programs.run_both(chip, p, image)
-        for lo, hi in outputs:
-            golden.assert_bits_equal(result.memory[lo:hi], model.ext[lo:hi], f"bytes {lo:#x}")
+        result = _run_checked(chip, p, image, outputs)
         funcs = Program().load(acc_row=0, ext_addr=0, rows=len(sweep), row_bytes=16,
                                push_next=True)
         funcs.sync("compute", pop_prev=True, push_next=True, vector=True)
@@ -276,9 +283,6 @@ def test_profile_build_gives_the_same_results_and_cycles():
     p, image, outputs = programs.vector_program(cfg, np.random.default_rng(SEED + 5))
     runs = []
     for c in (chip, profiled):
-        _fresh(c)
-        result, model, _ = programs.run_both(c, p, image)
-        for lo, hi in outputs:
-            golden.assert_bits_equal(result.memory[lo:hi], model.ext[lo:hi], f"bytes {lo:#x}")
+        result = _run_checked(c, p, image, outputs)
         runs.append((result.counters["cycles"], bytes(result.memory[:max(hi for _, hi in outputs)])))
     assert runs[0] == runs[1]

@@ -378,16 +378,19 @@ class RowTranspose(wiring.Component):
             m.submodules[f"to_bf16_{j}"] = conv = Fp32ToBf16()
             m.d.comb += conv.x.eq(self.i.payload.row[j])
             converted.append(conv.y.as_value())
-        # block(i, j): bf16 of element j of block row i; write_row(i): the
-        # statements that store `converted` as block row i.
+        # block(i, j): bf16 of element j of block row i; write_row(): the
+        # statements that store `converted` as block row `filled`.
         if self.storage == "registers":
             regs = [[Signal(16, name=f"block_{i}_{j}") for j in range(cols)] for i in range(height)]
 
             def block(i, j):
                 return regs[i][j]
 
-            def write_row(i):
-                m.d.sync += [regs[i][j].eq(converted[j]) for j in range(cols)]
+            def write_row():
+                with m.Switch(filled):
+                    for i in range(height):
+                        with m.Case(i):
+                            m.d.sync += [regs[i][j].eq(converted[j]) for j in range(cols)]
         else:
             m.submodules.block = memory = Memory(shape=16 * cols, depth=height, init=[])
             write = memory.write_port()
@@ -398,16 +401,13 @@ class RowTranspose(wiring.Component):
             def block(i, j):
                 return rows[i].data[16 * j:16 * (j + 1)]
 
-            def write_row(i):
+            def write_row():
                 m.d.comb += write.en.eq(1)
         with m.FSM():
             with m.State("FILL"):
                 m.d.comb += self.i.ready.eq(1)
                 with m.If(self.i.valid):
-                    with m.Switch(filled):
-                        for i in range(height):
-                            with m.Case(i):
-                                write_row(i)
+                    write_row()
                     m.d.sync += filled.eq(filled + 1)
                     with m.If(self.i.payload.last | (filled == height - 1)):
                         m.d.sync += column.eq(0)

@@ -63,6 +63,14 @@ class ChipConfig:
         Build the vector unit (`mxu.hdl.vpu.VectorUnit`, docs/vpu.md): the
         vector engine and its VECTOR instruction. Off by default: it is 2.5
         times the rest of the 16x16 chip, in gates and in Verilator build time.
+    links : int
+        Inter-chip links (0 to 8; docs/pod.md): 2 for a chip in a ring, 4 in
+        a 2-D torus. Each link moves one AXI data beat (`link_flit_bytes`) per
+        flit, with credit flow control; SEND and RECV use them.
+    link_credits : int
+        Flits each link's receive buffer holds, and so the credits its
+        sender starts with (a power of two, 2 to 65536). To keep a link busy
+        it must cover the round trip: 2 x latency x bandwidth / flit bytes.
     """
 
     rows: int = 16
@@ -80,6 +88,8 @@ class ChipConfig:
     cmd_queue_depth: int = 8
     loop_body_instrs: int = 255
     vpu: bool = False
+    links: int = 0
+    link_credits: int = 64
 
     def __post_init__(self):
         # NumPy integers are integers too; store them as int so that equal
@@ -139,6 +149,15 @@ class ChipConfig:
         if not _is_pow2(self.cmd_queue_depth) or self.cmd_queue_depth < 2:
             raise ValueError(f"ChipConfig.cmd_queue_depth must be a power of two >= 2, "
                              f"not {self.cmd_queue_depth!r}")
+        if not 0 <= self.links <= 8:
+            raise ValueError(f"ChipConfig.links must be from 0 to 8, not {self.links!r}")
+        if not _is_pow2(self.link_credits) or not 2 <= self.link_credits <= 1 << 16:
+            raise ValueError(f"ChipConfig.link_credits must be a power of two from 2 to 65536, "
+                             f"not {self.link_credits!r}")
+        if self.links and self.ext_mem_bytes > self.link_window_base:
+            raise ValueError(
+                f"ChipConfig.ext_mem_bytes ({self.ext_mem_bytes}) overlaps the links' address "
+                f"window at 0x{self.link_window_base:x}: give the chip more address bits")
 
     # Derived sizes. Keep every derived number here so that nobody recomputes it.
     @property
@@ -166,6 +185,22 @@ class ChipConfig:
     def axi_data_bytes(self):
         return self.axi_data_bits // 8
 
+    @property
+    def link_flit_bytes(self):
+        """Bytes of one link flit: one AXI data beat of the DMA engines."""
+        return self.axi_data_bytes
+
+    @property
+    def link_window_base(self):
+        """Start of the links' address window, the top half of the AXI address
+        space: SEND and RECV address link ``i`` at ``link_window_base + i *
+        link_window_bytes`` (docs/pod.md)."""
+        return 1 << (self.axi_addr_bits - 1)
+
+    @property
+    def link_window_bytes(self):
+        return 1 << (self.axi_addr_bits - 4)
+
     def replace(self, **changes):
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
@@ -174,7 +209,8 @@ class ChipConfig:
     def preset(cls, name):
         """A named configuration: ``"default"`` (16x16 simulation chip),
         ``"vpu"`` (the same with the vector unit and four accumulator banks,
-        docs/vpu.md), ``"llm"`` (the vpu chip with 1 MiB of accumulator and 1 GiB of external memory: a
+        docs/vpu.md), ``"pod"`` (the vpu chip with a 64-byte bus, links and a
+        4 MiB accumulator: a chip of a `Pod`, docs/pod.md), ``"llm"`` (the vpu chip with 1 MiB of accumulator and 1 GiB of external memory: a
         decoder LLM's weights and KV caches, docs/llm.md) or ``"fpga"`` (4x4, the largest array measured whose whole
         chip places and routes on an LFE5U-85F, see docs/synth.md)."""
         try:
@@ -199,6 +235,14 @@ _PRESETS = {
     # prefill's add_rms_norm epilogues hold whole rows of 576 in one M block;
     # with 512 KiB they took two, and each weight tile was loaded twice.
     "llm": ChipConfig(vpu=True, acc_banks=4, acc_bytes=1 << 20, ext_mem_bytes=1 << 30),
+    # A chip of a pod (docs/pod.md): the vpu chip with a 512-bit bus, so
+    # that its DMA engines (and so a link's flits) move 64 bytes a cycle,
+    # one accumulator row; 4 MiB of accumulator, for a ring all-reduce of
+    # 1 MiB in place (the message, the gathered chunks and receive buffers);
+    # two links (a ring) whose 1024 credits cover a round trip of 2 x 500
+    # cycles at a flit a cycle.
+    "pod": ChipConfig(vpu=True, acc_banks=4, acc_bytes=4 << 20, axi_data_bits=512, links=2,
+                      link_credits=1024),
     # LFE5U-85F, measured (docs/synth.md): the whole 8x8 chip needs 77.5k of the
     # 83.6k LUT4 and does not place; 8x6 places but does not route; 4x4 places
     # and routes at 49.8-56.0 MHz by seed (35 % of the LUT4s). mac_stages 7: the PE closes at

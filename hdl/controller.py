@@ -14,7 +14,7 @@ from amaranth.lib.wiring import In, Out
 
 from .fetch import FetchedInstr
 from .isa import (BINARY_VPU_OPS, INSTR_BITS, TOKEN_BITS, TOKEN_LINKS, VECTOR_LINK_BIT, BMode, DmaInstr,
-                  Engine, ErrorCode, Header, HaltInstr, LoadWInstr, MatmulInstr, Opcode, Pushes,
+                  Engine, ErrorCode, Header, HaltInstr, LinkInstr, LoadWInstr, MatmulInstr, Opcode, Pushes,
                   SeedMode, SyncInstr, VectorInstr, VpuOp, engines_of)
 from .compute import ComputeCommand
 from .dma import dma_descriptor_layout
@@ -46,7 +46,7 @@ class Decoder(wiring.Component):
         c = self.config
         w = self.word
         h = Header(w[:16])
-        dma, lw, mm = DmaInstr(w), LoadWInstr(w), MatmulInstr(w)
+        dma, lw, mm, link = DmaInstr(w), LoadWInstr(w), MatmulInstr(w), LinkInstr(w)
         sync, halt, vec = SyncInstr(w), HaltInstr(w), VectorInstr(w)
         op = h.opcode
         last_engine = Engine.VECTOR if c.vpu else Engine.STORE
@@ -59,6 +59,10 @@ class Decoder(wiring.Component):
             with m.Case(Opcode.LOAD, Opcode.STORE):
                 m.d.comb += [known.eq(1), reserved.eq(dma.flags.reserved != 0),
                              engine.eq(Mux(op == Opcode.LOAD, Engine.LOAD, Engine.STORE))]
+            with m.Case(Opcode.SEND, Opcode.RECV):
+                m.d.comb += [known.eq(1),
+                             reserved.eq((link.flags.reserved != 0) | (link.reserved != 0)),
+                             engine.eq(Mux(op == Opcode.RECV, Engine.LOAD, Engine.STORE))]
             with m.Case(Opcode.LOADW):
                 m.d.comb += [known.eq(1), engine.eq(Engine.COMPUTE),
                              reserved.eq((lw.flags.reserved != 0) | (lw.reserved != 0))]
@@ -98,7 +102,8 @@ class Decoder(wiring.Component):
                    | too_wide(dma.ext_stride, "ext_stride"))
         dma_empty = (dma.rows == 0) | (dma.row_bytes == 0)
 
-        is_dma = (op == Opcode.LOAD) | (op == Opcode.STORE)
+        is_link = (op == Opcode.SEND) | (op == Opcode.RECV)
+        is_dma = (op == Opcode.LOAD) | (op == Opcode.STORE) | is_link
         mode = mm.flags.seed_mode
         seed_end = mm.seed_row + Mux(mode == SeedMode.ACC, mm.m_rows, 1)
         with m.If(illegal | (is_dma & dma_empty)):
@@ -116,6 +121,8 @@ class Decoder(wiring.Component):
             with m.Elif((mm.out_row + mm.m_rows > c.acc_rows)
                         | ((mode != SeedMode.ZERO) & (seed_end > c.acc_rows))):
                 m.d.comb += self.error.eq(ErrorCode.ACC_RANGE)
+        with m.Elif(is_link & (link.link >= c.links)):
+            m.d.comb += self.error.eq(ErrorCode.LINK_INDEX)
         with m.Elif(is_dma & dma_bad):
             m.d.comb += self.error.eq(ErrorCode.DMA_DESCRIPTOR)
         if c.vpu:

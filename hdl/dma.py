@@ -91,6 +91,9 @@ def dma_descriptor_layout(config):
         "chip_row": range(_max_rows(config)),
         "ext_base": config.axi_addr_bits,
         "ext_stride": config.axi_addr_bits,
+        # SEND/RECV (chips with links): ext_base is a link's address window
+        # (docs/pod.md), checked against that window instead of external memory.
+        **({"link": 1} if config.links else {}),
     })
 
 
@@ -851,8 +854,15 @@ class Dma(wiring.Component):
             (DmaError.MISALIGNED, fields[0] | (four & fields[1])),
             (DmaError.CHIP_RANGE, chip_rows < d.chip_row + d.rows),
             (DmaError.OK, (d.rows == 0) | (d.row_bytes == 0)),       # empty: nothing to move
-            (DmaError.EXT_RANGE, ext_end >= c.ext_mem_bytes + 1),
+            (DmaError.EXT_RANGE, self._ext_range(d, ext_end)),
         ]
+
+    def _ext_range(self, d, ext_end):
+        c = self.config
+        outside = ext_end >= c.ext_mem_bytes + 1
+        if not c.links:
+            return outside
+        return Mux(d.link, ext_end >= d.ext_base + c.link_window_bytes + 1, outside)
 
     def _control(self, m, d, derived, status, run, clear):
         """The run state machine; returns "the state machine completes a

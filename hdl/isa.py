@@ -8,7 +8,8 @@ anything else as an illegal instruction. docs/isa.md has one table per
 instruction, generated from these classes (`field_table`).
 
 Engines and dependency tokens (as in VTA): LOAD runs on the load engine, LOADW
-and MATMUL on the compute engine, STORE on the store engine, VECTOR on the
+and MATMUL on the compute engine, STORE and SEND on the store engine, RECV on
+the load engine, VECTOR on the
 vector engine (chips with ``config.vpu``), and SYNC on the engine it names. The
 engines run concurrently; ordering between them is explicit. Each engine has a
 *prev* and a *next* neighbour (load -> compute -> store);
@@ -27,7 +28,7 @@ from .fields import field_plan, struct_layout, pack_fields, unpack_fields
 
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "Opcode", "Engine", "SeedMode", "Deps", "Header",
-    "DmaInstr", "LoadWInstr", "MatmulInstr", "SyncInstr", "HaltInstr", "LoopInstr", "VpuOp",
+    "DmaInstr", "LinkInstr", "LoadWInstr", "MatmulInstr", "SyncInstr", "HaltInstr", "LoopInstr", "VpuOp",
     "BMode", "BINARY_VPU_OPS", "TOKEN_LINKS", "TOKEN_BITS", "engines_of", "VectorFlags", "VectorInstr", "Pushes", "VECTOR_LINK_BIT", "INSTRUCTIONS", "ENGINE_OF", "ErrorCode",
     "encode", "decode", "field_table",
 ]
@@ -47,6 +48,8 @@ class Opcode(enum.Enum, shape=4):
     SYNC = 5     # the named engine: only dependency tokens
     LOOP = 6     # the loop expander: repeat the next instructions with strides
     VECTOR = 7   # vector engine: an element-wise op or row reduction on accumulator rows
+    SEND = 8     # store engine: VMEM or accumulator rows -> an inter-chip link
+    RECV = 9     # load engine: rows arriving on an inter-chip link -> VMEM or accumulator
     HALT = 15    # end of program, once every engine is idle
 
 
@@ -78,6 +81,7 @@ class ErrorCode(enum.Enum, shape=4):
     DEADLOCK = 8         # every engine waits for a token that nothing can give
     WEIGHT_OVERFLOW = 9  # LOADW while an earlier LOADW's tile is still unused
     TOKEN_OVERFLOW = 10  # a push onto a token counter that already holds 2**TOKEN_BITS - 1
+    LINK_INDEX = 11      # SEND/RECV on a link at or beyond config.links
 
 
 class Deps(data.Struct):
@@ -146,6 +150,24 @@ class DmaInstr(data.Struct):
     chip_row: 20     # first VMEM / accumulator row
     rows: 16         # number of rows
     row_bytes: 12    # bytes per external row
+
+
+class LinkInstr(data.Struct):
+    """SEND and RECV (chips with links, docs/pod.md): rows ``chip_row ..
+    chip_row + rows - 1`` go out on link ``link`` (SEND, with the flags of a
+    STORE), or the next ``rows`` rows that arrive on it are written there
+    (RECV, with those of a LOAD). The rows travel as a byte stream of
+    ``rows * row_bytes`` bytes in whole flits; a SEND and the RECV that takes
+    it give the same ``rows * row_bytes``. The fields after ``link`` sit where
+    DmaInstr has them."""
+    opcode: Opcode
+    deps: Deps
+    flags: DmaFlags
+    link: 8
+    reserved: 56
+    chip_row: 20
+    rows: 16
+    row_bytes: 12
 
 
 class LoadWFlags(data.Struct):
@@ -274,12 +296,14 @@ class VectorInstr(data.Struct):
 INSTRUCTIONS = {
     Opcode.LOAD: DmaInstr, Opcode.STORE: DmaInstr, Opcode.LOADW: LoadWInstr,
     Opcode.MATMUL: MatmulInstr, Opcode.SYNC: SyncInstr, Opcode.HALT: HaltInstr,
-    Opcode.LOOP: LoopInstr, Opcode.VECTOR: VectorInstr,
+    Opcode.LOOP: LoopInstr, Opcode.VECTOR: VectorInstr, Opcode.SEND: LinkInstr,
+    Opcode.RECV: LinkInstr,
 }
 
 ENGINE_OF = {
     Opcode.LOAD: Engine.LOAD, Opcode.LOADW: Engine.COMPUTE, Opcode.MATMUL: Engine.COMPUTE,
-    Opcode.STORE: Engine.STORE, Opcode.VECTOR: Engine.VECTOR,
+    Opcode.STORE: Engine.STORE, Opcode.VECTOR: Engine.VECTOR, Opcode.SEND: Engine.STORE,
+    Opcode.RECV: Engine.LOAD,
 }
 
 # The layouts as shapes, once: `as_shape` is slow, and a model's programs hold

@@ -13,7 +13,7 @@ DMA AW/W/B, so loads and stores use the bus's two directions at the same time.
 
 from amaranth.hdl import (ClockDomain, ClockSignal, DomainRenamer, Module, Mux, ResetInserter,
                           ResetSignal, Signal)
-from amaranth.lib import data, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .accmem import AccMem
@@ -23,6 +23,7 @@ from .controller import Controller
 from .dma import Dma, DmaDir
 from .fetch import FETCH_AXI_ID, FetchedInstr, InstructionFetch
 from .isa import ErrorCode
+from .link import LinkBridge, LinkPort, link_signature
 from .loop import LoopExpander
 from .regs import COUNTERS, HOST_ADDR_BITS, RegisterFile
 from .slice import RegisterSlice
@@ -55,7 +56,16 @@ class _ChipCore(wiring.Component):
             "status": Out(data.ArrayLayout(64, len(COUNTERS))),
             "busy": Out(1), "done": Out(1), "error": Out(ErrorCode), "error_pc": Out(32),
             **({"trace_events": Out(ChipTrace)} if trace else {}),
+            **self._link_members(config),
         })
+
+    @staticmethod
+    def _link_members(config):
+        if not config.links:
+            return {}
+        flit = stream.Signature(8 * config.link_flit_bytes)
+        return {"link_send": Out(flit).array(config.links),
+                "link_receive": In(flit).array(config.links)}
 
     def elaborate(self, platform):
         m = Module()
@@ -147,7 +157,16 @@ class _ChipCore(wiring.Component):
         for port in (store_dma.vmem_write, store_dma.acc_write):
             m.d.comb += port.ready.eq(0)
 
-        self._axi(m, fetch, load_dma, store_dma)
+        load_axi, store_axi = load_dma.axi, store_dma.axi
+        if c.links:
+            m.submodules.links = bridge = LinkBridge(c)
+            wiring.connect(m, load_dma.axi, bridge.load)
+            wiring.connect(m, store_dma.axi, bridge.store)
+            for i in range(c.links):
+                wiring.connect(m, bridge.send[i], wiring.flipped(self.link_send[i]))
+                wiring.connect(m, wiring.flipped(self.link_receive[i]), bridge.receive[i])
+            load_axi, store_axi = bridge.load_mem, bridge.store_mem
+        self._axi(m, fetch, load_axi, store_axi)
         m.d.comb += [
             ctrl.array_accept.eq(compute.array_accept),
             ctrl.dma_read_beat.eq(load_dma.axi.rvalid & load_dma.axi.rready),
@@ -168,7 +187,7 @@ class _ChipCore(wiring.Component):
             ]
         return m
 
-    def _axi(self, m, fetch, load_dma, store_dma):
+    def _axi(self, m, fetch, load_axi, store_axi):
         """AR: fetch and load DMA share it (held until accepted); R goes back by ID.
         AW/W/B belong to the store DMA alone."""
         bus = self.axi
@@ -180,29 +199,29 @@ class _ChipCore(wiring.Component):
         with m.Else():
             m.d.sync += locked.eq(0)
         for name in _READ_FORWARD:
-            src = Mux(pick, getattr(fetch.axi, name), getattr(load_dma.axi, name))
+            src = Mux(pick, getattr(fetch.axi, name), getattr(load_axi, name))
             m.d.comb += getattr(bus, name).eq(src)
         m.d.comb += [
             bus.arid.eq(Mux(pick, FETCH_AXI_ID, 0)),
-            bus.arvalid.eq(Mux(pick, fetch.axi.arvalid, load_dma.axi.arvalid)),
+            bus.arvalid.eq(Mux(pick, fetch.axi.arvalid, load_axi.arvalid)),
             fetch.axi.arready.eq(pick & bus.arready),
-            load_dma.axi.arready.eq(~pick & bus.arready),
+            load_axi.arready.eq(~pick & bus.arready),
         ]
         # Qualified by RVALID: RID is undefined (X in simulation) between bursts.
         to_fetch = bus.rvalid & (bus.rid == FETCH_AXI_ID)
-        for dst, mine in ((fetch.axi, to_fetch), (load_dma.axi, ~to_fetch)):
+        for dst, mine in ((fetch.axi, to_fetch), (load_axi, ~to_fetch)):
             m.d.comb += [dst.rid.eq(0), dst.rdata.eq(bus.rdata), dst.rresp.eq(bus.rresp),
                          dst.rlast.eq(bus.rlast), dst.rvalid.eq(bus.rvalid & mine)]
-        m.d.comb += bus.rready.eq(Mux(to_fetch, fetch.axi.rready, load_dma.axi.rready))
+        m.d.comb += bus.rready.eq(Mux(to_fetch, fetch.axi.rready, load_axi.rready))
         for name in _WRITE_FORWARD:
             if name.startswith("b"):
-                m.d.comb += bus.bready.eq(store_dma.axi.bready)
+                m.d.comb += bus.bready.eq(store_axi.bready)
             else:
-                m.d.comb += getattr(bus, name).eq(getattr(store_dma.axi, name))
+                m.d.comb += getattr(bus, name).eq(getattr(store_axi, name))
         m.d.comb += [
-            store_dma.axi.awready.eq(bus.awready), store_dma.axi.wready.eq(bus.wready),
-            store_dma.axi.bid.eq(bus.bid), store_dma.axi.bresp.eq(bus.bresp),
-            store_dma.axi.bvalid.eq(bus.bvalid),
+            store_axi.awready.eq(bus.awready), store_axi.wready.eq(bus.wready),
+            store_axi.bid.eq(bus.bid), store_axi.bresp.eq(bus.bresp),
+            store_axi.bvalid.eq(bus.bvalid),
         ]
 
 
@@ -230,6 +249,8 @@ class MxuChip(wiring.Component):
         The register file (`mxu.hdl.regs`).
     irq : Out(1)
         High once a run has finished (``STATUS.done``), until the next start.
+    links : Out(link_signature(config)).array(config.links), with ``config.links`` only
+        The inter-chip links (`mxu.hdl.link`, docs/pod.md).
     trace_events : Out(ChipTrace), with ``trace=True`` only
         What each engine starts and completes, token waits, array activity
         (`mxu.hdl.trace`): for the profiler of simulation builds.
@@ -251,6 +272,7 @@ class MxuChip(wiring.Component):
             "host": In(AXI4LiteSignature(addr_width=HOST_ADDR_BITS, data_width=32)),
             "irq": Out(1),
             **({"trace_events": Out(ChipTrace)} if trace else {}),
+            **({"links": Out(link_signature(config)).array(config.links)} if config.links else {}),
         })
 
     def elaborate(self, platform):
@@ -271,4 +293,11 @@ class MxuChip(wiring.Component):
         ]
         if self.trace_port:
             m.d.comb += self.trace_events.eq(core.trace_events)
+        # Outside the core: a soft reset leaves the links' credits and buffers
+        # alone (`LinkPort`).
+        for i in range(self.config.links):
+            m.submodules[f"link{i}"] = port = LinkPort(self.config)
+            wiring.connect(m, core.link_send[i], port.send)
+            wiring.connect(m, port.receive, core.link_receive[i])
+            wiring.connect(m, port.link, wiring.flipped(self.links[i]))
         return m

@@ -1,6 +1,6 @@
 """The load and store engines: LOAD/STORE instructions become DMA descriptors."""
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import C, Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -11,7 +11,7 @@ __all__ = ["TransferEngine"]
 
 
 class TransferEngine(wiring.Component):
-    """Runs LOAD (or STORE) and SYNC instructions on one `Dma`: up to two
+    """Runs LOAD (or STORE), RECV (or SEND) and SYNC instructions on one `Dma`: up to two
     descriptors in flight (the DMA overlaps a load's data with the next
     load's bursts, docs/memory.md), completed in order.
 
@@ -55,6 +55,18 @@ class TransferEngine(wiring.Component):
         failed = Signal()
         is_sync = ins.opcode == Opcode.SYNC
         d = self.dma_cmd.payload
+        ext_base, ext_stride = ins.ext_addr, ins.ext_stride
+        if self.config.links:
+            # SEND/RECV: a contiguous block in the link's address window
+            # (`mxu.hdl.link`); their link number sits where ext_addr starts.
+            # (Muxes, not an If: a conditional assignment to some fields of the
+            # payload splits it over several processes, which Verilator orders
+            # wrongly.)
+            top = self.config.axi_addr_bits
+            link = (ins.opcode == Opcode.SEND) | (ins.opcode == Opcode.RECV)
+            ext_base = Mux(link, Cat(C(0, top - 4), ins.ext_addr[:3], C(1, 1)), ext_base)
+            ext_stride = Mux(link, ins.row_bytes, ext_stride)
+            m.d.comb += d.link.eq(link)
         m.d.comb += [
             d.dir.eq(self.direction),
             d.space.eq(Mux(ins.flags.space, DmaSpace.ACC, DmaSpace.VMEM)),
@@ -64,8 +76,8 @@ class TransferEngine(wiring.Component):
             d.rows.eq(ins.rows),
             d.row_bytes.eq(ins.row_bytes),
             d.chip_row.eq(ins.chip_row),
-            d.ext_base.eq(ins.ext_addr),
-            d.ext_stride.eq(ins.ext_stride),
+            d.ext_base.eq(ext_base),
+            d.ext_stride.eq(ext_stride),
         ]
         # A SYNC waits until every transfer before it has completed. A command
         # offered to the DMA stays offered until taken, even if an earlier one

@@ -12,9 +12,10 @@ from .backends.units import simulate_bf16_mul, simulate_fp32_add, simulate_fp32_
 from .compiler.program import Program
 from .driver.chip import ChipError, RunResult
 from .runtime.chip import Chip, Recording
+from .runtime.pod import Pod, PodError
 from .runtime.stats import RunStats
 from .runtime.tensor import DeviceTensor
 
 __all__ = ["simulate_mac", "simulate_bf16_mul", "simulate_fp32_add", "simulate_fp32_to_bf16",
            "simulate_array", "Chip", "ChipError", "RunResult", "Program", "DeviceTensor",
-           "RunStats", "Recording"]
+           "RunStats", "Recording", "Pod", "PodError"]

@@ -32,13 +32,13 @@ def test_values_that_do_not_fit_are_rejected():
     with pytest.raises(ValueError, match="'bogus' is not a field"):
         encode(Opcode.HALT, bogus=1)
     with pytest.raises(ValueError, match="illegal opcode"):
-        decode(8)
+        decode(14)
 
 
 def test_docs_tables_match_the_layouts():
     text = DOC.read_text()
     for layout in (isa.DmaInstr, isa.LoadWInstr, isa.MatmulInstr, isa.SyncInstr, isa.HaltInstr,
-                   isa.LoopInstr, isa.VectorInstr):
+                   isa.LoopInstr, isa.VectorInstr, isa.LinkInstr):
         assert field_table(layout) in text, f"docs/isa.md is out of date for {layout.__name__}"
     for code in isa.ErrorCode:
         assert f"`{code.name}`" in text

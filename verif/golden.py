@@ -12,6 +12,7 @@ from mxu.hdl.dtypes import as_bf16, bfloat16 as bf16
 __all__ = [
     "FP32_QNAN", "BF16_QNAN", "bf16", "as_bf16", "bf16_to_f32", "f32_bits", "f32_from_bits",
     "canonical", "mul", "add", "mac", "fp32_to_bf16", "dot", "matmul", "assert_bits_equal",
+    "ring_reduce",
 ]
 
 FP32_QNAN = np.uint32(0x7FC00000)
@@ -63,6 +64,27 @@ def add(x, y):
     """fp32 + fp32 -> fp32 bits."""
     with np.errstate(all="ignore"):
         return f32_bits(f32_from_bits(x) + f32_from_bits(y))
+
+
+def ring_reduce(xs):
+    """The golden pod form of a ring reduction (docs/pod.md): `xs` (n, rows,
+    cols) float32, one message per chip. The rows are cut into n chunks as
+    evenly as possible, the longer first, and chunk ``c`` is summed in ring
+    order from chip ``c``: ``((x[c] + x[c+1]) + x[c+2]) + ... + x[c-1]``
+    (indices mod n), each sum an fp32 addition. Returns (rows, cols) float32."""
+    xs = np.ascontiguousarray(xs, np.float32)
+    n, rows = xs.shape[:2]
+    q, r = divmod(rows, n)
+    out = np.empty(xs.shape[1:], np.uint32)
+    lo = 0
+    for c in range(n):
+        hi = lo + q + (c < r)
+        total = xs[c, lo:hi].view(np.uint32)
+        for k in range(1, n):
+            total = add(total, xs[(c + k) % n, lo:hi].view(np.uint32))
+        out[lo:hi] = total
+        lo = hi
+    return out.view(np.float32)
 
 
 def mac(a, w, acc):

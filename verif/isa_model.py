@@ -18,7 +18,7 @@ from mxu.hdl.dma import DmaDir, DmaError, DmaSpace
 from mxu.hdl.isa import (BINARY_VPU_OPS, TOKEN_BITS, TOKEN_LINKS, BMode, Engine, ErrorCode,
                          Opcode, SeedMode, VpuOp)
 from mxu.verif import golden
-from mxu.verif.dma_model import Descriptor, DmaModel
+from mxu.verif.dma_model import Descriptor, DmaModel, check_descriptor
 
 __all__ = ["IsaModel", "ModelResult", "check_instruction", "expand_loops", "token_counters",
            "vector_accesses"]
@@ -85,6 +85,8 @@ def check_instruction(config, word):
             return ErrorCode.ACC_RANGE, opcode, f
     if opcode is Opcode.VECTOR:
         return _vector_error(config, f), opcode, f
+    if opcode in (Opcode.SEND, Opcode.RECV) and f["link"] >= config.links:
+        return ErrorCode.LINK_INDEX, opcode, f
     return ErrorCode.NONE, opcode, f
 
 
@@ -181,10 +183,16 @@ class IsaModel:
         Size of the modelled external memory (defaults to the config's).
     queue_depth : int
         Instructions each engine's queue holds (the RTL's ``config.cmd_queue_depth``).
+    loopback : dict or None
+        For SEND/RECV: ``{link: link}``, the link whose incoming bytes are
+        what this chip sends on the key (one chip wired to itself, as the
+        loopback tests wire the RTL). A RECV waits until its bytes are there.
     """
 
-    def __init__(self, config, ext_bytes=None, queue_depth=None):
+    def __init__(self, config, ext_bytes=None, queue_depth=None, loopback=None):
         self.config = config
+        self.loopback = dict(loopback or {})
+        self.link_bytes = {link: bytearray() for link in range(config.links)}
         self.dma = DmaModel(config, ext_bytes)
         self.queue_depth = queue_depth or config.cmd_queue_depth
         self.staged = []                                   # weight tiles waiting
@@ -249,8 +257,9 @@ class IsaModel:
                 result.error = ErrorCode.DEADLOCK
                 return result
 
-    @staticmethod
-    def _can_pop(engine, f, tokens):
+    def _can_pop(self, engine, f, tokens):
+        if f.get("link") is not None and engine is Engine.LOAD and not self._recv_ready(f):
+            return False
         for side in ("prev", "next"):
             if f["deps"][f"pop_{side}"] and tokens[token_counters(engine, side, f)[1]] == 0:
                 return False
@@ -268,9 +277,27 @@ class IsaModel:
                 tokens[name] += step
         return True
 
+    def _recv_ready(self, f):
+        """A RECV starts when its bytes are there, or at once if its descriptor
+        fails (the DMA rejects it before any transfer)."""
+        fl = f["flags"]
+        d = Descriptor(dir=DmaDir.LOAD, space=DmaSpace(fl["space"]), ext_base=0,
+                       rows=f["rows"], row_bytes=f["row_bytes"], ext_stride=f["row_bytes"],
+                       chip_row=f["chip_row"], to_bf16=bool(fl["to_bf16"]), relu=bool(fl["relu"]))
+        if check_descriptor(self.config, d) is not DmaError.OK:
+            return True
+        return len(self.link_bytes[f["link"]]) >= self._link_length(f)
+
+    def _link_length(self, f):
+        """Bytes a SEND/RECV moves: its rows' bytes in whole flits."""
+        flit = self.config.link_flit_bytes
+        return -(-f["rows"] * f["row_bytes"] // flit) * flit
+
     def _execute(self, opcode, f, result):
         if opcode in (Opcode.LOAD, Opcode.STORE):
             return self._dma(opcode, f, result)
+        if opcode in (Opcode.SEND, Opcode.RECV):
+            return self._link(opcode, f, result)
         if opcode is Opcode.LOADW:
             if self.staged:
                 return ErrorCode.WEIGHT_OVERFLOW
@@ -313,14 +340,35 @@ class IsaModel:
             rows[:, :c.cols] = bf
         self.vmem.view(np.uint16)[d0:d1] = rows
 
-    def _dma(self, opcode, f, result):
+    def _link(self, opcode, f, result):
+        """SEND/RECV as a STORE/LOAD through a scratch external memory that
+        holds the link's bytes (the RTL moves them through the DMA likewise)."""
+        n = self._link_length(f)
+        scratch = DmaModel(self.config, max(n, 1))
+        scratch.vmem, scratch.acc = self.dma.vmem, self.dma.acc
+        window = {"ext_addr": 0, "ext_stride": f["row_bytes"]}
+        if opcode is Opcode.RECV:
+            queue = self.link_bytes[f["link"]]
+            got = bytes(queue[:n])          # short only for a descriptor that fails
+            scratch.ext[:len(got)] = np.frombuffer(got, np.uint8)
+            del queue[:n]
+        error = self._dma(Opcode.LOAD if opcode is Opcode.RECV else Opcode.STORE,
+                          {**f, **window}, result, scratch)
+        if opcode is Opcode.SEND and error is ErrorCode.NONE:
+            peer = self.loopback.get(f["link"])
+            if peer is None:
+                raise ValueError(f"link {f['link']} is not wired (loopback={self.loopback})")
+            self.link_bytes[peer] += scratch.ext[:n].tobytes()
+        return error
+
+    def _dma(self, opcode, f, result, dma=None):
         flags = f["flags"]
         d = Descriptor(dir=DmaDir.LOAD if opcode is Opcode.LOAD else DmaDir.STORE,
                        space=DmaSpace(flags["space"]), ext_base=f["ext_addr"], rows=f["rows"],
                        row_bytes=f["row_bytes"], ext_stride=f["ext_stride"],
                        chip_row=f["chip_row"], to_bf16=bool(flags["to_bf16"]),
                        relu=bool(flags["relu"]))
-        error = self.dma.execute(d)
+        error = (dma or self.dma).execute(d)
         if error in (DmaError.SLVERR, DmaError.DECERR):
             return ErrorCode.AXI_ERROR
         if error is not DmaError.OK:

@@ -161,7 +161,7 @@ def error_programs(config):
     program per error code the decoder and the engines raise on their own."""
     ok_load = dict(vmem_row=0, ext_addr=0, rows=1, row_bytes=8)
     cases = {}
-    cases["illegal opcode"] = (Program().raw(encode(Opcode.HALT) & ~0xF | 8).halt(),
+    cases["illegal opcode"] = (Program().raw(encode(Opcode.HALT) & ~0xF | 14).halt(),
                                ErrorCode.ILLEGAL_INSTR, 0)
     cases["reserved bits"] = (Program().load(**ok_load).raw(encode(Opcode.HALT) | 1 << 100),
                               ErrorCode.ILLEGAL_INSTR, 1)

@@ -22,7 +22,7 @@ CSRC = Path(__file__).parent / "csrc"
 # modules that turn it into Verilog (docs/cache.md).
 HDL_SOURCES = Path(__file__).resolve().parent.parent.parent / "hdl"
 _GENERATORS = ("verilog.py", "fast_array.py", "fast_vpu.py", "harness.py", "units.py",
-               "axi_memory.py")
+               "axi_memory.py", "link_model.py")
 
 # -O3 in the generated model, no tracing, no assertions: the run path is for speed;
 # cocotb builds are the ones that carry debug visibility.

@@ -13,6 +13,7 @@ from mxu.hdl.array import SystolicArray
 from mxu.hdl.pe import ProcessingElement
 
 from .axi_memory import axi_memory_verilog
+from .link_model import link_model_verilog
 from .fast_array import fast_datapath_verilog
 from .fast_vpu import fast_vpu_adder_verilog, fast_vpu_lanes_verilog
 
@@ -34,16 +35,21 @@ class RegisteredReset(wiring.Component):
 
     With `axi_memory` (a module name from `mxu.sim.backends.axi_memory`), the
     component's ``axi`` port is not a port: it connects to an instance of
-    that memory model (``memory``), for the native harness."""
+    that memory model (``memory``), for the native harness. With
+    `link_model` (from `mxu.sim.backends.link_model`), likewise the ``links``
+    port connects to that link model (``link_model``)."""
 
-    def __init__(self, component, axi_memory=None):
+    def __init__(self, component, axi_memory=None, link_model=None):
         self._inner = component
         self._axi_memory = axi_memory
+        self._link_model = link_model
         members = dict(component.signature.members.items())
         if {"clk", "rst"} & set(members):
             raise ValueError("the component already has a port named clk or rst")
         if axi_memory is not None:
             del members["axi"]
+        if link_model is not None:
+            del members["links"]
         super().__init__({**members, "clk": In(1), "rst": In(1)})
 
     def elaborate(self, platform):
@@ -55,8 +61,10 @@ class RegisteredReset(wiring.Component):
         m.d.comb += [ClockSignal("sync").eq(self.clk), ResetSignal("sync").eq(rst_q)]
         if self._axi_memory is not None:
             m.submodules.memory = self._memory(inner.axi)
+        if self._link_model is not None:
+            m.submodules.link_model = self._links(inner.links)
         for name, member in inner.signature.members.items():
-            if name == "axi" and self._axi_memory is not None:
+            if name not in self.signature.members:
                 continue
             ours, theirs = getattr(self, name), getattr(inner, name)
             if not member.is_port:
@@ -74,6 +82,19 @@ class RegisteredReset(wiring.Component):
         return Instance(self._axi_memory, i_clk=ClockSignal("sync"),
                         **{f"i_{n}": getattr(axi, n) for n in master},
                         **{f"o_{n}": getattr(axi, n) for n in slave})
+
+
+    def _links(self, links):
+        from .link_model import CHIP_OUTPUTS, link_model_ports
+
+        def signal(i, member):
+            value = links[i]
+            for part in member.split("__"):
+                value = getattr(value, part)
+            return value
+        return Instance(self._link_model, i_clk=ClockSignal("sync"),
+                        **{("i_" if member in CHIP_OUTPUTS else "o_") + port: signal(i, member)
+                           for port, (i, member) in link_model_ports(len(links)).items()})
 
 
 def to_verilog(component, name="top"):
@@ -171,7 +192,8 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     of its own in Verilator, so that a sampling profiler names the unit that
     spends the time (`units_not_inlined`). `memory` puts the external-memory
     model inside (`mxu.sim.backends.axi_memory`; the top then has no ``axi``
-    port): the native harness's build."""
+    port), and the links' model (`mxu.sim.backends.link_model`): the native
+    harness's build."""
     from mxu.hdl.top import MxuChip
     if fast_mac:
         pe_name, (datapath_name, pe) = None, fast_datapath_verilog(config.rows, config.cols,
@@ -201,8 +223,10 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
                    vpu_modules=vpu_modules)
     memory_name, memory_text = (axi_memory_verilog(config.axi_data_bits, config.axi_addr_bits)
                                 if memory else (None, ""))
-    text = lean_verilog(RegisteredReset(chip, axi_memory=memory_name))
-    return pe + vpu + memory_text + (units_not_inlined(text) if units else text)
+    links_name, links_text = (link_model_verilog(config.links, 8 * config.link_flit_bytes)
+                              if memory and config.links else (None, ""))
+    text = lean_verilog(RegisteredReset(chip, axi_memory=memory_name, link_model=links_name))
+    return pe + vpu + memory_text + links_text + (units_not_inlined(text) if units else text)
 
 
 def units_not_inlined(text, scope="top.chip.core"):

@@ -108,6 +108,21 @@ class Program:
                           ext_stride=row_bytes if ext_stride is None else ext_stride,
                           chip_row=row, rows=rows, row_bytes=row_bytes)
 
+    def send(self, *, link, rows, row_bytes, vmem_row=None, acc_row=None, to_bf16=False,
+             relu=False, vector=False, **deps):
+        """SEND rows on-chip rows out on link `link` (a STORE's options; docs/pod.md)."""
+        space, row = self._space(vmem_row, acc_row)
+        return self._emit(Opcode.SEND, deps,
+                          flags={"space": space, "to_bf16": int(to_bf16), "relu": int(relu),
+                                 "vector": int(vector)},
+                          link=link, chip_row=row, rows=rows, row_bytes=row_bytes)
+
+    def recv(self, *, link, rows, row_bytes, vmem_row=None, acc_row=None, **deps):
+        """RECV: the next rows rows arriving on link `link` into VMEM or the accumulator."""
+        space, row = self._space(vmem_row, acc_row)
+        return self._emit(Opcode.RECV, deps, flags={"space": space}, link=link, chip_row=row,
+                          rows=rows, row_bytes=row_bytes)
+
     def loadw(self, *, vmem_row, k_rows, vector=False, **deps):
         """LOADW: stage the weight tile in VMEM rows vmem_row..vmem_row+k_rows-1."""
         return self._emit(Opcode.LOADW, deps, flags={"vector": int(vector)}, vmem_row=vmem_row,

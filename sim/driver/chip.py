@@ -69,6 +69,13 @@ _SIGNATURES = {
     "mxu_chip_trace_events": (_U64, [_PTR, ctypes.POINTER(ctypes.POINTER(_U32))]),
     "mxu_chip_trace_buckets": (_U64, [_PTR, ctypes.POINTER(ctypes.POINTER(_U32))]),
     "mxu_chip_trace_truncated": (ctypes.c_int, [_PTR]),
+    "mxu_chip_clock": (None, [_PTR, _U64]),
+    "mxu_chip_link_setup": (None, [_PTR, ctypes.c_int, _U32, _U32]),
+    "mxu_chip_link_pending": (None, [_PTR, ctypes.c_int, ctypes.POINTER(_U64),
+                                     ctypes.POINTER(_U64)]),
+    "mxu_chip_link_take": (None, [_PTR, ctypes.c_int, _PTR, _PTR, _PTR]),
+    "mxu_chip_link_give": (None, [_PTR, ctypes.c_int, _U64, _PTR, _PTR, _U64, _PTR]),
+    "mxu_chip_link_arriving": (_U64, [_PTR, ctypes.c_int]),
 }
 
 RESET_NOTE = "the chip has been reset and is ready for the next run"
@@ -424,6 +431,18 @@ class SimulatedChip:
         AXI protocol, and re-raises Ctrl-C; the chip is reset in every case.
         `expected_cycles` (optional) lets the waveform size warning project.
         """
+        limit, start = self._begin(program, memory_image, base, max_cycles)
+        try:
+            cycles = self._clock(limit, expected_cycles)
+            wall = time.perf_counter() - start
+        except BaseException:
+            self.reset()
+            raise
+        return self._finish(cycles, limit, wall)
+
+    def _begin(self, program, memory_image, base, max_cycles):
+        """Check and place the program and the image, and start the chip;
+        returns (watchdog limit in cycles, wall time of the start)."""
         code = self._program_bytes(program)
         base = self._place(code, base)
         image = {}
@@ -450,12 +469,82 @@ class SimulatedChip:
             if self.trace:
                 self._trace_begin()
             self.write_reg("CTRL", 1)
-            cycles = self._clock(limit, expected_cycles)
-            wall = time.perf_counter() - start
         except BaseException:
             self.reset()
             raise
-        return self._finish(cycles, limit, wall)
+        return limit, start
+
+    # ---- lockstep windows (a pod's chips, docs/pod.md) --------------------------------
+    def start(self, program, memory_image=None, *, base=None):
+        """Start `program` as `run` does, without clocking it: a pod then
+        advances its chips with `clock` and carries their link traffic, and
+        ends the run with `finish`."""
+        self._pod_limit, self._pod_start = self._begin(program, memory_image, base, None)
+
+    @property
+    def cycle(self):
+        """Cycles clocked since the model was built (register accesses included)."""
+        return self._lib.mxu_chip_cycles(self._handle)
+
+    @property
+    def done(self):
+        """The chip's irq: the run has finished (read without clocking)."""
+        return bool(self._lib.mxu_chip_irq(self._handle))
+
+    def clock(self, cycles):
+        """Clock exactly `cycles` cycles, whether the run has finished or not."""
+        self._lib.mxu_chip_clock(self._handle, _integer(cycles, "cycles", 0))
+
+    def set_link_bandwidth(self, bytes_per_cycle):
+        """Every link carries at most `bytes_per_cycle` bytes a cycle (a flit
+        of ``config.link_flit_bytes`` leaves when that many have accrued)."""
+        self._check_links(0)
+        bpc = _integer(bytes_per_cycle, "bytes_per_cycle", 1, 1 << 20)
+        self._lib.mxu_chip_link_setup(self._handle, self.config.links,
+                                      self.config.link_flit_bytes, bpc)
+
+    def _check_links(self, link):
+        if not self.config.links:
+            raise ValueError("this chip has no links (ChipConfig.links is 0)")
+        _integer(link, "link", 0, self.config.links - 1)
+
+    def link_take(self, link):
+        """What link `link` sent since the last call: (cycles of its flits,
+        uint64[n]; the flits, uint8[n, link_flit_bytes]; cycles of the
+        credits it gave back, uint64[m])."""
+        self._check_links(link)
+        n, k = _U64(), _U64()
+        self._lib.mxu_chip_link_pending(self._handle, link, ctypes.byref(n), ctypes.byref(k))
+        cycles = np.zeros(n.value, np.uint64)
+        flits = np.zeros((n.value, self.config.link_flit_bytes), np.uint8)
+        credits = np.zeros(k.value, np.uint64)
+        self._lib.mxu_chip_link_take(self._handle, link, cycles.ctypes.data, flits.ctypes.data,
+                                     credits.ctypes.data)
+        return cycles, flits, credits
+
+    def link_give(self, link, cycles, flits, credits):
+        """Flits (and credits) that arrive on link `link` at the given cycles of
+        this chip's clock, ascending and after any given before."""
+        self._check_links(link)
+        cycles = np.ascontiguousarray(cycles, np.uint64)
+        flits = np.ascontiguousarray(flits, np.uint8)
+        credits = np.ascontiguousarray(credits, np.uint64)
+        if flits.shape != (len(cycles), self.config.link_flit_bytes):
+            raise ValueError(f"flits must be {len(cycles)} rows of "
+                             f"{self.config.link_flit_bytes} bytes, not {flits.shape}")
+        self._lib.mxu_chip_link_give(self._handle, link, len(cycles), cycles.ctypes.data,
+                                     flits.ctypes.data, len(credits), credits.ctypes.data)
+
+    def link_arriving(self, link):
+        """Flits and credits given to link `link` and not yet presented."""
+        self._check_links(link)
+        return self._lib.mxu_chip_link_arriving(self._handle, link)
+
+    def finish(self):
+        """End a run begun with `start` once `done`: its `RunResult`, with the
+        checks and the recovery of `run`."""
+        return self._finish(0 if self.done else None, self._pod_limit,
+                            time.perf_counter() - self._pod_start)
 
     def _open_window(self):
         if self.waves is None:

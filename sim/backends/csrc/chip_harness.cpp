@@ -11,6 +11,7 @@
 #include "verilated.h"
 #include "axi_mem.h"
 #include "fast_array.h"
+#include "link_model.h"
 #if VM_TRACE_FST
 #include "verilated_fst_c.h"
 typedef VerilatedFstC TraceFile;
@@ -70,6 +71,7 @@ struct Chip {
     std::unique_ptr<Vtop> top;
     mxu::AxiMem mem;
     mxu::AxiPins pins;
+    mxu::LinkModel links;
     HostSample host;
     uint64_t cycles = 0;
     // Waveform window: cycles [trace_from, trace_until) are dumped.
@@ -193,6 +195,24 @@ void mxu_axi_mem_step(int addr_bits, const svBitVecVal *m, svBitVecVal *s) {
     put_bits(s, at++, 1, p.awready); put_bits(s, at++, 1, p.wready); put_bits(s, at++, 1, p.arready);
 }
 
+// The links' model inside the Verilated chip (mxu.sim.backends.link_model): at
+// the rising edge that ends cycle `cycles`, what the chip sent in it, and the
+// link inputs of the next cycle. Bit order: CHIP_OUTPUTS and MODEL_OUTPUTS there.
+void mxu_link_step(int links, int flit_bits, const svBitVecVal *m, svBitVecVal *s) {
+    Chip &c = *current;
+    mxu::LinkModel &model = c.links;
+    const int words = flit_bits / 32, flags = links * flit_bits;
+    if (int(model.links.size()) != links) model.setup(links, flit_bits / 8, flit_bits / 8);
+    for (int i = 0; i < links; i++)
+        model.sent(i, c.cycles, bits(m, flags + i, 1), m + i * words, bits(m, flags + links + i, 1));
+    for (int i = 0; i < links; i++) model.drive(i, c.cycles + 1, s + i * words);
+    for (int i = 0; i < links; i++) {
+        put_bits(s, flags + i, 1, model.valid_in[i]);
+        put_bits(s, flags + links + i, 1, model.ready_out[i]);
+        put_bits(s, flags + 2 * links + i, 1, model.credit_in[i]);
+    }
+}
+
 // Hard reset: the chip's reset for a few cycles, and every transaction the
 // memory model still holds for the old program dropped (its bytes, timing
 // parameters and error ranges stay).
@@ -209,6 +229,7 @@ void mxu_chip_reset(void *h) {
     step(c, idle);
     c.mem.abort();
     c.pins = mxu::AxiPins();
+    c.links.clear();
 }
 
 void *mxu_chip_new(uint64_t mem_bytes, uint32_t data_bytes) {
@@ -390,5 +411,59 @@ void mxu_chip_clear_violations(void *h) {
 }
 
 uint64_t mxu_chip_mem_busy(void *h) { return static_cast<Chip *>(h)->mem.busy(); }
+
+// ---- links (docs/pod.md) ----------------------------------------------------
+// Clock exactly `n` cycles, whatever irq does: a pod's lockstep window.
+void mxu_chip_clock(void *h, uint64_t n) {
+    Chip &c = *static_cast<Chip *>(h);
+    Host idle;
+    for (uint64_t i = 0; i < n; i++) step(c, idle);
+}
+
+void mxu_chip_link_setup(void *h, int links, uint32_t flit_bytes, uint32_t bytes_per_cycle) {
+    static_cast<Chip *>(h)->links.setup(links, flit_bytes, bytes_per_cycle);
+}
+
+// Flits and credits link `i` has sent and the pod not yet taken.
+void mxu_chip_link_pending(void *h, int i, uint64_t *flits, uint64_t *credits) {
+    mxu::Link &l = static_cast<Chip *>(h)->links.links[i];
+    *flits = l.sent.size();
+    *credits = l.credits_sent.size();
+}
+
+// Takes them: cycles to `flit_cycles`, flit bytes to `data`, credits' cycles
+// to `credit_cycles` (sized by mxu_chip_link_pending).
+void mxu_chip_link_take(void *h, int i, uint64_t *flit_cycles, uint8_t *data,
+                        uint64_t *credit_cycles) {
+    mxu::LinkModel &model = static_cast<Chip *>(h)->links;
+    mxu::Link &l = model.links[i];
+    for (size_t k = 0; k < l.sent.size(); k++) {
+        flit_cycles[k] = l.sent[k].cycle;
+        std::memcpy(data + k * model.flit_bytes, l.sent[k].data.data(), model.flit_bytes);
+    }
+    for (size_t k = 0; k < l.credits_sent.size(); k++) credit_cycles[k] = l.credits_sent[k];
+    l.sent.clear();
+    l.credits_sent.clear();
+}
+
+// Flits and credits due on link `i` at the given cycles (ascending, after any
+// given before).
+void mxu_chip_link_give(void *h, int i, uint64_t n_flits, const uint64_t *flit_cycles,
+                        const uint8_t *data, uint64_t n_credits, const uint64_t *credit_cycles) {
+    mxu::LinkModel &model = static_cast<Chip *>(h)->links;
+    mxu::Link &l = model.links[i];
+    for (uint64_t k = 0; k < n_flits; k++) {
+        mxu::Flit f{flit_cycles[k], std::vector<uint32_t>(model.flit_bytes / 4)};
+        std::memcpy(f.data.data(), data + k * model.flit_bytes, model.flit_bytes);
+        l.arriving.push_back(std::move(f));
+    }
+    for (uint64_t k = 0; k < n_credits; k++) l.credits_arriving.push_back(credit_cycles[k]);
+}
+
+// Flits and credits given but not yet presented to the chip.
+uint64_t mxu_chip_link_arriving(void *h, int i) {
+    mxu::Link &l = static_cast<Chip *>(h)->links.links[i];
+    return l.arriving.size() + l.credits_arriving.size();
+}
 
 }

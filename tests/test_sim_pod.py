@@ -233,6 +233,31 @@ def test_a_pod_run_is_deterministic(pod):
     assert pod.last_stats == stats
 
 
+def test_tensor_parallel_layer_is_the_golden_pod_form(pod):
+    """A small encoder layer split over the pod's two chips (heads and FFN
+    columns), one sequence padded: bit-exact to the golden pod form."""
+    from mxu.sim.models.encoder import EncoderConfig, LayerWeights
+    from mxu.sim.models.parallel import TensorParallelLayer
+    from mxu.verif.transformer import golden_tensor_parallel_layer
+    cfg = EncoderConfig(hidden=32, heads=4, ffn=64, layers=1)
+    w = LayerWeights.random(cfg, np.random.default_rng(SEED))
+    B, L = 2, 16
+    x = np.random.default_rng(SEED + 1).standard_normal((B * L, cfg.hidden)).astype(np.float32)
+    mask = np.ones((B, L), bool)
+    mask[1, 11:] = False
+    layer = TensorParallelLayer(pod, cfg, w)
+    out = layer(x, mask)
+    want = golden_tensor_parallel_layer(w, cfg, x, mask, pod.config.rows, pod.config.cols, 2)
+    golden.assert_bits_equal(out, want, "tensor-parallel layer", seed=SEED)
+    assert layer.last_cycles == sum(layer.last_phases.values())
+    with pytest.raises(ValueError, match="must be a multiple of the chips"):
+        layer(x[:15], mask[:1, :15])
+    with pytest.raises(ValueError, match="the heads .3. must be a multiple of the pod's chips"):
+        TensorParallelLayer(pod, EncoderConfig(hidden=24, heads=3, ffn=64, layers=1),
+                            LayerWeights.random(EncoderConfig(hidden=24, heads=3, ffn=64,
+                                                              layers=1), np.random.default_rng(0)))
+
+
 def test_ring_and_torus_links_pair_up():
     for peers in (pod_module.ring_peers(3), pod_module.ring_peers(6, "torus2d", (3, 2))):
         assert all(peers[peers[end]] == end for end in peers)
@@ -378,3 +403,23 @@ def test_the_last_pod_shuts_down_the_ray_it_started():
         assert _still_running(pids) == []
     finally:
         _reap(pids)
+
+
+# ---- data parallel: the default pod (16x16 chips with the vector unit) -----------------------
+def test_data_parallel_encode_is_one_chips_bit_for_bit(pod):
+    """Two chips encode a corpus, batch k on chip k mod 2; the embeddings are
+    one chip's (of the same configuration) bit for bit."""
+    from mxu.sim.models.sentence import SentenceEncoder
+    texts = ["A pod of chips.", "Each chip is a Ray actor in its own process.",
+             "Links carry flits between lockstep windows.", "bf16 in, fp32 out."]
+    with Pod(2) as big:
+        on_pod = SentenceEncoder(pod=big, batch_size=2, vector_ops="chip")
+        emb = on_pod.encode(texts, show_progress_bar=False)
+        one = SentenceEncoder(chip=Chip(big.config, fast_mac=True), batch_size=2,
+                              vector_ops="chip")
+        golden.assert_bits_equal(emb, one.encode(texts, show_progress_bar=False),
+                                 "2-chip data-parallel encode vs one chip")
+        # Two batches, one per chip: the pod's time is one batch's.
+        assert on_pod.last_pod_cycles < on_pod.last_stats.cycles == one.last_stats.cycles
+    with pytest.raises(ValueError, match="give a chip or a pod, not both"):
+        SentenceEncoder(pod=pod, chip=Chip(CONFIG, fast_mac=True))

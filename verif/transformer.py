@@ -43,7 +43,7 @@ def _vector_ops(name, lanes=1):
         layer_norm=functools.partial(vpu.layer_norm, lanes=lanes),
         gelu=vpu.gelu, scale=vpu.scale, add=vpu.add)
 
-__all__ = ["golden_forward", "reference_forward", "embeddings"]
+__all__ = ["golden_forward", "reference_forward", "embeddings", "golden_tensor_parallel_layer"]
 
 
 def _bf16(x):
@@ -131,3 +131,62 @@ def reference_forward(weights, ids):
         f = hostops.gelu(x1 @ w.w1 + w.b1) @ w.w2 + w.b2
         x = hostops.layer_norm(hostops.add(x1, f), w.ln2_gamma, w.ln2_beta, cfg.eps)
     return x.astype(np.float32)
+
+
+def _ring_sum(parts, cols):
+    """`golden.ring_reduce` of equal-shaped fp32 arrays, each flattened into
+    rows of `cols` (zero-padded), as a pod's all-reduce moves them."""
+    flat = [np.asarray(p, np.float32).ravel() for p in parts]
+    size = flat[0].size
+    rows = -(-size // cols)
+    message = np.zeros((len(flat), rows * cols), np.float32)
+    for i, f in enumerate(flat):
+        message[i, :size] = f
+    total = golden.ring_reduce(message.reshape(len(flat), rows, cols))
+    return total.ravel()[:size].reshape(np.shape(parts[0]))
+
+
+def _attention_shard(w, cfg, x, mask, rows, ops, cols_slice, seed_bias):
+    """One chip's heads (`cols_slice` of Q, K, V): its partial sum of the
+    attention's output projection, seeded with Wo's bias when `seed_bias`."""
+    B, L = mask.shape
+    d = cfg.head_dim
+    q = _bf16(_linear(x, w.wq[:, cols_slice], w.bq[cols_slice], rows))
+    k = _bf16(ops.scale(_linear(x, w.wk[:, cols_slice], w.bk[cols_slice], rows), 1 / math.sqrt(d)))
+    v = _bf16(_linear(x, w.wv[:, cols_slice], w.bv[cols_slice], rows))
+    local = q.shape[1] // d
+    scores = np.zeros((B, local, L, L), np.float32)
+    for b in range(B):
+        for h in range(local):
+            rs, hs = slice(b * L, (b + 1) * L), slice(h * d, (h + 1) * d)
+            scores[b, h] = golden.matmul(q[rs, hs], np.ascontiguousarray(k[rs, hs].T), rows=rows)
+    p = golden.as_bf16(ops.softmax(scores, mask[:, None, None, :]))
+    context = np.zeros((B * L, q.shape[1]), bfloat16)
+    for b in range(B):
+        for h in range(local):
+            rs, hs = slice(b * L, (b + 1) * L), slice(h * d, (h + 1) * d)
+            context[rs, hs] = _bf16(golden.matmul(p[b, h], v[rs, hs], rows=rows))
+    seed = np.broadcast_to(w.bo, (B * L, cfg.hidden)) if seed_bias else None
+    return golden.matmul(context, golden.as_bf16(w.wo[cols_slice]), seed=seed, rows=rows)
+
+
+def golden_tensor_parallel_layer(w, cfg, x, mask, rows, cols, n):
+    """The golden pod form of `mxu.sim.models.parallel.TensorParallelLayer`:
+    encoder layer `w` on `n` chips with ``rows`` x ``cols`` arrays, heads and
+    FFN columns split evenly, the partial sums of the attention's and the
+    FFN's output projections added in ring order (`golden.ring_reduce`),
+    the output biases in chip 0's partial, the layer ops in their VPU form.
+    Returns the layer's output (tokens, hidden) float32."""
+    ops = _vector_ops("vpu", cols)
+    hs, fs = cfg.hidden // n, cfg.ffn // n
+    attn = _ring_sum([_attention_shard(w, cfg, x, mask, rows, ops, slice(c * hs, (c + 1) * hs),
+                                       c == 0) for c in range(n)], cols)
+    x1 = ops.layer_norm(ops.add(x, attn), w.ln1_gamma, w.ln1_beta, cfg.eps)
+    parts = []
+    for c in range(n):
+        f = slice(c * fs, (c + 1) * fs)
+        hidden = ops.gelu(_linear(x1, w.w1[:, f], w.b1[f], rows))
+        seed = np.broadcast_to(w.b2, (x.shape[0], cfg.hidden)) if c == 0 else None
+        parts.append(golden.matmul(golden.as_bf16(hidden), golden.as_bf16(w.w2[f]), seed=seed,
+                                   rows=rows))
+    return ops.layer_norm(ops.add(x1, _ring_sum(parts, cols)), w.ln2_gamma, w.ln2_beta, cfg.eps)

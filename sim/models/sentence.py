@@ -137,9 +137,17 @@ class SentenceEncoder:
         "host" (NumPy, `hostops`) or "chip" (the chip's vector unit, one
         program per layer; the chip needs ``vpu=True``, and None makes the
         ``ChipConfig.preset("vpu")`` chip: 16x16 with the vector unit).
+    pod : mxu.sim.Pod or None
+        Data parallel (docs/pod.md): every chip of the pod holds the model,
+        and ``encode`` spreads the batches over them, batch k on chip k mod
+        n. The batches are the ones one chip makes, so the embeddings are one
+        chip's, bit for bit. Give a chip or a pod, not both. Then
+        ``last_stats`` sums every chip's work and ``last_pod_cycles`` is the
+        busiest chip's cycles: the pod's time.
     """
 
-    def __init__(self, name="all-MiniLM-L6-v2", chip=None, batch_size=32, vector_ops="host"):
+    def __init__(self, name="all-MiniLM-L6-v2", chip=None, batch_size=32, vector_ops="host",
+                 pod=None):
         if not isinstance(name, str):
             raise TypeError(f"name must be a model name (str), not {type(name).__name__}")
         key = _ALIASES.get(name, name)
@@ -154,10 +162,26 @@ class SentenceEncoder:
         if vector_ops not in VECTOR_BACKENDS:
             raise ValueError(f"vector_ops must be one of {VECTOR_BACKENDS}, not {vector_ops!r}")
         self.vector_ops = vector_ops
+        self.pod, self.last_stats, self.last_pod_cycles = pod, None, None
+        if pod is not None:
+            self._on_pod(pod, chip)
+            return
         self.chip = chip or Chip(ChipConfig.preset("vpu" if vector_ops == "chip" else "default"),
                                  fast_mac=True)
         self.encoder = Encoder(self.chip, self.weights, vector_ops)   # uploads the weights once
-        self.last_stats = None
+
+    def _on_pod(self, pod, chip):
+        from ..runtime.pod import Pod
+        if not isinstance(pod, Pod):
+            raise TypeError(f"pod must be an mxu.sim.Pod or None, not {type(pod).__name__}")
+        if chip is not None:
+            raise ValueError("give a chip or a pod, not both")
+        if self.vector_ops == "chip" and not pod.config.vpu:
+            raise ValueError("vector_ops='chip' needs chips with the vector unit; the pod's "
+                             "have none")
+        self.chip, self.encoder = None, None
+        pod.map(_load_encoder, [(self.name, self.batch_size, self.vector_ops)] * pod.n_chips,
+                "loading the encoder")
 
     @property
     def dimension(self):
@@ -213,6 +237,8 @@ class SentenceEncoder:
                 raise ValueError(f"token_ids[{i}] has {len(ids)} tokens; the model takes 1 to "
                                  f"{self.max_seq_length}")
         batches = list(self.batches(token_ids))
+        if self.pod is not None:
+            return self._encode_on_pod(token_ids, batches, start)
         show = sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
         progress = _Progress(len(batches) * self.weights.config.layers
                              * self.encoder.programs_per_layer, show)
@@ -229,3 +255,45 @@ class SentenceEncoder:
         total.host_seconds = time.perf_counter() - start - total.sim_seconds
         self.last_stats = total
         return out
+
+    def _encode_on_pod(self, token_ids, batches, start):
+        n = self.pod.n_chips
+        work = [batches[c::n] for c in range(n)]
+        done = self.pod.map(_encode_batches, [(w,) for w in work], "encoding")
+        out = np.zeros((len(token_ids), self.dimension), np.float32)
+        # The chips run at once: the pod takes as long as its busiest chip.
+        self.last_pod_cycles = max(stats.cycles for _, stats in done if stats is not None)
+        total = None
+        for pieces, stats in done:
+            for where, emb in pieces:
+                out[where.start:where.stop] = emb
+            if stats is None:
+                continue
+            if total is None:
+                total = stats
+            else:
+                total += stats
+        total.model_macs = model_macs(self.weights.config, [len(t) for t in token_ids])
+        total.host_seconds = time.perf_counter() - start - total.sim_seconds
+        self.last_stats = total
+        return out
+
+
+def _load_encoder(actor, name, batch_size, vector_ops):
+    """On a pod's chip: the model, its weights uploaded to this chip."""
+    actor.sentence = SentenceEncoder(name, chip=actor.chip, batch_size=batch_size,
+                                     vector_ops=vector_ops)
+
+
+def _encode_batches(actor, batches):
+    """On a pod's chip: the embeddings of `batches` ((where, ids, mask) as
+    `SentenceEncoder.batches` makes them) and the `RunStats` of their work."""
+    enc, pieces, total = actor.sentence, [], None
+    for where, ids, mask in batches:
+        tokens, stats = enc.encoder(ids, mask)
+        pieces.append((where, hostops.l2_normalize(hostops.mean_pool(tokens, mask))))
+        if total is None:
+            total = stats
+        else:
+            total += stats
+    return pieces, total

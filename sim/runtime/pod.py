@@ -126,6 +126,11 @@ class ChipActor:
     # A run in lockstep windows (docs/pod.md). Cycles crossing the actor's
     # boundary are the pod's: counted from the run's start, which is this
     # chip's `base`.
+    def apply(self, fn, *args):
+        """``fn(actor, *args)``: work a higher layer ships to this chip (a
+        model's shard, `Pod.map`); `fn` must be importable by name."""
+        return fn(self, *args)
+
     def matmul_cycles(self, A, B):
         """``Chip.matmul(A, B)`` and its cycles."""
         C = self.chip.matmul(A, B)
@@ -382,6 +387,18 @@ class Pod:
         self.close()
         raise PodError(f"{message} [the pod is closed: all its actors are killed]",
                        chip) from cause
+
+    def map(self, fn, args, what):
+        """``[fn(actor_i, *args[i]) for each chip i]``, run on the chips' actors
+        in parallel (`ChipActor.apply`): how a model layered above the
+        runtime runs its shards. `fn` must be a module-level function."""
+        self._check_open()
+        if len(args) != self.n_chips:
+            raise ValueError(f"map takes one argument tuple per chip ({self.n_chips}), "
+                             f"not {len(args)}")
+        out = self._gather({i: a.apply.remote(fn, *args[i]) for i, a in enumerate(self._actors)},
+                           what)
+        return [out[i] for i in range(self.n_chips)]
 
     # ---- programs in lockstep windows ----------------------------------------------------
     def run(self, programs, images=None, reads=None, *, max_cycles=50_000_000):

@@ -1,0 +1,185 @@
+"""A pod of simulated chips on Ray (docs/pod.md): what its collectives and its
+sharded work cost, in chip cycles and in wall time.
+
+    .venv/bin/python bench/pod.py [--chips 4] [--quick] [--no-check]
+
+Tables:
+
+* ring all-reduce busbw against message size (NCCL's busbw: the algorithm's
+  bytes, 2 (n-1)/n of the message, over the collective's cycles on the
+  links, from the first flit sent to the last one received, as a share of a
+  link's bandwidth);
+* the same 1 MiB all-reduce against the links' bandwidth and latency;
+* a K-sharded matmul against the number of chips: each chip's partial
+  product, then the all-reduce of the partials (cycles of the slowest chip's
+  matmul plus the all-reduce's whole programs);
+* a tensor-parallel MiniLM layer (`TensorParallelLayer`) on 1, 2 and 4 chips
+  at links of 16, 64 and 256 bytes a cycle, against one chip's fused layer.
+
+Every result is checked bit for bit against the golden pod form
+(`golden.ring_reduce`) unless --no-check. The pod runs on the "pod" preset
+(docs/pod.md): 16x16 vpu chips with a 64-byte bus.
+"""
+
+import argparse
+import time
+
+import numpy as np
+
+from mxu.sim import Pod
+from mxu.sim.report import format_table
+from mxu.verif import golden
+
+KIB = 1024
+
+
+def _message(pod, nbytes, rng):
+    cols = pod.config.cols
+    rows = nbytes // (4 * cols)
+    return rng.standard_normal((pod.n_chips, rows, cols)).astype(np.float32)
+
+
+def _all_reduce(pod, xs, check):
+    start = time.perf_counter()
+    out = pod.all_reduce(list(xs))
+    wall = time.perf_counter() - start
+    if check:
+        want = golden.ring_reduce(xs)
+        for i in range(pod.n_chips):
+            golden.assert_bits_equal(out[i], want, f"chip {i}'s all-reduce")
+    return pod.last_stats, wall
+
+
+def _row(label, stats, wall):
+    return [label, f"{stats.cycles:,}", f"{stats.link_cycles:,}", f"{stats.busbw:.1f}",
+            f"{100 * stats.busbw_fraction:.1f} %", f"{wall:.2f}"]
+
+
+HEADER = ["", "cycles", "link cycles", "busbw B/cycle", "of a link", "wall s"]
+
+
+def sizes_table(chips, sizes, check):
+    rng = np.random.default_rng(1)
+    rows = []
+    with Pod(chips) as pod:
+        for nbytes in sizes:
+            stats, wall = _all_reduce(pod, _message(pod, nbytes, rng), check)
+            rows.append(_row(f"{nbytes // KIB} KiB", stats, wall))
+    print(f"\nRing all-reduce on {chips} chips, 64 B/cycle links, latency 500 cycles")
+    print(format_table(["message"] + HEADER[1:], rows))
+
+
+def links_table(chips, nbytes, check):
+    rng = np.random.default_rng(2)
+    rows = []
+    for bandwidth, latency in ((16, 500), (64, 500), (256, 500), (64, 100), (64, 2000)):
+        with Pod(chips, link_bytes_per_cycle=bandwidth, link_latency=latency) as pod:
+            stats, wall = _all_reduce(pod, _message(pod, nbytes, rng), check)
+            row = _row(f"{bandwidth} B/cycle, {latency}", stats, wall)
+            row[4] = f"{100 * stats.busbw / min(bandwidth, pod.config.link_flit_bytes):.1f} %"
+            rows.append(row)
+    print(f"\nRing all-reduce of {nbytes // KIB} KiB on {chips} chips against the links "
+          f"(a link carries at most one {64}-byte flit a cycle: 'of a link' is of "
+          f"min(bandwidth, 64 B))")
+    print(format_table(["bandwidth, latency"] + HEADER[1:], rows))
+
+
+def matmul_table(max_chips, M, K, N, check):
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    B = rng.standard_normal((K, N)).astype(np.float32)
+    rows = []
+    counts = [c for c in (1, 2, 4, 8) if c <= max_chips]
+    for chips in counts:
+        with Pod(chips) as pod:
+            start = time.perf_counter()
+            C = pod.matmul(A, B, shard="k")
+            wall = time.perf_counter() - start
+            if check:
+                parts = np.array_split(np.arange(K), chips)
+                partials = [golden.matmul(A[:, p], B[p], rows=pod.config.rows) for p in parts]
+                want = golden.ring_reduce(_as_rows(partials, pod.config.cols))
+                golden.assert_bits_equal(C, want.ravel()[:M * N].reshape(M, N), "shard='k'")
+            reduce = pod.last_stats
+            total = pod.last_matmul_cycles + reduce.cycles
+            rows.append([chips, f"{pod.last_matmul_cycles:,}", f"{reduce.cycles:,}",
+                         f"{total:,}", f"{wall:.2f}"])
+    base = int(rows[0][3].replace(",", ""))
+    for row in rows:
+        row.insert(4, f"{base / int(row[3].replace(',', '')):.2f}x")
+    print(f"\nK-sharded matmul {M}x{K}x{N}: partial products, then their ring all-reduce")
+    print(format_table(["chips", "matmul cycles", "all-reduce cycles", "total", "speed-up",
+                        "wall s"], rows))
+
+
+def tp_table(max_chips, tokens, check):
+    """A MiniLM-sized encoder layer (hidden 384, 12 heads, FFN 1536; random
+    weights) at `tokens` tokens, tensor-parallel on 1, 2 and 4 chips at
+    three link bandwidths, against the same layer as one fused program on one
+    chip (`ChipEncoderLayer`)."""
+    from mxu.hdl.dtypes import bfloat16
+    from mxu.sim import Chip
+    from mxu.sim.models.encoder import ChipEncoderLayer, EncoderConfig, LayerWeights
+    from mxu.sim.models.parallel import TensorParallelLayer
+    from mxu.sim.runtime.pod import pod_config
+    from mxu.sim.runtime.vector import softmax_bias
+    from mxu.verif.transformer import golden_tensor_parallel_layer
+    cfg = EncoderConfig(hidden=384, heads=12, ffn=1536, layers=1)
+    w = LayerWeights.random(cfg, np.random.default_rng(4))
+    x = np.random.default_rng(5).standard_normal((tokens, cfg.hidden)).astype(np.float32)
+    mask = np.ones((1, tokens), bool)
+    chip = Chip(pod_config(None, "ring"), fast_mac=True)
+    fused = ChipEncoderLayer(chip, cfg, w)
+    xd, xb = chip.upload(x), chip.upload(x, dtype=bfloat16)
+    _, _, stats = fused(xd, xb, softmax_bias(chip, mask), 1, tokens, unmasked={0})
+    rows = [["1 (one fused program)", "-", f"{stats.cycles:,}", "", "", "", "1.00x", ""]]
+    counts = [c for c in (1, 2, 4, 8) if c <= max_chips]
+    for chips in counts:
+        for bandwidth in ((64,) if chips == 1 else (16, 64, 256)):
+            with Pod(chips, link_bytes_per_cycle=bandwidth) as pod:
+                layer = TensorParallelLayer(pod, cfg, w)
+                start = time.perf_counter()
+                out = layer(x, mask)
+                wall = time.perf_counter() - start
+                if check:
+                    want = golden_tensor_parallel_layer(w, cfg, x, mask, pod.config.rows,
+                                                        pod.config.cols, chips)
+                    golden.assert_bits_equal(out, want, f"tensor-parallel layer on {chips}")
+                ph = layer.last_phases
+                reduce = sum(v for k, v in ph.items() if "-" in k)     # the collectives
+                compute = layer.last_cycles - reduce
+                rows.append([chips, bandwidth, f"{layer.last_cycles:,}", f"{compute:,}",
+                             f"{reduce:,}", f"{100 * reduce / layer.last_cycles:.1f} %",
+                             f"{stats.cycles / layer.last_cycles:.2f}x", f"{wall:.1f}"])
+    print(f"\nTensor-parallel MiniLM layer, {tokens} tokens (speed-up against the fused "
+          f"one-chip layer)")
+    print(format_table(["chips", "link B/cycle", "layer cycles", "chip phases", "collectives",
+                        "share", "speed-up", "wall s"], rows))
+
+
+def _as_rows(partials, cols):
+    flat = [p.ravel() for p in partials]
+    rows = -(-flat[0].size // cols)
+    out = np.zeros((len(flat), rows * cols), np.float32)
+    for i, f in enumerate(flat):
+        out[i, :f.size] = f
+    return out.reshape(len(flat), rows, cols)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chips", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="smaller messages and matmuls")
+    parser.add_argument("--no-check", action="store_true")
+    args = parser.parse_args()
+    check = not args.no_check
+    sizes = [16 * KIB, 64 * KIB] if args.quick else [16 * KIB, 64 * KIB, 256 * KIB, 1024 * KIB]
+    sizes_table(args.chips, sizes, check)
+    links_table(args.chips, 64 * KIB if args.quick else 1024 * KIB, check)
+    shape = (64, 256, 64) if args.quick else (256, 2048, 256)
+    matmul_table(args.chips, *shape, check)
+    tp_table(args.chips, 32 if args.quick else 128, check)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,7 +14,9 @@ Tables:
   product, then the all-reduce of the partials (cycles of the slowest chip's
   matmul plus the all-reduce's whole programs);
 * a tensor-parallel MiniLM layer (`TensorParallelLayer`) on 1, 2 and 4 chips
-  at links of 16, 64 and 256 bytes a cycle, against one chip's fused layer.
+  at links of 16, 64 and 256 bytes a cycle, against one chip's fused layer;
+* data-parallel all-MiniLM-L6-v2 on a corpus: sentences per million pod
+  cycles (the busiest chip's) and per wall second, against the chips.
 
 Every result is checked bit for bit against the golden pod form
 (`golden.ring_reduce`) unless --no-check. The pod runs on the "pod" preset
@@ -157,6 +159,40 @@ def tp_table(max_chips, tokens, check):
                         "share", "speed-up", "wall s"], rows))
 
 
+def corpus(count, rng):
+    """`count` short sentences made of a fixed vocabulary (5 to 14 words)."""
+    words = ("the chip a pod ring link flit credit matrix unit systolic array vector lane "
+             "token layer norm sum row column tile window cycle bus memory data model").split()
+    return [" ".join(rng.choice(words, rng.integers(5, 15))).capitalize() + "."
+            for _ in range(count)]
+
+
+def corpus_table(max_chips, sentences, batch_size, check):
+    """Data parallel: all-MiniLM-L6-v2 on a corpus, batches spread over the
+    chips (`SentenceEncoder(pod=...)`); embeddings checked bit-identical to
+    one chip's."""
+    from mxu.sim.models.sentence import SentenceEncoder
+    texts = corpus(sentences, np.random.default_rng(6))
+    rows, first = [], None
+    for chips in [c for c in (1, 2, 4, 8) if c <= max_chips]:
+        with Pod(chips) as pod:
+            enc = SentenceEncoder(pod=pod, batch_size=batch_size, vector_ops="chip")
+            start = time.perf_counter()
+            emb = enc.encode(texts, show_progress_bar=False)
+            wall = time.perf_counter() - start
+        if first is None:
+            first = emb
+        elif check:
+            golden.assert_bits_equal(emb, first, f"{chips}-chip encode vs one chip")
+        cycles = enc.last_pod_cycles
+        rows.append([chips, f"{cycles:,}", f"{sentences / cycles * 1e6:.2f}",
+                     f"{sentences / wall:.2f}", f"{100 * enc.last_stats.mfu:.1f} %"])
+    print(f"\nData-parallel all-MiniLM-L6-v2: {sentences} sentences of 5-14 words, batches of "
+          f"{batch_size} (bit-identical to one chip)")
+    print(format_table(["chips", "pod cycles", "sentences / M cycles", "sentences / wall s",
+                        "MFU"], rows))
+
+
 def _as_rows(partials, cols):
     flat = [p.ravel() for p in partials]
     rows = -(-flat[0].size // cols)
@@ -179,6 +215,7 @@ def main():
     shape = (64, 256, 64) if args.quick else (256, 2048, 256)
     matmul_table(args.chips, *shape, check)
     tp_table(args.chips, 32 if args.quick else 128, check)
+    corpus_table(args.chips, 8 if args.quick else 32, 4 if args.quick else 8, check)
 
 
 if __name__ == "__main__":

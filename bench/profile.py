@@ -59,10 +59,10 @@ def main():
     encoder = SentenceEncoder("all-MiniLM-L6-v2", chip=traced)
     ids = encoder.tokenize(["The quick brown fox jumps over the lazy dog. " * 14])[0]
     ids = ids[:127] + [ids[-1]]
-    (_, batch, mask), = encoder.batches([ids])
-    x = encoder.encoder.embeddings(batch)
+    batch, = encoder.batches([ids])
+    x = encoder.encoder.embeddings(batch.ids, batch.positions)
     with traced.profile() as prof:
-        encoder.encoder.run_layer(0, x, mask)
+        encoder.encoder.run_layer(0, x, batch.mask)
     print("one all-MiniLM-L6-v2 layer, 128 tokens:")
     print_profile(prof.trace, json_path=out / "layer.json", png_path=out / "layer.png")
 

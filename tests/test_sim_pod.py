@@ -313,16 +313,16 @@ def test_timeout_is_checked(pod):
 
 # ---- faults: each test builds, breaks and closes a pod of its own ------------------------
 # (They ask for the shared pod only so that they share its Ray instance.)
-def _broken(kill):
-    """Build a 2-chip pod, let `kill(pod)` break it, make one matmul: the
-    PodError, and the chips' pids (checked gone)."""
+def _broken(kill, call=None):
+    """Build a 2-chip pod, let `kill(pod)` break it, make one call (a
+    matmul): the PodError, and the chips' pids (checked gone)."""
     pod = Pod(2, CONFIG)
     pids = list(pod.pids)
     try:
         A, B = _operands(9, 10, 11)
         kill(pod)
         with pytest.raises(PodError) as info:
-            pod.matmul(A, B)
+            (call or (lambda p: p.matmul(A, B)))(pod)
         assert _still_running(pids) == []
         return pod, info.value
     finally:
@@ -348,6 +348,17 @@ def test_chip_killed_during_a_call(pod):
     _, error = _broken(kill_during_call)
     assert str(error).startswith("chip 0 of 2 died during matmul shard='m': ")
     assert error.chip == 0
+
+
+def test_chip_killed_during_a_run_in_windows(pod):
+    """A collective: the chips run in lockstep windows, each a call."""
+    def kill_during_run(p):
+        os.kill(p.pids[1], signal.SIGSTOP)
+        threading.Timer(0.5, os.kill, (p.pids[1], signal.SIGKILL)).start()
+    xs = [np.ones((64, CONFIG.cols), np.float32)] * 2
+    _, error = _broken(kill_during_run, lambda p: p.all_reduce(xs))
+    assert str(error).startswith("chip 1 of 2 died during the start of all_reduce: ")
+    assert error.chip == 1
 
 
 def test_chip_that_does_not_answer_times_out(pod):

@@ -59,16 +59,17 @@ def _linear(x, w, b, rows):
     return golden.matmul(golden.as_bf16(x), golden.as_bf16(w), seed=seed, rows=rows)
 
 
-def embeddings(weights, ids, vector_ops="host", lanes=1):
+def embeddings(weights, ids, vector_ops="host", lanes=1, positions=None):
     w, cfg = weights, weights.config
     return _vector_ops(vector_ops, lanes).layer_norm(
-        hostops.embed(ids, w.word, w.position, w.token_type), w.emb_gamma, w.emb_beta, cfg.eps)
+        hostops.embed(ids, w.word, w.position, w.token_type, positions), w.emb_gamma, w.emb_beta,
+        cfg.eps)
 
 
 def _attention(w, cfg, x, mask, rows, ops, scale_k=False):
     """With `scale_k` (the VPU form) the 1/sqrt(d) scaling is applied to K in
     fp32, before its bf16 rounding, instead of to the scores (docs/vpu.md)."""
-    B, L = mask.shape
+    B, L = mask.shape[:2]
     H, heads, d = cfg.hidden, cfg.heads, cfg.head_dim
     qkv32 = _linear(x, np.concatenate([w.wq, w.wk, w.wv], axis=1),
                     np.concatenate([w.bq, w.bk, w.bv]), rows)
@@ -83,7 +84,7 @@ def _attention(w, cfg, x, mask, rows, ops, scale_k=False):
             scores[b, h] = golden.matmul(q, np.ascontiguousarray(k.T), rows=rows)
     if not scale_k:
         scores = ops.scale(scores, 1 / math.sqrt(d))
-    p = golden.as_bf16(ops.softmax(scores, mask[:, None, None, :]))
+    p = golden.as_bf16(ops.softmax(scores, hostops.attention_mask(mask)))
     context = np.zeros((B * L, H), bfloat16)
     for b in range(B):
         for h in range(heads):
@@ -93,15 +94,16 @@ def _attention(w, cfg, x, mask, rows, ops, scale_k=False):
     return _linear(context, w.wo, w.bo, rows)
 
 
-def golden_forward(weights, ids, mask, rows, vector_ops="host", lanes=1):
-    """Token vectors (B, L, hidden) of padded ids (B, L) with `mask`, computed as
-    the chip does with a ``rows``-deep array; with ``vector_ops="vpu"`` and
-    ``lanes=cols``, as a chip with the vector unit does
-    (``Encoder(..., vector_ops="chip")``)."""
+def golden_forward(weights, ids, mask, rows, vector_ops="host", lanes=1, positions=None):
+    """Token vectors (B, L, hidden) of padded ids (B, L) with `mask` (a (B, L)
+    key mask, or (B, L, L) per query for rows of packed texts, with their
+    `positions`), computed as the chip does with a ``rows``-deep array; with
+    ``vector_ops="vpu"`` and ``lanes=cols``, as a chip with the vector unit
+    does (``Encoder(..., vector_ops="chip")``)."""
     ops = _vector_ops(vector_ops, lanes)
     cfg = weights.config
     B, L = ids.shape
-    x = embeddings(weights, ids, vector_ops, lanes).reshape(B * L, cfg.hidden)
+    x = embeddings(weights, ids, vector_ops, lanes, positions).reshape(B * L, cfg.hidden)
     for w in weights.layers:
         x1 = ops.layer_norm(ops.add(x, _attention(w, cfg, x, mask, rows, ops,
                                                   scale_k=vector_ops == "vpu")),
@@ -160,7 +162,7 @@ def _attention_shard(w, cfg, x, mask, rows, ops, cols_slice, seed_bias):
         for h in range(local):
             rs, hs = slice(b * L, (b + 1) * L), slice(h * d, (h + 1) * d)
             scores[b, h] = golden.matmul(q[rs, hs], np.ascontiguousarray(k[rs, hs].T), rows=rows)
-    p = golden.as_bf16(ops.softmax(scores, mask[:, None, None, :]))
+    p = golden.as_bf16(ops.softmax(scores, hostops.attention_mask(mask)))
     context = np.zeros((B * L, q.shape[1]), bfloat16)
     for b in range(B):
         for h in range(local):

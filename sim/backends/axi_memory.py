@@ -21,7 +21,7 @@ then `MASTER_FIELDS`; the slave's likewise: ``rdata`` then `SLAVE_FIELDS`.
 
 import functools
 
-__all__ = ["MASTER_FIELDS", "SLAVE_FIELDS", "axi_memory_verilog"]
+__all__ = ["MASTER_FIELDS", "SLAVE_FIELDS", "axi_memory_verilog", "dpi_step_module"]
 
 # (name, width) after the wide fields, least significant first; the C++ side
 # (`mxu_axi_mem_step` in chip_harness.cpp) unpacks them in this order.
@@ -34,17 +34,33 @@ SLAVE_FIELDS = (("rresp", 2), ("rlast", 1), ("rvalid", 1), ("rid", 1), ("bresp",
 _TEMPLATE = """\
 module {name}(clk, {ports});
   /*verilator no_inline_module*/
-  import "DPI-C" function void mxu_axi_mem_step(input int addr_bits,
+  import "DPI-C" function void {function}({params}
       input bit [{m_msb}:0] m, output bit [{s_msb}:0] s);
   input clk;
 {decls}
   bit [{s_msb}:0] next;
   always @(posedge clk) begin
-    mxu_axi_mem_step({addr_bits}, {{{m_cat}}}, next);
+    {function}({args}{{{m_cat}}}, next);
     {{{s_cat}}} <= next;
   end
 endmodule
 """
+
+
+def dpi_step_module(name, function, inputs, outputs, constants=()):
+    """Verilog of a module that, at every rising edge of ``clk``, passes its
+    `inputs` ([(port, width)], least significant first) as one vector to the
+    DPI function `function`, after the integer `constants` ([(name, value)]),
+    and holds the vector it returns in its `outputs` until the next edge."""
+    decls = [f"  input [{w - 1}:0] {n};" for n, w in inputs]
+    decls += [f"  output reg [{w - 1}:0] {n} = 0;" for n, w in outputs]
+    return _TEMPLATE.format(
+        name=name, function=function, ports=", ".join(n for n, _ in inputs + outputs),
+        params="".join(f"input int {n}, " for n, _ in constants).rstrip(),
+        args="".join(f"{v}, " for _, v in constants), decls="\n".join(decls),
+        m_msb=sum(w for _, w in inputs) - 1, s_msb=sum(w for _, w in outputs) - 1,
+        m_cat=", ".join(n for n, _ in reversed(inputs)),
+        s_cat=", ".join(n for n, _ in reversed(outputs)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,11 +71,5 @@ def axi_memory_verilog(data_bits, addr_bits):
     master = [("wdata", data_bits), ("wstrb", data_bits // 8), ("awaddr", addr_bits),
               ("araddr", addr_bits), *MASTER_FIELDS]
     slave = [("rdata", data_bits), *SLAVE_FIELDS]
-    decls = [f"  input [{w - 1}:0] {n};" for n, w in master]
-    decls += [f"  output reg [{w - 1}:0] {n} = 0;" for n, w in slave]
-    return name, _TEMPLATE.format(
-        name=name, ports=", ".join(n for n, _ in master + slave), decls="\n".join(decls),
-        addr_bits=addr_bits, m_msb=sum(w for _, w in master) - 1,
-        s_msb=sum(w for _, w in slave) - 1,
-        m_cat=", ".join(n for n, _ in reversed(master)),
-        s_cat=", ".join(n for n, _ in reversed(slave)))
+    return name, dpi_step_module(name, "mxu_axi_mem_step", master, slave,
+                                 [("addr_bits", addr_bits)])

@@ -16,27 +16,14 @@ link's ``rx_flit``, then the ``rx_valid``, ``tx_ready`` and ``tx_credit`` bits.
 
 import functools
 
+from .axi_memory import dpi_step_module
+
 __all__ = ["CHIP_OUTPUTS", "MODEL_OUTPUTS", "link_model_verilog", "link_model_ports"]
 
 # Per-link members of `mxu.hdl.link.link_signature`, flattened as Amaranth
 # names the top's ports (``links__<i>__<member>``); the wide one first.
 CHIP_OUTPUTS = ("tx__payload", "tx__valid", "rx_credit")
 MODEL_OUTPUTS = ("rx_flit", "rx_valid", "tx__ready", "tx_credit")
-
-_TEMPLATE = """\
-module {name}(clk, {ports});
-  /*verilator no_inline_module*/
-  import "DPI-C" function void mxu_link_step(input int links, input int flit_bits,
-      input bit [{m_msb}:0] m, output bit [{s_msb}:0] s);
-  input clk;
-{decls}
-  bit [{s_msb}:0] next;
-  always @(posedge clk) begin
-    mxu_link_step({links}, {flit_bits}, {{{m_cat}}}, next);
-    {{{s_cat}}} <= next;
-  end
-endmodule
-"""
 
 
 def _port(link, member):
@@ -52,15 +39,9 @@ def link_model_verilog(links, flit_bits):
 
     def group(members):
         return [(_port(i, mb), width.get(mb, 1)) for mb in members for i in range(links)]
-    chip, model = group(CHIP_OUTPUTS), group(MODEL_OUTPUTS)
-    decls = [f"  input [{w - 1}:0] {n};" for n, w in chip]
-    decls += [f"  output reg [{w - 1}:0] {n} = 0;" for n, w in model]
-    return name, _TEMPLATE.format(
-        name=name, ports=", ".join(n for n, _ in chip + model), decls="\n".join(decls),
-        links=links, flit_bits=flit_bits, m_msb=sum(w for _, w in chip) - 1,
-        s_msb=sum(w for _, w in model) - 1,
-        m_cat=", ".join(n for n, _ in reversed(chip)),
-        s_cat=", ".join(n for n, _ in reversed(model)))
+    return name, dpi_step_module(name, "mxu_link_step", group(CHIP_OUTPUTS),
+                                 group(MODEL_OUTPUTS),
+                                 [("links", links), ("flit_bits", flit_bits)])
 
 
 def link_model_ports(links):

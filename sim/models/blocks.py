@@ -17,7 +17,7 @@ from mxu.hdl.dtypes import bfloat16
 
 from ..runtime.stats import RunStats
 
-__all__ = ["Linear", "Steps", "Head", "attention", "feed_forward"]
+__all__ = ["Linear", "Steps", "Head", "sequence_heads", "attention", "feed_forward"]
 
 
 class Linear:
@@ -65,6 +65,22 @@ class Head:
     probs: object
     bias: object = None
     mask: object = None
+
+
+def sequence_heads(q, kt, v, context, probs, B, L, d, masks):
+    """The `Head`s of B sequences of L tokens, each with ``q.shape[1] // d``
+    heads of width d: Q, V and the context (B*L, heads*d), K^T (heads*d,
+    B*L), the probabilities (B*heads*L, L); ``masks(b)``: the keywords
+    (``bias=`` or ``mask=``) of sequence b's heads."""
+    count, heads = q.shape[1] // d, []
+    for b in range(B):
+        keys = masks(b)
+        t = slice(b * L, (b + 1) * L)
+        for h in range(count):
+            c = slice(h * d, (h + 1) * d)
+            rows = slice((b * count + h) * L, (b * count + h + 1) * L)
+            heads.append(Head(q[t, c], kt[c, t], v[t, c], context[t, c], probs[rows], **keys))
+    return heads
 
 
 def attention(chip, heads, scale=1.0):

@@ -21,7 +21,7 @@ import numpy as np
 from mxu.hdl.dtypes import bfloat16
 
 from ..runtime import hostops
-from .blocks import Head, Linear, Steps, attention, feed_forward
+from .blocks import Linear, Steps, attention, feed_forward, sequence_heads
 
 __all__ = ["EncoderConfig", "LayerWeights", "EncoderWeights", "Linear", "MultiHeadAttention",
            "FeedForward", "EncoderLayer", "ChipEncoderLayer", "Encoder", "model_macs",
@@ -125,7 +125,7 @@ class MultiHeadAttention:
 
     def __call__(self, x, mask, steps):
         chip, cfg = self.chip, self.config
-        B, L = mask.shape
+        B, L = mask.shape[:2]
         H, heads, d = cfg.hidden, cfg.heads, cfg.head_dim
         qkv = self.qkv(chip.upload(x, dtype=bfloat16), out_dtype=bfloat16)
         steps.add()
@@ -141,7 +141,7 @@ class MultiHeadAttention:
                                 out=scores[(b * heads + h) * L:(b * heads + h + 1) * L])
         steps.add(rec.stats)
         s = hostops.scale(scores.numpy().reshape(B, heads, L, L), 1 / math.sqrt(d))
-        p = hostops.softmax(s, mask[:, None, None, :])
+        p = hostops.softmax(s, hostops.attention_mask(mask))
         probs = chip.upload(p.reshape(B * heads * L, L), dtype=bfloat16)
         context = chip.empty((B * L, H), bfloat16)
         with chip.record() as rec:
@@ -210,10 +210,11 @@ class ChipEncoderLayer:
         self.ln1 = layer_norm_params(chip, w.ln1_gamma, w.ln1_beta)
         self.ln2 = layer_norm_params(chip, w.ln2_gamma, w.ln2_beta)
 
-    def __call__(self, x, xb, bias, B, L, before=None, unmasked=()):
+    def __call__(self, x, xb, bias, B, L, before=None, unmasked=(), per_query=False):
         """`x`, `xb`: the (B*L, hidden) fp32 and bf16 device tensors of the
         layer's input; `bias`: the softmax bias rows (`softmax_bias`) of the
-        (B, L) mask; `before`: a function that records ops ahead of the layer's
+        (B, L) mask, or with `per_query` of the (B, L, L) mask (a row per
+        query: rows of packed texts); `before`: a function that records ops ahead of the layer's
         own (the embedding LayerNorm that writes x and xb); `unmasked`: the
         sequences with no padding, whose softmax needs no bias when L is a
         multiple of the chip's columns (the same bits, docs/vpu.md). Returns
@@ -244,17 +245,12 @@ class ChipEncoderLayer:
                 chip.matmul(xb, qkv.weight[:, H:2 * H], bias=qkv.bias[H:2 * H], out=kt,
                             then="transpose", scale=1 / math.sqrt(d))
                 chip.matmul(xb, qkv.weight[:, 2 * H:], bias=qkv.bias[2 * H:], out=v)
-                heads = []
-                for b in range(B):
-                    free = b in unmasked and L % chip.config.cols == 0
-                    for h in range(heads_n):
-                        rows = slice((b * heads_n + h) * L, (b * heads_n + h + 1) * L)
-                        heads.append(Head(q[b * L:(b + 1) * L, h * d:(h + 1) * d],
-                                          kt[h * d:(h + 1) * d, b * L:(b + 1) * L],
-                                          v[b * L:(b + 1) * L, h * d:(h + 1) * d],
-                                          context[b * L:(b + 1) * L, h * d:(h + 1) * d],
-                                          probs[rows], bias=None if free else bias[b:b + 1]))
-                attention(chip, heads)
+                def masks(b):
+                    if b in unmasked and L % chip.config.cols == 0:
+                        return dict(bias=None)
+                    return dict(mask=bias[b * L:(b + 1) * L]) if per_query else \
+                        dict(bias=bias[b:b + 1])
+                attention(chip, sequence_heads(q, kt, v, context, probs, B, L, d, masks))
                 self.attention.out(context, out=x1, out_bf16=x1b, then="add_layer_norm", other=x,
                                    params=self.ln1, eps=cfg.eps)
                 feed_forward(self.ffn.up, self.ffn.down, x1b, hb, out, outb, x1, self.ln2,
@@ -289,10 +285,10 @@ class Encoder:
     def programs_per_layer(self):
         return self.layers[0].PROGRAMS
 
-    def embeddings(self, ids):
+    def embeddings(self, ids, positions=None):
         """The (B*L, hidden) input activations of padded token ids (B, L) (host)."""
         w, cfg = self.weights, self.config
-        return hostops.layer_norm(hostops.embed(ids, w.word, w.position, w.token_type),
+        return hostops.layer_norm(hostops.embed(ids, w.word, w.position, w.token_type, positions),
                                   w.emb_gamma, w.emb_beta, cfg.eps).reshape(-1, cfg.hidden)
 
     def run_layer(self, i, x, mask, progress=None):
@@ -303,28 +299,32 @@ class Encoder:
         steps = Steps(self.chip, progress)
         return self.layers[i](x, mask, steps), steps.stats
 
-    def __call__(self, ids, mask, progress=None):
+    def __call__(self, ids, mask, progress=None, positions=None):
         """Token vectors (B, L, hidden) float32 of padded token ids (B, L) and
-        their mask, and the `RunStats` of every program run."""
+        their mask -- (B, L) over keys, or (B, L, L) per query for rows of
+        packed texts, whose `positions` (B, L) then count from 0 in each
+        text -- and the `RunStats` of every program run."""
         B, L = ids.shape
         if self.vector_ops == "chip":
-            return self._on_chip(ids, mask, progress)
-        x = self.embeddings(ids)
+            return self._on_chip(ids, mask, progress, positions)
+        x = self.embeddings(ids, positions)
         steps = Steps(self.chip, progress)
         for layer in self.layers:
             x = layer(x, mask, steps)
         return x.reshape(B, L, self.config.hidden), steps.stats
 
-    def _on_chip(self, ids, mask, progress):
+    def _on_chip(self, ids, mask, progress, positions):
         """The embedding lookup on the host, its LayerNorm in the first layer's
         program, every layer one program."""
         from ..runtime.vector import softmax_bias
         chip, cfg, w = self.chip, self.config, self.weights
         B, L = ids.shape
-        emb = chip.upload(hostops.embed(ids, w.word, w.position, w.token_type)
+        mask = np.asarray(mask, bool)
+        emb = chip.upload(hostops.embed(ids, w.word, w.position, w.token_type, positions)
                           .reshape(B * L, cfg.hidden).astype(np.float32))
-        bias = softmax_bias(chip, mask)
-        unmasked = {b for b in range(B) if np.asarray(mask[b], bool).all()}
+        # A (B, L, L) mask is a bias row per query row (`masked_softmax`).
+        bias = softmax_bias(chip, mask.reshape(-1, L))
+        unmasked = {b for b in range(B) if mask[b].all()}
         x, xb = chip.empty((B * L, cfg.hidden)), chip.empty((B * L, cfg.hidden), bfloat16)
         steps = Steps(chip, progress)
 
@@ -335,7 +335,7 @@ class Encoder:
             for i, layer in enumerate(self.layers):
                 out, outb, stats = layer(x, xb, bias, B, L,
                                          before=embedding_norm if i == 0 else None,
-                                         unmasked=unmasked)
+                                         unmasked=unmasked, per_query=mask.ndim == 3)
                 x.free()
                 xb.free()
                 x, xb = out, outb

@@ -33,7 +33,7 @@ import numpy as np
 from mxu.hdl.dtypes import bfloat16
 
 from ..runtime.vector import layer_norm_params, softmax_bias
-from .blocks import Head, Linear, attention
+from .blocks import Linear, attention, sequence_heads
 
 __all__ = ["TensorParallelLayer", "shard_ranges"]
 
@@ -170,17 +170,10 @@ def _attention_partial(actor, x, mask, mine):
             # K^T scaled by 1/sqrt(d) before its bf16 rounding, as one chip's layer does.
             s.k(xb, out=kt, then="transpose", scale=1 / math.sqrt(d))
             s.v(xb, out=v)
-            heads = []
-            for b in range(B):
-                free = mask[b].all() and L % chip.config.cols == 0
-                for h in range(local):
-                    rows = slice((b * local + h) * L, (b * local + h + 1) * L)
-                    heads.append(Head(q[b * L:(b + 1) * L, h * d:(h + 1) * d],
-                                      kt[h * d:(h + 1) * d, b * L:(b + 1) * L],
-                                      v[b * L:(b + 1) * L, h * d:(h + 1) * d],
-                                      context[b * L:(b + 1) * L, h * d:(h + 1) * d],
-                                      probs[rows], bias=None if free else bias[b:b + 1]))
-            attention(chip, heads)
+            free = L % chip.config.cols == 0
+            attention(chip, sequence_heads(
+                q, kt, v, context, probs, B, L, d,
+                lambda b: dict(bias=None if free and mask[b].all() else bias[b:b + 1])))
             s.o(context, out=partial)
         return partial.numpy(), rec.stats.cycles
     finally:

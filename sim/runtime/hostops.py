@@ -11,7 +11,7 @@ sum; `np.exp` and `np.sqrt` are NumPy's float32 functions.
 import numpy as np
 
 __all__ = ["tree_sum", "softmax", "layer_norm", "gelu", "erf", "scale", "add", "embed",
-           "mean_pool", "l2_normalize", "rms_norm", "swap_pairs", "rope", "silu_mul"]
+           "mean_pool", "l2_normalize", "attention_mask", "rms_norm", "swap_pairs", "rope", "silu_mul"]
 
 F32 = np.float32
 
@@ -88,12 +88,21 @@ def add(x, y):
     return (np.asarray(x, F32) + np.asarray(y, F32)).astype(F32)
 
 
-def embed(ids, word, position, token_type):
+def embed(ids, word, position, token_type, positions=None):
     """BERT's input embeddings of token ids (batch, seq): ``(word[id] +
-    position[i]) + token_type[0]`` in float32 (before the embedding LayerNorm)."""
+    position[p]) + token_type[0]`` in float32 (before the embedding LayerNorm),
+    ``p`` the token's index in its row, or `positions` (batch, seq) where rows
+    hold several texts packed (each text counts from 0)."""
     ids = np.asarray(ids)
-    pos = np.arange(ids.shape[-1])
+    pos = np.arange(ids.shape[-1]) if positions is None else np.asarray(positions)
     return ((word[ids] + position[pos]) + token_type[0]).astype(F32)
+
+
+def attention_mask(mask):
+    """A (batch, seq) key mask or a (batch, seq, seq) per-query mask, shaped
+    to broadcast over scores (batch, heads, seq, seq)."""
+    mask = np.asarray(mask, bool)
+    return mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]
 
 
 def mean_pool(x, mask):

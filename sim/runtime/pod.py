@@ -38,10 +38,12 @@ TOPOLOGIES = ("ring", "torus2d")
 SHARDS = ("m", "n", "k")
 
 # Seconds a chip has to answer one call before the pod gives up on it (the
-# `Pod.timeout` attribute overrides it per pod). Long enough for any matmul the
-# tests and benches run on one simulated chip; a stuck chip is caught by the
-# chip's own watchdog first and comes back as a ChipError.
-DEFAULT_TIMEOUT = 60.0
+# `Pod.timeout` attribute overrides it per pod). A call is a window, a matmul
+# or one batch of a model: long enough for a 32-sentence MiniLM batch on one
+# simulated chip (several minutes). A stuck chip is caught by the chip's own
+# watchdog first and comes back as a ChipError; a dead actor is reported at
+# once; only a process that stops answering waits for this.
+DEFAULT_TIMEOUT = 600.0
 # Starting a chip may build its Verilated model: minutes on a node whose
 # ~/.cache/mxu has not seen the configuration (the pod builds it on this
 # machine first, so local actors only load it).

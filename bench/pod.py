@@ -41,12 +41,12 @@ def _message(pod, nbytes, rng):
     return rng.standard_normal((pod.n_chips, rows, cols)).astype(np.float32)
 
 
-def _all_reduce(pod, xs, check):
+def _all_reduce(pod, xs, check, bidirectional=False):
     start = time.perf_counter()
-    out = pod.all_reduce(list(xs))
+    out = pod.all_reduce(list(xs), bidirectional=bidirectional)
     wall = time.perf_counter() - start
     if check:
-        want = golden.ring_reduce(xs)
+        want = golden.ring_reduce(xs, bidirectional=bidirectional)
         for i in range(pod.n_chips):
             golden.assert_bits_equal(out[i], want, f"chip {i}'s all-reduce")
     return pod.last_stats, wall
@@ -74,15 +74,18 @@ def sizes_table(chips, sizes, check):
 def links_table(chips, nbytes, check):
     rng = np.random.default_rng(2)
     rows = []
-    for bandwidth, latency in ((16, 500), (64, 500), (256, 500), (64, 100), (64, 2000)):
+    for bandwidth, latency, both in ((16, 500, False), (16, 500, True), (64, 500, False),
+                                     (64, 500, True), (256, 500, False), (64, 100, False),
+                                     (64, 2000, False)):
         with Pod(chips, link_bytes_per_cycle=bandwidth, link_latency=latency) as pod:
-            stats, wall = _all_reduce(pod, _message(pod, nbytes, rng), check)
-            row = _row(f"{bandwidth} B/cycle, {latency}", stats, wall)
+            stats, wall = _all_reduce(pod, _message(pod, nbytes, rng), check, both)
+            row = _row(f"{bandwidth} B/cycle, {latency}{', both ways' if both else ''}", stats,
+                       wall)
             row[4] = f"{100 * stats.busbw / min(bandwidth, pod.config.link_flit_bytes):.1f} %"
             rows.append(row)
     print(f"\nRing all-reduce of {nbytes // KIB} KiB on {chips} chips against the links "
-          f"(a link carries at most one {64}-byte flit a cycle: 'of a link' is of "
-          f"min(bandwidth, 64 B))")
+          f"(a link carries at most one 64-byte flit a cycle: 'of a link' is of "
+          f"min(bandwidth, 64 B), one direction; 'both ways': half the message each way)")
     print(format_table(["bandwidth, latency"] + HEADER[1:], rows))
 
 

@@ -32,8 +32,13 @@ def link_signature(config):
 
 
 class LinkPort(wiring.Component):
-    """One link's endpoint: the sender's credit counter and the receiver's
-    buffer of ``config.link_credits`` flits.
+    """One link's endpoint: the sender's buffer and credit counter, and the
+    receiver's buffer, each of ``config.link_credits`` flits.
+
+    The send buffer lets the store DMA hand a SEND's flits over at its own
+    rate and go on to its next transfer (another link's SEND, a STORE) while
+    a slower link drains them: the DMA's write beats are one in-order stream,
+    which a link paced below it would otherwise hold up.
 
     Credits are not cleared by a start or soft reset, only by a hard reset:
     credits still travelling back from the neighbour at a start would
@@ -43,7 +48,8 @@ class LinkPort(wiring.Component):
     ---------
     link : Out(link_signature(config))
     send : In(stream.Signature(flit bits))
-        Flits to send: taken when the link is ready and a credit is held.
+        Flits to send, into the send buffer; each leaves when the link is
+        ready and a credit is held.
     receive : Out(stream.Signature(flit bits))
         Flits received, in order.
     overflow : Out(1)
@@ -62,11 +68,15 @@ class LinkPort(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c, link = self.config, self.link
+        m.submodules.outgoing = outgoing = fifo.SyncFIFOBuffered(
+            width=8 * c.link_flit_bytes, depth=c.link_credits)
         credits = Signal(range(c.link_credits + 1), init=c.link_credits)
         have = credits != 0
-        m.d.comb += [link.tx.valid.eq(self.send.valid & have),
-                     link.tx.payload.eq(self.send.payload),
-                     self.send.ready.eq(link.tx.ready & have)]
+        m.d.comb += [outgoing.w_data.eq(self.send.payload), outgoing.w_en.eq(self.send.valid),
+                     self.send.ready.eq(outgoing.w_rdy),
+                     link.tx.valid.eq(outgoing.r_rdy & have),
+                     link.tx.payload.eq(outgoing.r_data),
+                     outgoing.r_en.eq(link.tx.ready & have)]
         m.d.sync += credits.eq(credits - (link.tx.valid & link.tx.ready) + link.tx_credit)
         m.submodules.buffer = buffer = fifo.SyncFIFOBuffered(
             width=8 * c.link_flit_bytes, depth=c.link_credits)
@@ -130,7 +140,7 @@ class LinkBridge(wiring.Component):
         same = (inflight == 0) | ((ar_link == to_link) & (~ar_link | (ar_index == index)))
         m.submodules.lengths = lengths = fifo.SyncFIFOBuffered(width=8,
                                                                depth=c.dma_max_outstanding)
-        for name, member in src.signature.members.items():
+        for name in src.signature.members:
             if name.startswith("ar") and name not in ("arvalid", "arready"):
                 m.d.comb += getattr(mem, name).eq(getattr(src, name))
         m.d.comb += [mem.arvalid.eq(src.arvalid & ~ar_link & same),

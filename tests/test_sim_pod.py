@@ -173,15 +173,17 @@ def test_sharded_matmul_is_bit_exact(pod, chip, shard, M, K, N):
                              f"pod shard={shard} vs golden", seed=SEED)
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("rows", [1, 3, 40])
-def test_all_reduce_is_the_golden_ring_sum(pod, rows):
-    """Rows fewer than chips, uneven chunks, several blocks; -0, inf and NaN."""
+def test_all_reduce_is_the_golden_ring_sum(pod, rows, bidirectional):
+    """Rows fewer than chips, uneven chunks, several blocks; -0, inf and NaN;
+    one way round the ring, or half each way."""
     rng = np.random.default_rng(SEED + rows)
     xs = rng.standard_normal((2, rows, CONFIG.cols)).astype(np.float32)
     xs[0, 0, 0], xs[1, 0, 0], xs[1, -1, -1] = -0.0, -0.0, np.inf
     xs[0, -1, 0] = np.nan
-    out = pod.all_reduce([xs[0], xs[1]])
-    want = golden.ring_reduce(xs)
+    out = pod.all_reduce([xs[0], xs[1]], bidirectional=bidirectional)
+    want = golden.ring_reduce(xs, bidirectional=bidirectional)
     for i in range(2):
         golden.assert_bits_equal(out[i], want, f"chip {i}'s all-reduce", seed=SEED)
     stats = pod.last_stats

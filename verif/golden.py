@@ -66,13 +66,24 @@ def add(x, y):
         return f32_bits(f32_from_bits(x) + f32_from_bits(y))
 
 
-def ring_reduce(xs):
+def ring_reduce(xs, bidirectional=False):
     """The golden pod form of a ring reduction (docs/pod.md): `xs` (n, rows,
     cols) float32, one message per chip. The rows are cut into n chunks as
     evenly as possible, the longer first, and chunk ``c`` is summed in ring
     order from chip ``c``: ``((x[c] + x[c+1]) + x[c+2]) + ... + x[c-1]``
-    (indices mod n), each sum an fp32 addition. Returns (rows, cols) float32."""
+    (indices mod n), each sum an fp32 addition. `bidirectional`: the first
+    ``ceil(rows / 2)`` rows so, the others chunked likewise and summed the
+    other way round, ``((x[c] + x[c-1]) + x[c-2]) + ...``. Returns (rows,
+    cols) float32."""
     xs = np.ascontiguousarray(xs, np.float32)
+    rows = xs.shape[1]
+    if not bidirectional:
+        return _ring_sum(xs, 1)
+    half = -(-rows // 2)
+    return np.concatenate([_ring_sum(xs[:, :half], 1), _ring_sum(xs[:, half:], -1)])
+
+
+def _ring_sum(xs, sign):
     n, rows = xs.shape[:2]
     q, r = divmod(rows, n)
     out = np.empty(xs.shape[1:], np.uint32)
@@ -81,7 +92,7 @@ def ring_reduce(xs):
         hi = lo + q + (c < r)
         total = xs[c, lo:hi].view(np.uint32)
         for k in range(1, n):
-            total = add(total, xs[(c + k) % n, lo:hi].view(np.uint32))
+            total = add(total, xs[(c + sign * k) % n, lo:hi].view(np.uint32))
         out[lo:hi] = total
         lo = hi
     return out.view(np.float32)

@@ -147,7 +147,7 @@ class ChipActor:
         device.start(program, image)
         self.base = device.cycle
 
-    def begin_collective(self, kind, n, index, message, bytes_per_cycle):
+    def begin_collective(self, kind, n, index, message, bytes_per_cycle, bidirectional=False):
         """Start the ring collective `kind` on `message` (rows x cols fp32),
         in external memory the chip's allocator hands out, so that no tensor
         of the chip's runtime is overwritten. Returns the (address, bytes) of
@@ -156,7 +156,8 @@ class ChipActor:
         nbytes = message.nbytes
         blocks = [chip._allocator.alloc(nbytes, f"a {kind}'s message") for _ in range(2)]
         program, _ = ring_collective_program(chip.config, kind, n=n, index=index, rows=rows,
-                                             ext_in=blocks[0].addr, ext_out=blocks[1].addr)
+                                             ext_in=blocks[0].addr, ext_out=blocks[1].addr,
+                                             bidirectional=bidirectional)
         code = program.to_bytes()
         blocks.append(chip._allocator.alloc(len(code), "a collective's program", top=True))
         try:
@@ -448,7 +449,7 @@ class Pod:
                       [ends[i][2] for i in range(n)], links.first_sent, links.last_arrival,
                       links.flits)
 
-    def _collective(self, kind, xs, rows):
+    def _collective(self, kind, xs, rows, bidirectional=False):
         """Run the ring collective `kind` on message rows `xs` (n, rows, cols)
         fp32; returns (each chip's result rows, the `PodRun`)."""
         if self.topology != "ring":
@@ -456,7 +457,8 @@ class Pod:
         self._check_open()
         c, n = self.config, self.n_chips
         outs = self._gather({i: a.begin_collective.remote(kind, n, i, np.ascontiguousarray(xs[i]),
-                                                          self.link_bytes_per_cycle)
+                                                          self.link_bytes_per_cycle,
+                                                          bidirectional)
                              for i, a in enumerate(self._actors)}, f"the start of {kind}")
         run = self._windows([[outs[i]] for i in range(n)], 50_000_000)
         run.check()
@@ -483,15 +485,22 @@ class Pod:
             flat[i, :size] = x.ravel()
         return flat.reshape(self.n_chips, rows, cols), shape, size
 
-    def all_reduce(self, xs):
+    def all_reduce(self, xs, bidirectional=False):
         """The element-wise sum of the chips' arrays `xs` (one float32 array
         per chip, all one shape), computed by a ring all-reduce on the chips
         (`mxu.sim.compiler.collectives`: chunk ``c`` summed in ring order
         from chip ``c``). Returns an array (n_chips, *shape): every chip's
-        copy of the result. ``last_stats`` holds the run and its busbw."""
+        copy of the result. ``last_stats`` holds the run and its busbw.
+
+        `bidirectional`: half the message goes each way round the ring, in its
+        own fixed order (``golden.ring_reduce(..., bidirectional=True)``).
+        It pays where a link is slower than a chip's DMA beat: a chip's SENDs
+        share its store DMA, which one direction of links as fast as it
+        already fills (docs/pod.md)."""
+        bidirectional = check_flag(bidirectional, "bidirectional")
         message, shape, size = self._message(xs, "all_reduce")
-        result, run = self._collective("all_reduce", message, message.shape[1])
-        self.last_stats = self._stats("all_reduce", run, 4 * size)
+        result, run = self._collective("all_reduce", message, message.shape[1], bidirectional)
+        self.last_stats = self._stats("all_reduce", run, 4 * size, bidirectional)
         return result.reshape(self.n_chips, -1)[:, :size].reshape(self.n_chips, *shape)
 
     def reduce_scatter(self, xs):
@@ -524,14 +533,14 @@ class Pod:
         out = result.reshape(n, n, -1)[:, :, :size]
         return out.reshape(n, n, *shape)
 
-    def _stats(self, kind, run, nbytes):
+    def _stats(self, kind, run, nbytes, bidirectional=False):
         n = self.n_chips
         factor = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n,
                   "all_gather": (n - 1) / n}[kind]
         cycles = run.link_cycles
         busbw = nbytes * factor / cycles if cycles else 0.0
         return PodStats(kind, nbytes, max(ctr["cycles"] for ctr in run.counters), cycles,
-                        busbw, busbw / self.link_bytes_per_cycle)
+                        busbw, busbw / self.link_bytes_per_cycle, bidirectional)
 
     # ---- work ---------------------------------------------------------------------------
     def matmul(self, A, B, shard="m"):
@@ -596,13 +605,15 @@ class PodStats:
     (``link_cycles``: from the first flit sent to the last one received),
     and the bus bandwidth as NCCL defines it (``busbw``, bytes a cycle: the
     algorithm's bytes over ``link_cycles``, times ``2 (n-1)/n`` for an
-    all-reduce) and as a fraction of a link's bandwidth (``busbw_fraction``)."""
+    all-reduce) and as a fraction of a link's bandwidth (``busbw_fraction``;
+    a bidirectional ring sends on both of a chip's links, so it can pass 1)."""
     kind: str
     nbytes: int
     cycles: int
     link_cycles: int
     busbw: float
     busbw_fraction: float
+    bidirectional: bool = False
 
 
 @dataclass

@@ -1,16 +1,18 @@
 """`Pod`: several simulated chips, each a Ray actor in a process of its own
 (docs/pod.md).
 
-This is the pod's scaffolding: the actors, their lifetime, the deadline on
-every remote call and the faults it turns into `PodError`, and matmuls sharded
-over M or N, which need no traffic between the chips. The inter-chip links,
-the lockstep windows and ``shard="k"`` come later and plug into the same
-pieces: `pod_config` (the chips' configuration), `ChipActor` (one generic
-``call`` into the chip it holds) and `Pod._gather` (the one place results come
-back).
+Here: the actors and their lifetime; the deadline on every remote call and
+the faults it turns into `PodError` (`Pod._gather`, the one place results come
+back); the chips' configuration with their links (`pod_config`); runs in
+lockstep windows that carry the links' flits and credits between the chips
+(`Pod.run`); the ring collectives (`all_reduce`, `reduce_scatter`,
+`all_gather`); matmuls sharded over M, N or K; and `map`, with which the
+models above the runtime run their shards on the chips
+(`mxu.sim.models.parallel`, `SentenceEncoder(pod=...)`).
 
->>> with Pod(2, config=ChipConfig.preset("vpu")) as pod:
-...     C = pod.matmul(A, B, shard="m")        # == Chip(config).matmul(A, B), bit for bit
+>>> with Pod(4) as pod:
+...     C = pod.matmul(A, B, shard="k")        # == the golden pod form, bit for bit
+...     pod.last_stats.busbw_fraction          # the all-reduce's busbw over a link's
 
 Ray is imported only when a pod is built, so that ``import mxu.sim`` stays
 fast for everyone who never builds one.
@@ -106,12 +108,14 @@ def ring_peers(n, topology="ring", shape=None):
 class ChipActor:
     """One chip of a pod, run by Ray in a worker process of its own.
 
-    It holds a runtime `Chip(config, fast_mac=fast_mac)` and offers generic
-    remote methods: ``call(method, *args, **kwargs)`` calls a public method of
-    that chip and returns its result, and ``pid()`` its process id. The pod
-    makes it a Ray actor with ``ray.remote(ChipActor)``; plain, it is an
-    ordinary class (its module is importable in every worker, so Ray ships it
-    by name).
+    It holds a runtime `Chip(config, fast_mac=fast_mac)` and offers remote
+    methods: ``call(method, *args, **kwargs)`` calls a public method of that
+    chip and returns its result; ``pid()`` its process id; ``apply(fn,
+    *args)`` runs a higher layer's work on it (`Pod.map`); ``begin``,
+    ``begin_collective``, ``window``, ``end`` and ``abort`` run a program in
+    the pod's lockstep windows. The pod makes it a Ray actor with
+    ``ray.remote(ChipActor)``; plain, it is an ordinary class (its module is
+    importable in every worker, so Ray ships it by name).
     """
 
     def __init__(self, config, fast_mac):
@@ -216,15 +220,17 @@ class Pod:
         Chips in the pod, >= 1. In messages a chip is named by its 0-based
         index: "chip 1 of 2" is the second.
     config : ChipConfig or None
-        Every chip's configuration; None: `pod_config`'s default (the vpu preset).
+        Every chip's configuration, to which `pod_config` adds the links;
+        None: the "pod" preset (16x16 with the vector unit, a 64-byte bus).
     topology : str
-        "ring" or "torus2d": how the chips' links will connect them.
+        "ring" or "torus2d": how the chips' links connect them (`ring_peers`;
+        the collectives run on a ring).
     shape : tuple or None
         A ring: None or ``(n_chips,)``. A 2-D torus: ``(x, y)`` with
         ``x * y == n_chips`` (required).
     link_bytes_per_cycle, link_latency : int
-        Each link's bandwidth and latency in cycles (docs/pod.md); kept for
-        the links, which are not built yet.
+        Each link's bandwidth and latency in cycles (docs/pod.md); the chips
+        advance in lockstep windows of `link_latency` cycles.
     address : str or None
         A Ray cluster to join (``"auto"``, ``"ray://head:10001"``, ...). None:
         ``RAY_ADDRESS`` when it is set, otherwise Ray starts embedded on this
@@ -234,7 +240,9 @@ class Pod:
         Passed to every `Chip`: the C++ model of the PE grid (same bits, same
         cycles).
 
-    Interface: ``matmul(A, B, shard)``; ``close()`` (also by ``with`` and,
+    Interface: ``matmul(A, B, shard)``; ``all_reduce``, ``reduce_scatter``,
+    ``all_gather`` (``last_stats``: a `PodStats`); ``run(programs, ...)``;
+    ``map(fn, args, what)``; ``close()`` (also by ``with`` and,
     best effort, on garbage collection) kills the actors and shuts down a Ray
     that a pod started once no pod uses it; ``len(pod)``, ``n_chips``,
     ``config``, ``topology``, ``shape``, ``pids`` (the actors' process ids on

@@ -98,7 +98,9 @@ class LinkBridge(wiring.Component):
     another waits until the earlier ones have completed, so responses never
     mix. A link burst's write data leave as flits, and its response (OKAY)
     follows its last beat; a read burst's beats are the next flits
-    received. A window beyond ``config.links`` answers DECERR.
+    received. Only SEND and RECV reach a link's window: the decoder rejects
+    a link beyond ``config.links`` (LINK_INDEX), and the DMA a LOAD or
+    STORE there (EXT_RANGE).
 
     Interface
     ---------
@@ -111,6 +113,8 @@ class LinkBridge(wiring.Component):
     """
 
     def __init__(self, config):
+        if not config.links:
+            raise ValueError("LinkBridge needs a chip with links (ChipConfig.links >= 1)")
         self.config = config
         axi = AXI4Signature(addr_width=config.axi_addr_bits, data_width=config.axi_data_bits)
         flit = stream.Signature(8 * config.link_flit_bytes)
@@ -120,11 +124,9 @@ class LinkBridge(wiring.Component):
         })
 
     def _target(self, addr):
-        """(is a link window, link index, index names a link) of an address."""
-        c = self.config
-        top = c.axi_addr_bits
-        index = addr[top - 4:top - 1]
-        return addr[top - 1], index, index < c.links
+        """(is a link window, link index) of an address."""
+        top = self.config.axi_addr_bits
+        return addr[top - 1], addr[top - 4:top - 1]
 
     def elaborate(self, platform):
         m = Module()
@@ -135,8 +137,8 @@ class LinkBridge(wiring.Component):
     def _reads(self, m):
         c, src, mem = self.config, self.load, self.load_mem
         inflight = Signal(range(c.dma_max_outstanding + 1))
-        to_link, index, valid_index = Signal(), Signal(3), Signal()
-        ar_link, ar_index, ar_valid = self._target(src.araddr)
+        to_link, index = Signal(), Signal(3)
+        ar_link, ar_index = self._target(src.araddr)
         same = (inflight == 0) | ((ar_link == to_link) & (~ar_link | (ar_index == index)))
         m.submodules.lengths = lengths = fifo.SyncFIFOBuffered(width=8,
                                                                depth=c.dma_max_outstanding)
@@ -148,23 +150,22 @@ class LinkBridge(wiring.Component):
                      lengths.w_data.eq(src.arlen),
                      lengths.w_en.eq(src.arvalid & src.arready & ar_link)]
         with m.If(src.arvalid & src.arready):
-            m.d.sync += [to_link.eq(ar_link), index.eq(ar_index), valid_index.eq(ar_valid)]
-        # A link burst's beats: the next flits received, or DECERR beats.
+            m.d.sync += [to_link.eq(ar_link), index.eq(ar_index)]
+        # A link burst's beats: the next flits received.
         beat = Signal(8)
-        flits = Array(port for port in self.receive) if c.links else None
-        rvalid = lengths.r_rdy & (~valid_index | (flits[index].valid if c.links else 0))
+        flits = Array(port for port in self.receive)
+        rvalid = lengths.r_rdy & flits[index].valid
         rlast = beat == lengths.r_data
         fire = rvalid & src.rready & to_link
-        if c.links:
-            for i, port in enumerate(self.receive):
-                m.d.comb += port.ready.eq(fire & valid_index & (index == i))
+        for i, port in enumerate(self.receive):
+            m.d.comb += port.ready.eq(fire & (index == i))
         with m.If(fire):
             m.d.sync += beat.eq(Mux(rlast, 0, beat + 1))
         m.d.comb += lengths.r_en.eq(fire & rlast)
         m.d.comb += [
             src.rid.eq(0),
-            src.rdata.eq(Mux(to_link, flits[index].payload if c.links else 0, mem.rdata)),
-            src.rresp.eq(Mux(to_link, Mux(valid_index, AxiResp.OKAY, AxiResp.DECERR), mem.rresp)),
+            src.rdata.eq(Mux(to_link, flits[index].payload, mem.rdata)),
+            src.rresp.eq(Mux(to_link, AxiResp.OKAY, mem.rresp)),
             src.rlast.eq(Mux(to_link, rlast, mem.rlast)),
             src.rvalid.eq(Mux(to_link, rvalid, mem.rvalid)),
             mem.rready.eq(src.rready & ~to_link),
@@ -177,8 +178,8 @@ class LinkBridge(wiring.Component):
         inflight = Signal(range(c.dma_max_outstanding + 1))   # AW taken, B not yet given
         unsent = Signal(range(-1, c.dma_max_outstanding + 1))  # AW taken, W not yet all sent
         answers = Signal(range(c.dma_max_outstanding + 1))    # link bursts sent, B owed
-        to_link, index, valid_index = Signal(), Signal(3), Signal()
-        aw_link, aw_index, aw_valid = self._target(src.awaddr)
+        to_link, index = Signal(), Signal(3)
+        aw_link, aw_index = self._target(src.awaddr)
         same = (inflight == 0) | ((aw_link == to_link) & (~aw_link | (aw_index == index)))
         for name in src.signature.members:
             if name.startswith("aw") and name not in ("awvalid", "awready"):
@@ -189,7 +190,7 @@ class LinkBridge(wiring.Component):
         m.d.comb += [mem.awvalid.eq(src.awvalid & ~aw_link & same),
                      src.awready.eq(same & (aw_link | mem.awready))]
         with m.If(aw_fire):
-            m.d.sync += [to_link.eq(aw_link), index.eq(aw_index), valid_index.eq(aw_valid)]
+            m.d.sync += [to_link.eq(aw_link), index.eq(aw_index)]
         # Write data go where their burst's address went. The DMA may offer
         # them before the address; then they go to memory together with it (a
         # master must not hold data back until the address is taken, AXI
@@ -199,22 +200,20 @@ class LinkBridge(wiring.Component):
         owed = unsent > 0
         to_mem = Mux(owed, ~to_link, (unsent == 0) & src.awvalid & same & ~aw_link)
         to_port = owed & to_link
-        flits = Array(port for port in self.send) if c.links else None
-        link_ready = ~valid_index | (flits[index].ready if c.links else 0)
-        if c.links:
-            for i, port in enumerate(self.send):
-                m.d.comb += [port.payload.eq(src.wdata),
-                             port.valid.eq(src.wvalid & to_port & valid_index & (index == i))]
+        flits = Array(port for port in self.send)
+        for i, port in enumerate(self.send):
+            m.d.comb += [port.payload.eq(src.wdata),
+                         port.valid.eq(src.wvalid & to_port & (index == i))]
         m.d.comb += [mem.wvalid.eq(src.wvalid & to_mem),
-                     src.wready.eq(Mux(to_port, link_ready, to_mem & mem.wready))]
+                     src.wready.eq(Mux(to_port, flits[index].ready, to_mem & mem.wready))]
         last = src.wvalid & src.wready & src.wlast
         m.d.sync += unsent.eq(unsent + aw_fire - last)
-        # Responses: the memory's, or OKAY/DECERR once a link burst has gone.
+        # Responses: the memory's, or OKAY once a link burst has gone.
         b_fire = src.bvalid & src.bready
         m.d.comb += [
             src.bid.eq(0),
             src.bvalid.eq(Mux(to_link, answers != 0, mem.bvalid)),
-            src.bresp.eq(Mux(to_link, Mux(valid_index, AxiResp.OKAY, AxiResp.DECERR), mem.bresp)),
+            src.bresp.eq(Mux(to_link, AxiResp.OKAY, mem.bresp)),
             mem.bready.eq(src.bready & ~to_link),
         ]
         m.d.sync += [answers.eq(answers + (last & to_port) - (b_fire & to_link)),

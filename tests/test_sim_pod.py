@@ -194,12 +194,9 @@ def test_reduce_scatter_and_all_gather(pod):
     rng = np.random.default_rng(SEED)
     xs = [rng.standard_normal((5, 7)).astype(np.float32) for _ in range(2)]
     parts = pod.reduce_scatter(xs)
-    rows = -(-35 // CONFIG.cols)
-    message = np.zeros((2, rows * CONFIG.cols), np.float32)
-    for i in range(2):
-        message[i, :35] = xs[i].ravel()
-    total = golden.ring_reduce(message.reshape(2, rows, CONFIG.cols)).ravel()[:35]
+    total = golden.ring_reduce_arrays(xs, CONFIG.cols).ravel()
     # Chip i holds chunk i + 1 of the rows: chip 1 the first, chip 0 the rest.
+    rows = -(-35 // CONFIG.cols)
     half = -(-rows // 2) * CONFIG.cols
     golden.assert_bits_equal(parts[1], total[:half], "chip 1's part")
     golden.assert_bits_equal(parts[0], total[half:], "chip 0's part")
@@ -217,13 +214,8 @@ def test_k_sharded_matmul_is_the_golden_pod_form(pod, M, K, N):
     partials = [golden.matmul(A[:, :lo], B[:lo], rows=CONFIG.rows),
                 golden.matmul(A[:, lo:], B[lo:], rows=CONFIG.rows) if K > 1
                 else np.zeros((M, N), np.float32)]
-    rows = -(-M * N // CONFIG.cols)
-    message = np.zeros((2, rows * CONFIG.cols), np.float32)
-    for i in range(2):
-        message[i, :M * N] = partials[i].ravel()
-    want = golden.ring_reduce(message.reshape(2, rows, CONFIG.cols)).ravel()[:M * N]
-    golden.assert_bits_equal(C, want.reshape(M, N), "pod shard='k' vs the golden pod form",
-                             seed=SEED)
+    golden.assert_bits_equal(C, golden.ring_reduce_arrays(partials, CONFIG.cols),
+                             "pod shard='k' vs the golden pod form", seed=SEED)
 
 
 def test_a_pod_run_is_deterministic(pod):

@@ -12,7 +12,7 @@ from mxu.hdl.dtypes import as_bf16, bfloat16 as bf16
 __all__ = [
     "FP32_QNAN", "BF16_QNAN", "bf16", "as_bf16", "bf16_to_f32", "f32_bits", "f32_from_bits",
     "canonical", "mul", "add", "mac", "fp32_to_bf16", "dot", "matmul", "assert_bits_equal",
-    "ring_reduce",
+    "ring_reduce", "ring_reduce_arrays",
 ]
 
 FP32_QNAN = np.uint32(0x7FC00000)
@@ -81,6 +81,20 @@ def ring_reduce(xs, bidirectional=False):
         return _ring_sum(xs, 1)
     half = -(-rows // 2)
     return np.concatenate([_ring_sum(xs[:, :half], 1), _ring_sum(xs[:, half:], -1)])
+
+
+def ring_reduce_arrays(parts, cols, bidirectional=False):
+    """`ring_reduce` of equal-shaped float32 arrays, one per chip, each
+    flattened into rows of `cols` (zero-padded) as a pod's collectives move
+    them (`Pod.all_reduce`); returns the sum in the arrays' shape."""
+    flat = [np.asarray(p, np.float32).ravel() for p in parts]
+    size = flat[0].size
+    rows = max(1, -(-size // cols))
+    message = np.zeros((len(flat), rows * cols), np.float32)
+    for i, f in enumerate(flat):
+        message[i, :size] = f
+    total = ring_reduce(message.reshape(len(flat), rows, cols), bidirectional)
+    return total.ravel()[:size].reshape(np.shape(parts[0]))
 
 
 def _ring_sum(xs, sign):

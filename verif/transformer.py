@@ -135,19 +135,6 @@ def reference_forward(weights, ids):
     return x.astype(np.float32)
 
 
-def _ring_sum(parts, cols):
-    """`golden.ring_reduce` of equal-shaped fp32 arrays, each flattened into
-    rows of `cols` (zero-padded), as a pod's all-reduce moves them."""
-    flat = [np.asarray(p, np.float32).ravel() for p in parts]
-    size = flat[0].size
-    rows = -(-size // cols)
-    message = np.zeros((len(flat), rows * cols), np.float32)
-    for i, f in enumerate(flat):
-        message[i, :size] = f
-    total = golden.ring_reduce(message.reshape(len(flat), rows, cols))
-    return total.ravel()[:size].reshape(np.shape(parts[0]))
-
-
 def _attention_shard(w, cfg, x, mask, rows, ops, cols_slice, seed_bias):
     """One chip's heads (`cols_slice` of Q, K, V): its partial sum of the
     attention's output projection, seeded with Wo's bias when `seed_bias`."""
@@ -181,7 +168,7 @@ def golden_tensor_parallel_layer(w, cfg, x, mask, rows, cols, n):
     Returns the layer's output (tokens, hidden) float32."""
     ops = _vector_ops("vpu", cols)
     hs, fs = cfg.hidden // n, cfg.ffn // n
-    attn = _ring_sum([_attention_shard(w, cfg, x, mask, rows, ops, slice(c * hs, (c + 1) * hs),
+    attn = golden.ring_reduce_arrays([_attention_shard(w, cfg, x, mask, rows, ops, slice(c * hs, (c + 1) * hs),
                                        c == 0) for c in range(n)], cols)
     x1 = ops.layer_norm(ops.add(x, attn), w.ln1_gamma, w.ln1_beta, cfg.eps)
     parts = []
@@ -191,4 +178,4 @@ def golden_tensor_parallel_layer(w, cfg, x, mask, rows, cols, n):
         seed = np.broadcast_to(w.b2, (x.shape[0], cfg.hidden)) if c == 0 else None
         parts.append(golden.matmul(golden.as_bf16(hidden), golden.as_bf16(w.w2[f]), seed=seed,
                                    rows=rows))
-    return ops.layer_norm(ops.add(x1, _ring_sum(parts, cols)), w.ln2_gamma, w.ln2_beta, cfg.eps)
+    return ops.layer_norm(ops.add(x1, golden.ring_reduce_arrays(parts, cols)), w.ln2_gamma, w.ln2_beta, cfg.eps)

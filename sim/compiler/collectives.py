@@ -11,8 +11,8 @@ different blocks at once.
   n`` on its ``recv`` link into a ring of ``slots`` receive buffers, and adds
   it to its own copy with a VECTOR ADD. Chunk ``c`` is therefore summed in ring
   order from chip ``c``: ``((x[c] + x[c+1]) + x[c+2]) + ... + x[c-1]`` (indices
-  mod n), and ends on chip ``c - 1``. `ring_order` gives that order; the golden
-  pod form (`mxu.verif.golden.ring_reduce`) performs the same fp32 additions.
+  mod n), and ends on chip ``c - 1``. The golden pod form (docs/pod.md)
+  performs the same fp32 additions.
 * **All-gather**, steps ``s = 0 .. n-2``: chip ``i`` sends chunk ``(i + h - s)
   mod n`` (the one it holds, then the ones it received) and receives chunk
   ``(i + h - 1 - s) mod n`` into the output, where ``h`` is 1 after a
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from .program import Program
 
-__all__ = ["COLLECTIVES", "chunks", "halves", "ring_order", "ring_collective_program", "CollectivePlan",
-           "acc_rows_needed", "block_rows_for"]
+__all__ = ["COLLECTIVES", "chunks", "halves", "ring_collective_program", "acc_rows_needed",
+           "block_rows_for"]
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
@@ -51,22 +51,8 @@ def chunks(rows, n):
     return out
 
 
-def ring_order(c, n):
-    """The chips whose copies of chunk `c` a ring reduce-scatter adds, in order:
-    ``c, c+1, ..., c-1`` (mod n); chip ``c - 1`` holds the sum."""
-    return [(c + k) % n for k in range(n)]
-
-
 def acc_rows_needed(rows, slots, block_rows):
     return 2 * rows + slots * block_rows
-
-
-@dataclass(frozen=True)
-class CollectivePlan:
-    """What one chip's program does: for the pod to place the data and read it."""
-    rows: int
-    chunks: tuple
-    owned: tuple        # the chunks whose result this chip holds (reduce-scatter)
 
 
 def _blocks(lo, hi, size):
@@ -95,7 +81,7 @@ def halves(rows):
 
 def ring_collective_program(config, kind, *, n, index, rows, ext_in, ext_out, send_link=0,
                             recv_link=1, block_rows=None, slots=4, bidirectional=False):
-    """(Program, CollectivePlan) of chip `index` in a ring of `n` for the
+    """The `Program` of chip `index` in a ring of `n` for the
     collective `kind` ("all_reduce", "reduce_scatter" or "all_gather").
 
     all_reduce and all_gather leave the whole message at ``ext_out``;
@@ -119,7 +105,6 @@ def ring_collective_program(config, kind, *, n, index, rows, ext_in, ext_out, se
                          f"has {config.acc_rows}")
     if bidirectional and kind != "all_reduce":
         raise ValueError(f"a bidirectional ring runs all_reduce only, not {kind!r}")
-    parts = chunks(rows, n)
     if bidirectional:
         (a0, a1), (b0, b1) = halves(rows)
         dirs = [_Direction([(a0 + lo, a0 + hi) for lo, hi in chunks(a1 - a0, n)], 1,
@@ -127,7 +112,7 @@ def ring_collective_program(config, kind, *, n, index, rows, ext_in, ext_out, se
                 _Direction([(b0 + lo, b0 + hi) for lo, hi in chunks(b1 - b0, n)], -1,
                            recv_link, send_link)]
     else:
-        dirs = [_Direction(parts, 1, send_link, recv_link)]
+        dirs = [_Direction(chunks(rows, n), 1, send_link, recv_link)]
     b = _Builder(config, n, index, rows, dirs, block_rows, slots)
     reduce = kind in ("all_reduce", "reduce_scatter")
     gather = kind in ("all_reduce", "all_gather")
@@ -142,7 +127,7 @@ def ring_collective_program(config, kind, *, n, index, rows, ext_in, ext_out, se
         b.all_gather(after_reduce=reduce, shift=shift)
     b.store_result(ext_out, reduce, gather, shift)
     b.p.halt()
-    return b.p, CollectivePlan(rows, tuple(parts), ((index + shift) % n,))
+    return b.p
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ A layer is seven phases, the pod waiting for all chips at each:
 The layer's cycles are the slowest chip's of each chip phase plus the
 collectives' (their whole programs: LOAD, ring, STORE). The result is
 bit-exact to the golden pod form
-(`mxu.verif.transformer.golden_tensor_parallel_layer`): the partial sums
+(docs/pod.md, "Sharded work"): the partial sums
 added in the ring order, every other operation as on one chip.
 """
 

@@ -159,7 +159,7 @@ class ChipActor:
         chip, rows = self.chip, len(message)
         nbytes = message.nbytes
         blocks = [chip._allocator.alloc(nbytes, f"a {kind}'s message") for _ in range(2)]
-        program, _ = ring_collective_program(chip.config, kind, n=n, index=index, rows=rows,
+        program = ring_collective_program(chip.config, kind, n=n, index=index, rows=rows,
                                              ext_in=blocks[0].addr, ext_out=blocks[1].addr,
                                              bidirectional=bidirectional)
         code = program.to_bytes()

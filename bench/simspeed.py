@@ -16,7 +16,8 @@ Workloads:
 Each workload runs `--repeat` times on one chip and the last run is reported
 (warm: Verilator builds cached, programs compiled, weights uploaded). With
 RTL (not `--no-rtl`) the default preset's matmul also runs with every PE's
-RTL, on a smaller shape. "cycles/s" and "M MAC/s" count the simulator's wall
+RTL, on a smaller shape, once on one thread and once on two
+(``Chip(threads=2)``). "cycles/s" and "M MAC/s" count the simulator's wall
 time only; "host share" is the wall time outside it (compiling, copying,
 host layer ops) over the whole.
 """
@@ -96,9 +97,12 @@ def main():
         rows.append(_row(preset, "decode-like 1x576x1536", "fast MAC",
                          _decode_like(chip, args.repeat)))
         if preset == "default" and not args.no_rtl:
-            rtl = Chip(ChipConfig.preset(preset), fast_mac=False)
-            rows.append(_row(preset, "matmul 128x384x384", "RTL",
-                             _matmul(rtl, (128, 384, 384), args.repeat)))
+            for threads in (1, 2):
+                rtl = Chip(ChipConfig.preset(preset), fast_mac=False, threads=threads)
+                rows.append(_row(preset, "matmul 128x384x384",
+                                 "RTL" + (f", {threads} threads" if threads > 1 else ""),
+                                 _matmul(rtl, (128, 384, 384), args.repeat)))
+                del rtl
     print("whole-chip simulation speed (warm: the last of --repeat runs; cycles/s and M MAC/s "
           "over the simulator's wall time)")
     print(format_table(["preset", "workload", "PEs", "chip cycles", "M MAC", "wall s", "cycles/s",

@@ -188,3 +188,20 @@ def test_fpga_preset_chip():
     B = rng.standard_normal((64, 64)).astype(np.float32)
     _check(chip, A, B)
     assert chip.last_stats.utilization > 0.85, chip.last_stats
+
+
+@pytest.mark.slow
+def test_a_threaded_model_gives_the_same_results_and_cycles():
+    """``Chip(threads=2)``: Verilator evaluates the model on two threads, and
+    the memory model's DPI calls may come from either (they carry their chip).
+    Same bits and cycles as one thread, against a stalling memory too. Slow: a
+    Verilator build of its own for a Verilator guarantee."""
+    stalls = dict(mem_latency=(0, 24), mem_pause={ch: 40 for ch in ("aw", "w", "b", "ar", "r")},
+                  seed=SEED)
+    rng = np.random.default_rng(SEED + 11)
+    A, B = _specials(rng, (19, 23)), _specials(rng, (23, 14))
+    for timing in ({}, stalls):
+        one, two = Chip(TINY, **timing), Chip(TINY, threads=2, **timing)
+        C_one, C_two = _check(one, A, B), _check(two, A, B)
+        golden.assert_bits_equal(C_two, C_one, "threads=2 vs threads=1", seed=SEED)
+        assert two.last_stats.cycles == one.last_stats.cycles

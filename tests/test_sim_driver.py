@@ -211,7 +211,8 @@ def test_program_bytes_are_checked(chip, code):
     (dict(mem_latency=(-1, -1)), "mem_latency"), (dict(mem_latency=(5, 2)), "mem_latency"),
     (dict(mem_latency=3), "mem_latency"), (dict(mem_pause={"r": 150}), "mem_pause"),
     (dict(mem_pause={"x": 5}), "mem_pause"), (dict(mem_pause={"r": 2.5}), "mem_pause"),
-    (dict(waves_depth=0), "waves_depth"), (dict(fast_mac="no"), "fast_mac")])
+    (dict(waves_depth=0), "waves_depth"), (dict(fast_mac="no"), "fast_mac"),
+    (dict(threads=0), "threads"), (dict(threads=2.0), "threads"), (dict(threads=99), "threads")])
 def test_memory_timing_and_options_are_checked(kw, message):
     """Row 11 (checked before any build)."""
     with pytest.raises((ValueError, TypeError), match=message):

@@ -34,13 +34,16 @@ SLAVE_FIELDS = (("rresp", 2), ("rlast", 1), ("rvalid", 1), ("rid", 1), ("bresp",
 _TEMPLATE = """\
 module {name}(clk, {ports});
   /*verilator no_inline_module*/
-  import "DPI-C" function void {function}({params}
+  import "DPI-C" function chandle mxu_chip_bind();
+  import "DPI-C" function void {function}(input chandle chip, {params}
       input bit [{m_msb}:0] m, output bit [{s_msb}:0] s);
   input clk;
 {decls}
+  chandle chip;
+  initial chip = mxu_chip_bind();
   bit [{s_msb}:0] next;
   always @(posedge clk) begin
-    {function}({args}{{{m_cat}}}, next);
+    {function}(chip, {args}{{{m_cat}}}, next);
     {{{s_cat}}} <= next;
   end
 endmodule
@@ -50,8 +53,14 @@ endmodule
 def dpi_step_module(name, function, inputs, outputs, constants=()):
     """Verilog of a module that, at every rising edge of ``clk``, passes its
     `inputs` ([(port, width)], least significant first) as one vector to the
-    DPI function `function`, after the integer `constants` ([(name, value)]),
-    and holds the vector it returns in its `outputs` until the next edge."""
+    DPI function `function`, after the harness's chip and the integer
+    `constants` ([(name, value)]), and holds the vector it returns in its
+    `outputs` until the next edge.
+
+    The chip is a handle that ``mxu_chip_bind`` returns once, at the model's
+    first evaluation, in the thread that evaluates it: with ``--threads``
+    Verilator may make the step call from one of its own threads, where the
+    harness's thread-local current chip is not set."""
     decls = [f"  input [{w - 1}:0] {n};" for n, w in inputs]
     decls += [f"  output reg [{w - 1}:0] {n} = 0;" for n, w in outputs]
     return _TEMPLATE.format(

@@ -39,10 +39,11 @@ from ..backends.toolchain import require_simulator
 from ..backends.verilog import chip_verilog
 from .trace import decode_trace, trace_mask
 
-__all__ = ["SimulatedChip", "RunResult", "ChipError", "AXI_CHANNELS", "WAVE_WARN_BYTES"]
+__all__ = ["SimulatedChip", "RunResult", "ChipError", "AXI_CHANNELS", "WAVE_WARN_BYTES", "MAX_THREADS"]
 
 AXI_CHANNELS = ("aw", "w", "b", "ar", "r")
 WAVE_WARN_BYTES = 1 << 30
+MAX_THREADS = 8
 _MAX_LATENCY = 1 << 16
 _SLICE_SECONDS = 0.1        # wall time of one C++ slice: Ctrl-C acts within about this
 
@@ -142,12 +143,14 @@ def _wave_format(waves):
 
 
 @functools.lru_cache(maxsize=4)
-def _library(config, waves=None, fast_mac=False, trace=False, units=False):
-    # Waveforms, the profiler's trace and the per-unit profile need builds of
-    # their own, so that the plain model pays nothing for them.
+def _library(config, waves=None, fast_mac=False, trace=False, units=False, threads=1):
+    # Waveforms, the profiler's trace, the per-unit profile and each thread
+    # count need builds of their own, so that the plain model pays nothing for them.
     name = f"chip{config.rows}x{config.cols}" + ("_fastmac" if fast_mac else "") + \
-        (f"_{waves}" if waves else "") + ("_trace" if trace else "") + ("_units" if units else "")
-    flags = _TRACE_FLAGS[waves] + (("-CFLAGS", "-DMXU_TRACE") if trace else ())
+        (f"_{waves}" if waves else "") + ("_trace" if trace else "") + \
+        ("_units" if units else "") + (f"_t{threads}" if threads > 1 else "")
+    flags = _TRACE_FLAGS[waves] + (("-CFLAGS", "-DMXU_TRACE") if trace else ()) + \
+        (("--threads", str(threads)) if threads > 1 else ())
     lib = native_library(name, "chip_harness.cpp", key=[repr(config)], extra_flags=flags,
                          make_vars=_TRACE_MAKE.get(waves, ()),
                          verilog=lambda: chip_verilog(config, fast_mac, trace, units=units, memory=True),
@@ -253,12 +256,20 @@ class SimulatedChip:
         that a sampling profiler (``perf``) names the unit each simulated
         cycle's time goes to (``bench/simprofile.py``, docs/simulation.md).
         Same bits and cycles; the model runs slower.
+    threads : int
+        Threads Verilator evaluates the model with, 1 to `MAX_THREADS` (a
+        build of its own per count). Same bits and cycles. Two pay on the
+        all-RTL chip, whose PE grid splits over two cores: 1.6x on a quiet
+        2-core machine. Each clock edge waits for the slower thread, so a
+        thread that the OS preempts stalls the run, and with the fast MAC the
+        model's parts are too small to share; docs/simulation.md has the
+        figures. Default 1.
     """
 
     def __init__(self, config=None, simulator="verilator", *, mem_latency=(0, 0), mem_pause=None,
                  seed=1, waves=None, waves_from=0, waves_cycles=None, waves_depth=None,
                  waves_scope="TOP", fast_mac=False, trace=False, trace_bucket=256,
-                 profile_units=False):
+                 profile_units=False, threads=1):
         if config is not None and not isinstance(config, ChipConfig):
             raise TypeError(f"config must be a ChipConfig, not {type(config).__name__}")
         self.config = config or ChipConfig()
@@ -282,7 +293,9 @@ class SimulatedChip:
         self.trace = bool(check_bool(trace, "trace"))
         self.trace_bucket = _integer(trace_bucket, "trace_bucket", 1)
         self.profile_units = bool(check_bool(profile_units, "profile_units"))
-        self._lib = _library(self.config, wave_format, self.fast_mac, self.trace, self.profile_units)
+        self.threads = _integer(threads, "threads", 1, MAX_THREADS)
+        self._lib = _library(self.config, wave_format, self.fast_mac, self.trace, self.profile_units,
+                             self.threads)
         self._native = _NativeChip(self._lib, self.config)
         self._handle = self._native.handle
         if waves is not None:

@@ -108,7 +108,8 @@ struct Host {
     bool awvalid = false, wvalid = false, bready = false, arvalid = false, rready = false;
 };
 
-// The chip the memory model's DPI call works for: set before every eval().
+// The chip being evaluated in this thread: set before every eval(), and handed
+// to the models inside the chip once, at its first evaluation (mxu_chip_bind).
 thread_local Chip *current = nullptr;
 
 void step(Chip &c, const Host &h) {
@@ -164,8 +165,10 @@ extern "C" {
 // the rising edge that ends a cycle, that cycle's handshakes complete (update,
 // with the master's outputs `m`) and the slave's outputs of the next cycle are
 // computed (drive, into `s`). Field order: MASTER_FIELDS and SLAVE_FIELDS there.
-void mxu_axi_mem_step(int addr_bits, const svBitVecVal *m, svBitVecVal *s) {
-    Chip &c = *current;
+void *mxu_chip_bind() { return current; }
+
+void mxu_axi_mem_step(void *chip, int addr_bits, const svBitVecVal *m, svBitVecVal *s) {
+    Chip &c = *static_cast<Chip *>(chip);
     mxu::AxiPins &p = c.pins;
     const int data_bits = 8 * c.mem.data_bytes(), words = data_bits / 32;
     for (int i = 0; i < words; i++) p.wdata[i] = m[i];
@@ -198,8 +201,8 @@ void mxu_axi_mem_step(int addr_bits, const svBitVecVal *m, svBitVecVal *s) {
 // The links' model inside the Verilated chip (mxu.sim.backends.link_model): at
 // the rising edge that ends cycle `cycles`, what the chip sent in it, and the
 // link inputs of the next cycle. Bit order: CHIP_OUTPUTS and MODEL_OUTPUTS there.
-void mxu_link_step(int links, int flit_bits, const svBitVecVal *m, svBitVecVal *s) {
-    Chip &c = *current;
+void mxu_link_step(void *chip, int links, int flit_bits, const svBitVecVal *m, svBitVecVal *s) {
+    Chip &c = *static_cast<Chip *>(chip);
     mxu::LinkModel &model = c.links;
     const int words = flit_bits / 32, flags = links * flit_bits;
     if (int(model.links.size()) != links) model.setup(links, flit_bits / 8, flit_bits / 8);

@@ -119,7 +119,8 @@ class ChipActor:
     """
 
     def __init__(self, config, fast_mac):
-        self.chip = Chip(config, fast_mac=fast_mac)
+        # One thread each: the pod's chips already run side by side.
+        self.chip = Chip(config, fast_mac=fast_mac, threads=1)
 
     def pid(self):
         return os.getpid()

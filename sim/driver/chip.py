@@ -150,7 +150,7 @@ def _library(config, waves=None, fast_mac=False, trace=False, units=False, threa
         (f"_{waves}" if waves else "") + ("_trace" if trace else "") + \
         ("_units" if units else "") + (f"_t{threads}" if threads > 1 else "")
     flags = _TRACE_FLAGS[waves] + (("-CFLAGS", "-DMXU_TRACE") if trace else ()) + \
-        (("--threads", str(threads)) if threads > 1 else ())
+        (("--threads", str(threads), "-CFLAGS", f"-DMXU_THREADS={threads}") if threads > 1 else ())
     lib = native_library(name, "chip_harness.cpp", key=[repr(config)], extra_flags=flags,
                          make_vars=_TRACE_MAKE.get(waves, ()),
                          verilog=lambda: chip_verilog(config, fast_mac, trace, units=units, memory=True),

@@ -4,6 +4,9 @@
 // C++ until it raises irq or a cycle budget is spent. Python calls it in slices of
 // about 0.1 s, so that Ctrl-C and the watchdog act between slices.
 #include <cstdint>
+#if defined(MXU_THREADS) && defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <memory>
 #include <vector>
 
@@ -236,6 +239,14 @@ void mxu_chip_reset(void *h) {
 }
 
 void *mxu_chip_new(uint64_t mem_bytes, uint32_t data_bytes) {
+#if defined(MXU_THREADS) && defined(__GLIBC__)
+    // A model on several threads ran 2-3x slower when its state came from the
+    // heap rather than from a mapping of its own, which is what glibc does
+    // once a large block has been freed (another chip, a large array): it
+    // raises its mapping threshold. Fixing the threshold keeps large blocks
+    // mapped (docs/simulation.md, "Threads").
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+#endif
     Chip *c = new Chip(mem_bytes, data_bytes);
     mxu_chip_reset(c);
     return c;

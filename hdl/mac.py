@@ -70,7 +70,7 @@ class MacPipeline(wiring.Component):
         m.submodules.mul_round = mul_round = Bf16ProductShift()
         m.submodules.order = order = FpAddOrder()
         m.submodules.align = align = FpAddShiftAdd()
-        m.submodules.norm_plan = norm_plan = Fp32AddNormAmount()
+        m.submodules.norm_plan = norm_plan = Fp32AddNormAmount(lzc="onehot")
         m.submodules.round = rnd = Fp32AddNormalize()
 
         def stage(value, registered, name):

@@ -38,6 +38,7 @@ __all__ = [
     "Bf16RawProduct", "Bf16ProductPlan", "Bf16ProductAmount", "Bf16ProductShift",
     "Fp32Adder", "FpAddAlign", "FpAddOrdered", "FpAddOrder", "FpAddShiftAdd", "Fp32AddAlign",
     "Fp32AddRound", "Fp32AddNormPlan", "Fp32AddNormAmount", "Fp32AddNormalize", "Fp32AddPartial", "Fp32ToBf16", "Fp32Multiplier", "leading_zeros",
+    "LZC_FORMS",
     "unpack_fp32",
 ]
 
@@ -85,17 +86,38 @@ _GRS = 3
 _ALIGNED = 24 + _GRS
 
 
-def leading_zeros(value):
-    """Number of leading zero bits of `value` (``len(value)`` if it is zero), as a
-    balanced tree of multiplexers (logarithmic depth: it sits on the adder's
-    critical path). The value is padded to a power of two with ones below it,
-    so that every level of the tree is a choice between concatenations, with
-    no adder."""
+LZC_FORMS = ("tree", "onehot")
+
+
+def leading_zeros(value, form="tree"):
+    """Number of leading zero bits of `value` (``len(value)`` if it is zero).
+
+    The value is first padded to a power of two with ones below it, so that
+    the padded value of a zero is ``len(value)`` zeros and then a one. Two
+    forms give the same count:
+
+    ``"tree"``
+        A balanced tree of multiplexers between concatenations, with no adder:
+        the fewest logic levels on an FPGA, for the one-stage fp32 units of
+        the vector lanes, whose critical path runs through it (docs/synth.md).
+    ``"onehot"``
+        The value smeared towards its low end in log2 steps (each bit the OR
+        of every bit above it) leaves one set bit where the leading one sits;
+        each bit of the count is the OR of the one-hot bits whose count has
+        that bit set. Every step is a word-wide OR, AND or constant shift, so
+        the Verilated model spends a few dozen operations on it where the
+        tree costs about ten times as many (docs/simulation.md). The
+        pipelined PE uses it; on an FPGA it is a few LUT levels more.
+    """
+    if form not in LZC_FORMS:
+        raise ValueError(f"form must be one of {LZC_FORMS}, not {form!r}")
     width = len(value)
     size = 1 << (width - 1).bit_length()
     if size != width:
         value = Cat(C((1 << (size - width)) - 1, size - width), value)
-    return _leading_zeros_pow2(value)
+    if form == "tree":
+        return _leading_zeros_pow2(value)
+    return _leading_zeros_onehot(value, zero_case=size == width)
 
 
 def _leading_zeros_pow2(value):
@@ -108,6 +130,31 @@ def _leading_zeros_pow2(value):
     # high != 0: its count (< half). high == 0: half + the low half's count,
     # which is `half` itself (bit k) only when the low half is zero too.
     return Mux(high == 0, Cat(lz_low[:k], ~lz_low[k], lz_low[k]), Cat(lz_high[:k], C(0, 2)))
+
+
+def _leading_zeros_onehot(value, zero_case):
+    """`value` has a power-of-two width; it may be zero only if `zero_case`."""
+    if zero_case:
+        # Ones below it: the padded value is never zero, and a zero counts `len(value)`.
+        value = Cat(C((1 << len(value)) - 1, len(value)), value)
+    size = len(value)
+    smear = value
+    step = 1
+    while step < size:
+        smear = smear | (smear >> step)
+        step *= 2
+    onehot = value & ~(smear >> 1)
+    # The one's position, most significant bit first: is it in the upper half?
+    # Then fold the upper half onto the lower one (an OR, the other is zero).
+    position = []
+    half = size // 2
+    while half >= 1:
+        upper = onehot[half:2 * half]
+        position.append(upper.any())
+        onehot = onehot[:half] | upper
+        half //= 2
+    # size - 1 - position zeros lie above the one: the position's complement.
+    return ~Cat(*reversed(position))
 
 
 def at_least(value, k):
@@ -237,7 +284,8 @@ class Bf16ProductAmount(wiring.Component):
         raw, plan = self.raw, self.plan
         product, exp_sum = raw.product, raw.exp_sum
         lz = Signal(range(17))
-        m.d.comb += lz.eq(leading_zeros(product))
+        # The chip uses this block only in the pipelined MAC: the form cheapest to simulate.
+        m.d.comb += lz.eq(leading_zeros(product, "onehot"))
 
         # value = P * 2**(ea + eb - 268). Normal result: exponent field
         # ea + eb - 126 - lz, and P << (lz + 8) puts the hidden bit on bit 23.
@@ -570,18 +618,31 @@ class Fp32AddNormPlan(data.Struct):
 class Fp32AddNormAmount(wiring.Component):
     """First half of `Fp32AddRound`: the normalising shift (see `Fp32AddRound`).
 
+    Parameters
+    ----------
+    lzc : str
+        The form of the leading-zero count, one of `LZC_FORMS` (see
+        `leading_zeros`): ``"tree"`` for an adder whose whole path is one
+        stage, ``"onehot"`` (cheaper to simulate) in a pipeline.
+
     Interface: ``partial``: In(Fp32AddPartial); ``plan``: Out(Fp32AddNormPlan).
     """
 
     partial: In(Fp32AddPartial)
     plan: Out(Fp32AddNormPlan)
 
+    def __init__(self, lzc="tree"):
+        if lzc not in LZC_FORMS:
+            raise ValueError(f"lzc must be one of {LZC_FORMS}, not {lzc!r}")
+        self.lzc = lzc
+        super().__init__()
+
     def elaborate(self, platform):
         m = Module()
         p, plan = self.partial, self.plan
         width = _ALIGNED + 1
         lz = Signal(range(width + 1))
-        m.d.comb += lz.eq(leading_zeros(p.sum))
+        m.d.comb += lz.eq(leading_zeros(p.sum, self.lzc))
         # One subtraction gives both the clamp and the exponent: exp - lz >= 0
         # is a shift by lz that leaves the top bit set (a normal result, field
         # exp + 1 - lz); below it the shift stops at exp (subnormal).

@@ -1,14 +1,19 @@
 """The numeric units: cocotb regression on every simulator, and large random
 volumes through the fast streaming path."""
 
+import gc
 import json
+import warnings
 
 import numpy as np
 import pytest
+from amaranth.hdl import Module, Signal
+from amaranth.sim import Simulator
 
 from mxu.sim import simulate_bf16_mul, simulate_fp32_add, simulate_fp32_to_bf16, simulate_mac
 from mxu.sim.backends.cocotb import cocotb_build, cocotb_test
 from mxu.hdl.mac import MAC_STAGES
+from mxu.hdl.numerics import LZC_FORMS, Fp32AddNormAmount, leading_zeros
 from mxu.sim.backends.verilog import to_verilog
 from mxu.sim.backends.toolchain import icarus_available
 from mxu.verif import golden, vectors
@@ -91,3 +96,41 @@ def test_simulate_units_10m_vectors():
         x, y = vectors.add_vectors(rng, 2_000_000)
         golden.assert_bits_equal(simulate_fp32_add(x, y), golden.add(x, y), "add", seed=SEED)
         golden.assert_bits_equal(simulate_fp32_to_bf16(x), golden.fp32_to_bf16(x), "cvt", seed=SEED)
+
+
+@pytest.mark.parametrize("form", LZC_FORMS)
+@pytest.mark.parametrize("width", [1, 2, 3, 4, 5, 7, 8, 9, 16, 27, 28, 32, 48])
+def test_leading_zeros(form, width):
+    """Both forms of the leading-zero count against Python's `int.bit_length`:
+    every value up to 9 bits; zero, every power of two, every power of two with
+    random bits below it, and random values of random length above."""
+    rng = np.random.default_rng(SEED + width)
+    if width <= 9:
+        values = list(range(1 << width))
+    else:
+        below = [int(rng.integers(0, 1 << k)) if k else 0 for k in range(width)]
+        values = [0] + [1 << k for k in range(width)] + [(1 << k) | b for k, b in enumerate(below)]
+        values += [int(rng.integers(0, 1 << 62)) % (1 << int(rng.integers(1, width + 1)))
+                   for _ in range(200)]
+    m = Module()
+    value, count = Signal(width), Signal(range(width + 1))
+    m.d.comb += count.eq(leading_zeros(value, form))
+    sim = Simulator(m)
+
+    async def check(ctx):
+        for v in values:
+            ctx.set(value, v)
+            assert ctx.get(count) == width - v.bit_length(), f"{form} lzc({v:#x}) of {width} bits"
+    sim.add_testbench(check)
+    sim.run()
+
+
+def test_leading_zeros_rejects_an_unknown_form():
+    with pytest.raises(ValueError, match=r"form must be one of \('tree', 'onehot'\), not 'fast'"):
+        leading_zeros(Signal(8), "fast")
+    with warnings.catch_warnings():
+        # The component that refused its argument is never elaborated.
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match=r"lzc must be one of \('tree', 'onehot'\), not 'fast'"):
+            Fp32AddNormAmount(lzc="fast")
+        gc.collect()

@@ -2,7 +2,6 @@
 the next call right or raising; nothing crashes the interpreter; Ctrl-C stops a
 run; waveforms; every public argument checked; and a fuzz test of the API."""
 
-import os
 import subprocess
 import sys
 import threading
@@ -322,13 +321,3 @@ def test_fuzz_the_driver(chip):
 @pytest.mark.parametrize("seed", range(4))
 def test_fuzz_the_driver_long(chip, seed):
     _fuzz(chip, SEED + 1000 + seed, 3000)
-
-
-def test_threads_default_to_two_only_for_a_large_all_rtl_chip():
-    """docs/simulation.md, "Threads": two pay for the all-RTL PE grid, not
-    around the fast MAC or on a small array (checked without a build)."""
-    from mxu.sim.driver.chip import _default_threads
-    two = 2 if len(os.sched_getaffinity(0)) >= 2 else 1
-    assert _default_threads(ChipConfig(), fast_mac=False) == two
-    assert _default_threads(ChipConfig(), fast_mac=True) == 1
-    assert _default_threads(TINY, fast_mac=False) == 1

@@ -190,12 +190,6 @@ def check_bool(value, name):
     return bool(value)
 
 
-def _default_threads(config, fast_mac):
-    """`SimulatedChip`'s thread count when none is given (its docstring)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return 2 if not fast_mac and config.rows * config.cols >= 256 and (cores or 1) >= 2 else 1
-
-
 def _integer(value, name, low=None, high=None):
     """`value` as an int, checked: NumPy integers are accepted, bools and
     floats are not."""
@@ -262,21 +256,19 @@ class SimulatedChip:
         that a sampling profiler (``perf``) names the unit each simulated
         cycle's time goes to (``bench/simprofile.py``, docs/simulation.md).
         Same bits and cycles; the model runs slower.
-    threads : int or None
-        Threads Verilator evaluates the model with, 1 to `MAX_THREADS` (a
-        build of its own per count). Same bits and cycles. None (the default)
-        takes 2 for the all-RTL chip of 256 PEs or more when the process may
-        use two cores or more, else 1: the PE grid splits well over two
-        threads (1.5x on a quiet 2-core machine), the model around the fast
-        MAC does not (slower). Each clock edge waits for the slower thread,
-        so on a busy machine two can be slower than one (docs/simulation.md,
-        "Threads").
+    threads : int
+        Threads Verilator evaluates the model with, 1 (the default) to
+        `MAX_THREADS` (a build of its own per count). Same bits and cycles.
+        On the 2-core machine more than one thread is slower for every chip
+        measured, the all-RTL 16x16 chip included: the work of a cycle is too
+        small to split, and every clock edge waits for the slowest thread
+        (docs/simulation.md, "Threads").
     """
 
     def __init__(self, config=None, simulator="verilator", *, mem_latency=(0, 0), mem_pause=None,
                  seed=1, waves=None, waves_from=0, waves_cycles=None, waves_depth=None,
                  waves_scope="TOP", fast_mac=False, trace=False, trace_bucket=256,
-                 profile_units=False, threads=None):
+                 profile_units=False, threads=1):
         if config is not None and not isinstance(config, ChipConfig):
             raise TypeError(f"config must be a ChipConfig, not {type(config).__name__}")
         self.config = config or ChipConfig()
@@ -300,8 +292,7 @@ class SimulatedChip:
         self.trace = bool(check_bool(trace, "trace"))
         self.trace_bucket = _integer(trace_bucket, "trace_bucket", 1)
         self.profile_units = bool(check_bool(profile_units, "profile_units"))
-        self.threads = (_default_threads(self.config, self.fast_mac) if threads is None
-                        else _integer(threads, "threads", 1, MAX_THREADS))
+        self.threads = _integer(threads, "threads", 1, MAX_THREADS)
         self._lib = _library(self.config, wave_format, self.fast_mac, self.trace, self.profile_units,
                              self.threads)
         self._native = _NativeChip(self._lib, self.config)

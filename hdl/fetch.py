@@ -101,7 +101,11 @@ class InstructionFetch(wiring.Component):
         # A burst must fit the queue with room to spare (the condition below),
         # or a wide bus (several instructions a beat) would wait for room forever.
         most = min(_BURST_BEATS, (_QUEUE_INSTRS - 2) // per_beat)
-        to_boundary = (4096 - addr[:12]) // bb
+        # Unsigned, in a signal of its own: compared with the 64-bit counts as a
+        # signed value it became a 65-bit sign extension, which the Verilated
+        # model rebuilt bit by bit every cycle (docs/simulation.md).
+        to_boundary = Signal(range(4096 // bb + 1))
+        m.d.comb += to_boundary.eq((4096 - addr[:12]).as_unsigned() >> lg)
         beats = Signal(range(_BURST_BEATS + 1))
         m.d.comb += beats.eq(Mux(beats_left < most,
                                  Mux(beats_left < to_boundary, beats_left, to_boundary),

@@ -103,8 +103,9 @@ def leading_zeros(value, form="tree"):
     ``"onehot"``
         The value smeared towards its low end in log2 steps (each bit the OR
         of every bit above it) leaves one set bit where the leading one sits;
-        each bit of the count is the OR of the one-hot bits whose count has
-        that bit set. Every step is a word-wide OR, AND or constant shift, so
+        folding the upper half of that one-hot word onto the lower half, and
+        again, gives the bits of its position. Every step is a word-wide OR,
+        AND or constant shift, so
         the Verilated model spends a few dozen operations on it where the
         tree costs about ten times as many (docs/simulation.md). The
         pipelined PE uses it; on an FPGA it is a few LUT levels more.

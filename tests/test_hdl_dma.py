@@ -14,13 +14,15 @@
 import json
 
 import numpy as np
+from amaranth.hdl import Module, Signal
 from amaranth.lib import wiring
+from amaranth.sim import Simulator
 import pytest
 
 from mxu.hdl.axi import AXI4LiteSignature, AXI4Signature
 from mxu.hdl.config import ChipConfig
-from mxu.hdl.dma import DmaDir, DmaError, DmaSpace, dma_descriptor_layout, pack_fields, \
-    unpack_fields
+from mxu.hdl.dma import DmaDir, DmaError, DmaSpace, _byte_mask, dma_descriptor_layout, \
+    pack_fields, unpack_fields
 from mxu.sim.backends.cocotb import cocotb_build, cocotb_test
 from mxu.sim.backends.dma import NativeDma
 from mxu.sim.backends.verilog import dma_system_verilog
@@ -271,6 +273,29 @@ def test_native_random_long(dma):
             expect = [(dma.model.execute(d), d.tag) for d in batch]
             assert dma.run(batch)[0] == expect, batch
             _check_all(dma, dma.model, batch, f"long pause {pause}")
+
+
+# ------------------------------------------------------------------ byte masks
+
+@pytest.mark.parametrize("n_bytes", [1, 3, 4, 5, 64])
+@pytest.mark.parametrize("bits_per_byte", [1, 8])
+def test_byte_mask(n_bytes, bits_per_byte):
+    """The strobe and data masks (`_byte_mask`, a shifted constant) against a
+    mask built byte by byte, for every length a 7-bit count holds (lengths
+    beyond `n_bytes` give every byte)."""
+    m = Module()
+    length, mask = Signal(7), Signal(n_bytes * bits_per_byte)
+    m.d.comb += mask.eq(_byte_mask(n_bytes, length, bits_per_byte))
+    sim = Simulator(m)
+    ones = (1 << bits_per_byte) - 1
+
+    async def check(ctx):
+        for n in range(1 << 7):
+            ctx.set(length, n)
+            expected = sum(ones << (bits_per_byte * j) for j in range(min(n, n_bytes)))
+            assert ctx.get(mask) == expected, f"length {n}"
+    sim.add_testbench(check)
+    sim.run()
 
 
 # ------------------------------------------------------------------ parameters

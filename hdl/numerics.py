@@ -89,7 +89,7 @@ _ALIGNED = 24 + _GRS
 LZC_FORMS = ("tree", "onehot")
 
 
-def leading_zeros(value, form="tree"):
+def leading_zeros(value, form="tree", m=None):
     """Number of leading zero bits of `value` (``len(value)`` if it is zero).
 
     The value is first padded to a power of two with ones below it, so that
@@ -105,10 +105,15 @@ def leading_zeros(value, form="tree"):
         of every bit above it) leaves one set bit where the leading one sits;
         folding the upper half of that one-hot word onto the lower half, and
         again, gives the bits of its position. Every step is a word-wide OR,
-        AND or constant shift, so
-        the Verilated model spends a few dozen operations on it where the
-        tree costs about ten times as many (docs/simulation.md). The
-        pipelined PE uses it; on an FPGA it is a few LUT levels more.
+        AND or constant shift, so the Verilated model spends a few dozen
+        operations on it where the tree costs about ten times as many
+        (docs/simulation.md). The pipelined PE uses it; on an FPGA it is a
+        few LUT levels more.
+
+    With a module `m`, the one-hot form names each step in a signal driven in
+    `m`: Amaranth writes a subexpression out again at every use, and each
+    step uses the one before twice (2,047 Verilog assigns for a 28-bit count
+    otherwise, which Icarus and the solvers evaluate one by one).
     """
     if form not in LZC_FORMS:
         raise ValueError(f"form must be one of {LZC_FORMS}, not {form!r}")
@@ -118,7 +123,7 @@ def leading_zeros(value, form="tree"):
         value = Cat(C((1 << (size - width)) - 1, size - width), value)
     if form == "tree":
         return _leading_zeros_pow2(value)
-    return _leading_zeros_onehot(value, zero_case=size == width)
+    return _leading_zeros_onehot(value, zero_case=size == width, m=m)
 
 
 def _leading_zeros_pow2(value):
@@ -133,18 +138,26 @@ def _leading_zeros_pow2(value):
     return Mux(high == 0, Cat(lz_low[:k], ~lz_low[k], lz_low[k]), Cat(lz_high[:k], C(0, 2)))
 
 
-def _leading_zeros_onehot(value, zero_case):
+def _leading_zeros_onehot(value, zero_case, m=None):
     """`value` has a power-of-two width; it may be zero only if `zero_case`."""
+    def named(expr, name):
+        if m is None:
+            return expr
+        signal = Signal(len(expr), name=name)
+        m.d.comb += signal.eq(expr)
+        return signal
+
     if zero_case:
         # Ones below it: the padded value is never zero, and a zero counts `len(value)`.
         value = Cat(C((1 << len(value)) - 1, len(value)), value)
     size = len(value)
+    value = named(value, "lzc_value")
     smear = value
     step = 1
     while step < size:
-        smear = smear | (smear >> step)
+        smear = named(smear | (smear >> step), f"lzc_smear{step}")
         step *= 2
-    onehot = value & ~(smear >> 1)
+    onehot = named(value & ~(smear >> 1), "lzc_onehot")
     # The one's position, most significant bit first: is it in the upper half?
     # Then fold the upper half onto the lower one (an OR, the other is zero).
     position = []
@@ -152,7 +165,7 @@ def _leading_zeros_onehot(value, zero_case):
     while half >= 1:
         upper = onehot[half:2 * half]
         position.append(upper.any())
-        onehot = onehot[:half] | upper
+        onehot = named(onehot[:half] | upper, f"lzc_fold{half}")
         half //= 2
     # size - 1 - position zeros lie above the one: the position's complement.
     return ~Cat(*reversed(position))
@@ -286,7 +299,7 @@ class Bf16ProductAmount(wiring.Component):
         product, exp_sum = raw.product, raw.exp_sum
         lz = Signal(range(17))
         # The chip uses this block only in the pipelined MAC: the form cheapest to simulate.
-        m.d.comb += lz.eq(leading_zeros(product, "onehot"))
+        m.d.comb += lz.eq(leading_zeros(product, "onehot", m))
 
         # value = P * 2**(ea + eb - 268). Normal result: exponent field
         # ea + eb - 126 - lz, and P << (lz + 8) puts the hidden bit on bit 23.
@@ -643,7 +656,7 @@ class Fp32AddNormAmount(wiring.Component):
         p, plan = self.partial, self.plan
         width = _ALIGNED + 1
         lz = Signal(range(width + 1))
-        m.d.comb += lz.eq(leading_zeros(p.sum, self.lzc))
+        m.d.comb += lz.eq(leading_zeros(p.sum, self.lzc, m))
         # One subtraction gives both the clamp and the exponent: exp - lz >= 0
         # is a shift by lz that leaves the top bit set (a normal result, field
         # exp + 1 - lz); below it the shift stops at exp (subnormal).

@@ -98,12 +98,13 @@ def test_simulate_units_10m_vectors():
         golden.assert_bits_equal(simulate_fp32_to_bf16(x), golden.fp32_to_bf16(x), "cvt", seed=SEED)
 
 
-@pytest.mark.parametrize("form", LZC_FORMS)
+@pytest.mark.parametrize("form, named", [("tree", False), ("onehot", False), ("onehot", True)])
 @pytest.mark.parametrize("width", [1, 2, 3, 4, 5, 7, 8, 9, 16, 27, 28, 32, 48])
-def test_leading_zeros(form, width):
-    """Both forms of the leading-zero count against Python's `int.bit_length`:
-    every value up to 9 bits; zero, every power of two, every power of two with
-    random bits below it, and random values of random length above."""
+def test_leading_zeros(form, named, width):
+    """Both forms of the leading-zero count (the one-hot form also with its steps
+    in named signals) against Python's `int.bit_length`: every value up to 9
+    bits; zero, every power of two, every power of two with random bits below
+    it, and random values of random length above."""
     rng = np.random.default_rng(SEED + width)
     if width <= 9:
         values = list(range(1 << width))
@@ -114,7 +115,7 @@ def test_leading_zeros(form, width):
                    for _ in range(200)]
     m = Module()
     value, count = Signal(width), Signal(range(width + 1))
-    m.d.comb += count.eq(leading_zeros(value, form))
+    m.d.comb += count.eq(leading_zeros(value, form, m if named else None))
     sim = Simulator(m)
 
     async def check(ctx):

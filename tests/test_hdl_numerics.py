@@ -13,7 +13,7 @@ from amaranth.sim import Simulator
 from mxu.sim import simulate_bf16_mul, simulate_fp32_add, simulate_fp32_to_bf16, simulate_mac
 from mxu.sim.backends.cocotb import cocotb_build, cocotb_test
 from mxu.hdl.mac import MAC_STAGES
-from mxu.hdl.numerics import LZC_FORMS, Fp32AddNormAmount, leading_zeros
+from mxu.hdl.numerics import Fp32AddNormAmount, leading_zeros
 from mxu.sim.backends.verilog import to_verilog
 from mxu.sim.backends.toolchain import icarus_available
 from mxu.verif import golden, vectors

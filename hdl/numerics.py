@@ -110,10 +110,12 @@ def leading_zeros(value, form="tree", m=None):
         (docs/simulation.md). The pipelined PE uses it; on an FPGA it is a
         few LUT levels more.
 
-    With a module `m`, the one-hot form names each step in a signal driven in
-    `m`: Amaranth writes a subexpression out again at every use, and each
-    step uses the one before twice (2,047 Verilog assigns for a 28-bit count
-    otherwise, which Icarus and the solvers evaluate one by one).
+    With a module `m`, each step is a signal driven in `m`'s comb domain:
+    Amaranth writes a subexpression out again at every use, and in both forms
+    each step uses the one before more than once, so a 28-bit count as one
+    expression is about 2,000 Verilog assigns, which Icarus and the solvers
+    evaluate one by one (Verilator and Yosys merge the copies). Without `m`,
+    one expression.
     """
     if form not in LZC_FORMS:
         raise ValueError(f"form must be one of {LZC_FORMS}, not {form!r}")
@@ -121,25 +123,6 @@ def leading_zeros(value, form="tree", m=None):
     size = 1 << (width - 1).bit_length()
     if size != width:
         value = Cat(C((1 << (size - width)) - 1, size - width), value)
-    if form == "tree":
-        return _leading_zeros_pow2(value)
-    return _leading_zeros_onehot(value, zero_case=size == width, m=m)
-
-
-def _leading_zeros_pow2(value):
-    if len(value) == 1:
-        return ~value[0]
-    half = len(value) // 2
-    k = half.bit_length() - 1           # bits of a count below `half`
-    high, low = value[half:], value[:half]
-    lz_high, lz_low = _leading_zeros_pow2(high), _leading_zeros_pow2(low)
-    # high != 0: its count (< half). high == 0: half + the low half's count,
-    # which is `half` itself (bit k) only when the low half is zero too.
-    return Mux(high == 0, Cat(lz_low[:k], ~lz_low[k], lz_low[k]), Cat(lz_high[:k], C(0, 2)))
-
-
-def _leading_zeros_onehot(value, zero_case, m=None):
-    """`value` has a power-of-two width; it may be zero only if `zero_case`."""
     def named(expr, name):
         if m is None:
             return expr
@@ -147,6 +130,26 @@ def _leading_zeros_onehot(value, zero_case, m=None):
         m.d.comb += signal.eq(expr)
         return signal
 
+    if form == "tree":
+        return _leading_zeros_pow2(value, named)
+    return _leading_zeros_onehot(value, named, zero_case=size == width)
+
+
+def _leading_zeros_pow2(value, named):
+    if len(value) == 1:
+        return ~value[0]
+    half = len(value) // 2
+    k = half.bit_length() - 1           # bits of a count below `half`
+    high, low = value[half:], value[:half]
+    lz_high, lz_low = _leading_zeros_pow2(high, named), _leading_zeros_pow2(low, named)
+    # high != 0: its count (< half). high == 0: half + the low half's count,
+    # which is `half` itself (bit k) only when the low half is zero too.
+    return named(Mux(high == 0, Cat(lz_low[:k], ~lz_low[k], lz_low[k]), Cat(lz_high[:k], C(0, 2))),
+                 f"lzc_tree{len(value)}")
+
+
+def _leading_zeros_onehot(value, named, zero_case):
+    """`value` has a power-of-two width; it may be zero only if `zero_case`."""
     if zero_case:
         # Ones below it: the padded value is never zero, and a zero counts `len(value)`.
         value = Cat(C((1 << len(value)) - 1, len(value)), value)
@@ -811,6 +814,8 @@ class Fp32Multiplier(wiring.Component):
         m.d.comb += exp_sum.eq(exp_a + exp_b)
 
         lz = Signal(range(49))
+        # One expression, not named steps: with them the lane's multiplier
+        # mapped to 25.0 MHz on the ECP5, below its floor (docs/synth.md).
         m.d.comb += lz.eq(leading_zeros(product))
         grid = Signal(signed(11))
         m.d.comb += grid.eq(exp_sum - 127)

@@ -165,7 +165,7 @@ class PipelineOps(_FpOps):
         return self._comb(lambda x, y: (x << y[:5])[:32], a, b)
 
     def clz(self, a):
-        return self._comb(leading_zeros, a)
+        return self._comb(lambda x: leading_zeros(x, m=self.m), a)
 
     def ieq(self, a, b):
         return self._comb(lambda x, y: x == y, a, b)

@@ -13,7 +13,7 @@ from amaranth.sim import Simulator
 from mxu.sim import simulate_bf16_mul, simulate_fp32_add, simulate_fp32_to_bf16, simulate_mac
 from mxu.sim.backends.cocotb import cocotb_build, cocotb_test
 from mxu.hdl.mac import MAC_STAGES
-from mxu.hdl.numerics import Fp32AddNormAmount, leading_zeros
+from mxu.hdl.numerics import LZC_FORMS, Fp32AddNormAmount, leading_zeros
 from mxu.sim.backends.verilog import to_verilog
 from mxu.sim.backends.toolchain import icarus_available
 from mxu.verif import golden, vectors
@@ -98,12 +98,13 @@ def test_simulate_units_10m_vectors():
         golden.assert_bits_equal(simulate_fp32_to_bf16(x), golden.fp32_to_bf16(x), "cvt", seed=SEED)
 
 
-@pytest.mark.parametrize("form, named", [("tree", False), ("onehot", False), ("onehot", True)])
+@pytest.mark.parametrize("named", [False, True], ids=["expression", "named"])
+@pytest.mark.parametrize("form", LZC_FORMS)
 @pytest.mark.parametrize("width", [1, 2, 3, 4, 5, 7, 8, 9, 16, 27, 28, 32, 48])
 def test_leading_zeros(form, named, width):
-    """Both forms of the leading-zero count (the one-hot form also with its steps
-    in named signals) against Python's `int.bit_length`: every value up to 9
-    bits; zero, every power of two, every power of two with random bits below
+    """Both forms of the leading-zero count, as one expression and with their
+    steps in named signals, against Python's `int.bit_length`: every value up
+    to 9 bits; zero, every power of two, every power of two with random bits below
     it, and random values of random length above."""
     rng = np.random.default_rng(SEED + width)
     if width <= 9:

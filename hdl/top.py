@@ -11,7 +11,8 @@ The load DMA uses AR/R with ID 0, the fetch unit AR/R with ID 1, and the store
 DMA AW/W/B, so loads and stores use the bus's two directions at the same time.
 """
 
-from amaranth.hdl import (ClockDomain, ClockSignal, DomainRenamer, Module, Mux, ResetInserter,
+from amaranth.hdl import (ClockDomain, ClockSignal, DomainRenamer, Instance, Module, Mux,
+                          ResetInserter,
                           ResetSignal, Signal)
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -66,6 +67,19 @@ class _ChipCore(wiring.Component):
         flit = stream.Signature(8 * config.link_flit_bytes)
         return {"link_send": Out(flit).array(config.links),
                 "link_receive": In(flit).array(config.links)}
+
+    def _gated(self, m, vector, gate):
+        """The vector unit in a clock domain of its own whose clock ticks only
+        in cycles where the unit may change: it is working, a command is
+        offered, or it is being reset (simulation builds, docs/simulation.md)."""
+        m.domains.vector = ClockDomain("vector", local=True)
+        reset = ResetSignal("sync") | self.start | self.clear
+        awake = Signal()
+        m.d.comb += [ResetSignal("vector").eq(reset),
+                     awake.eq(~vector.idle | vector.cmd.valid | reset)]
+        m.submodules.vector_gate = Instance(gate, i_clk=ClockSignal("sync"), i_en=awake,
+                                            o_gclk=ClockSignal("vector"))
+        m.submodules.vector = DomainRenamer("vector")(vector)
 
     def elaborate(self, platform):
         m = Module()
@@ -125,7 +139,11 @@ class _ChipCore(wiring.Component):
         engines = [("load", load), ("compute", compute), ("store", store)]
         if c.vpu:
             vector = VectorUnit(c, unit_modules=self.vpu_modules)
-            m.submodules.vector = ResetInserter(self.start)(vector)
+            gate = (self.vpu_modules or {}).get("clock_gate")
+            if gate is None:
+                m.submodules.vector = ResetInserter(self.start)(vector)
+            else:
+                self._gated(m, vector, gate)
             engines.append(("vector", vector))
             wiring.connect(m, vector.read_a, acc.vector_read_a)
             wiring.connect(m, vector.read_b, acc.vector_read_b)
@@ -239,7 +257,11 @@ class MxuChip(wiring.Component):
         grid (a simulation model, `mxu.sim.backends.fast_array`).
     vpu_modules : dict or None
         See `VectorAlu`'s ``unit_modules``: the vector lanes (and fp32 units) as
-        named Verilog modules generated once.
+        named Verilog modules generated once. A ``"clock_gate"`` entry names a
+        simulation clock gate (ports ``clk``, ``en``, ``gclk``): the vector unit
+        then runs on ``gclk``, enabled in the cycles where it is busy, offered
+        a command or reset; in the others its next state is its state, so
+        the gated chip is cycle for cycle the same (docs/simulation.md).
 
     Interface
     ---------

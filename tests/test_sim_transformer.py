@@ -81,6 +81,22 @@ def test_random_encoder_on_the_vector_unit_is_bit_exact(shape):
     assert stats.vector_active_cycles > 0
 
 
+def test_idle_gating_runs_the_encoder_in_the_same_cycles():
+    """The tiny encoder with every layer op on the vector unit, whose clock is
+    gated while it is idle (the fast builds' default, docs/simulation.md),
+    and on the build that evaluates it every cycle: the same bits, cycles and
+    vector rows."""
+    weights = EncoderWeights.random(TINY_ENCODER, seed=SEED)
+    ids, mask = _batch(np.random.default_rng(SEED), [7, 16], 16, TINY_ENCODER.vocab)
+    runs = []
+    for gating in (True, False):
+        chip = Chip(VPU_SHAPES["3x5"], fast_mac=True, idle_gating=gating)
+        tokens, stats = Encoder(chip, weights, vector_ops="chip")(ids, mask)
+        runs.append((tokens, stats.cycles, stats.vector_active_cycles))
+    golden.assert_bits_equal(runs[0][0], runs[1][0], "gated against ungated")
+    assert runs[0][1:] == runs[1][1:]
+
+
 @pytest.mark.parametrize("vector_ops", ["host", "chip"])
 def test_packed_texts_are_bit_exact_and_kept_apart(vector_ops):
     """Four texts packed end to end into one row (`pack`): bit-exact against

@@ -183,7 +183,7 @@ def dma_system_verilog(config):
 
 @functools.lru_cache(maxsize=4)
 def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=False,
-                 memory=False):
+                 memory=False, idle_gating=True):
     """Verilog (module ``top``) of ``MxuChip(config)`` for simulation: the PE is a
     separate module instantiated rows*cols times (the RTL `ProcessingElement`,
     `pe_verilog`), or with `fast_mac` the whole PE grid is one C++ model
@@ -193,7 +193,9 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     spends the time (`units_not_inlined`). `memory` puts the external-memory
     model inside (`mxu.sim.backends.axi_memory`; the top then has no ``axi``
     port), and the links' model (`mxu.sim.backends.link_model`): the native
-    harness's build."""
+    harness's build. With the fast lanes and `idle_gating`, the vector unit's
+    clock is gated in the cycles where it holds still (`clock_gate_verilog`,
+    docs/simulation.md)."""
     from mxu.hdl.top import MxuChip
     if fast_mac:
         pe_name, (datapath_name, pe) = None, fast_datapath_verilog(config.rows, config.cols,
@@ -216,6 +218,9 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
             # Verilator writes one row when one arrives instead of evaluating
             # every element's register each cycle (docs/simulation.md).
             vpu_modules["transpose"] = "memory"
+            if idle_gating:
+                vpu_modules["clock_gate"], gate = clock_gate_verilog()
+                vpu += gate
         else:
             lane_name, vpu = vpu_lane_verilog()
             vpu_modules = {"lane": lane_name}
@@ -227,6 +232,24 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
                               if memory and config.links else (None, ""))
     text = lean_verilog(RegisteredReset(chip, axi_memory=memory_name, link_model=links_name))
     return pe + vpu + memory_text + links_text + (units_not_inlined(text) if units else text)
+
+
+def clock_gate_verilog():
+    """(module name, Verilog) of a clock gate for simulation: ``gclk`` is
+    ``clk`` in the cycles whose ``en`` was high at the falling edge before
+    (sampled there, so that ``en`` changing after a rising edge cannot make a
+    second edge). Verilator evaluates the logic that depends only on
+    registers clocked by ``gclk`` at ``gclk``'s edges alone."""
+    name = "mxu_clock_gate"
+    return name, f"""module {name}(clk, en, gclk);
+  input clk;
+  input en;
+  output gclk;
+  reg en_low = 1'b1;
+  always @(negedge clk) en_low <= en;
+  assign gclk = clk & en_low;
+endmodule
+"""
 
 
 def units_not_inlined(text, scope="top.chip.core"):

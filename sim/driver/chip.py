@@ -143,17 +143,21 @@ def _wave_format(waves):
 
 
 @functools.lru_cache(maxsize=4)
-def _library(config, waves=None, fast_mac=False, trace=False, units=False, threads=1):
-    # Waveforms, the profiler's trace, the per-unit profile and each thread
-    # count need builds of their own, so that the plain model pays nothing for them.
+def _library(config, waves=None, fast_mac=False, trace=False, units=False, threads=1,
+             idle_gating=True):
+    # Waveforms, the profiler's trace, the per-unit profile, each thread count
+    # and the ungated model need builds of their own, so that the plain model
+    # pays nothing for them.
     name = f"chip{config.rows}x{config.cols}" + ("_fastmac" if fast_mac else "") + \
         (f"_{waves}" if waves else "") + ("_trace" if trace else "") + \
-        ("_units" if units else "") + (f"_t{threads}" if threads > 1 else "")
+        ("_units" if units else "") + (f"_t{threads}" if threads > 1 else "") + \
+        ("" if idle_gating else "_ungated")
     flags = _TRACE_FLAGS[waves] + (("-CFLAGS", "-DMXU_TRACE") if trace else ()) + \
         (("--threads", str(threads), "-CFLAGS", f"-DMXU_THREADS={threads}") if threads > 1 else ())
     lib = native_library(name, "chip_harness.cpp", key=[repr(config)], extra_flags=flags,
                          make_vars=_TRACE_MAKE.get(waves, ()),
-                         verilog=lambda: chip_verilog(config, fast_mac, trace, units=units, memory=True),
+                         verilog=lambda: chip_verilog(config, fast_mac, trace, units=units, memory=True,
+                                                      idle_gating=idle_gating),
                          extra_cpp=vpu_cpp_source if config.vpu and fast_mac else None)
     for fn_name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, fn_name)
@@ -263,12 +267,18 @@ class SimulatedChip:
         measured, the all-RTL 16x16 chip included: the work of a cycle is too
         small to split, and every clock edge waits for the slowest thread
         (docs/simulation.md, "Threads").
+    idle_gating : bool
+        With the fast MAC and the vector unit: gate the vector unit's clock in
+        the cycles where it is idle and offered nothing, so that Verilator
+        skips its logic there (the default). Same bits and cycles; False
+        builds the model that evaluates it every cycle, to check that
+        (docs/simulation.md, "Idle gating").
     """
 
     def __init__(self, config=None, simulator="verilator", *, mem_latency=(0, 0), mem_pause=None,
                  seed=1, waves=None, waves_from=0, waves_cycles=None, waves_depth=None,
                  waves_scope="TOP", fast_mac=False, trace=False, trace_bucket=256,
-                 profile_units=False, threads=1):
+                 profile_units=False, threads=1, idle_gating=True):
         if config is not None and not isinstance(config, ChipConfig):
             raise TypeError(f"config must be a ChipConfig, not {type(config).__name__}")
         self.config = config or ChipConfig()
@@ -293,8 +303,9 @@ class SimulatedChip:
         self.trace_bucket = _integer(trace_bucket, "trace_bucket", 1)
         self.profile_units = bool(check_bool(profile_units, "profile_units"))
         self.threads = _integer(threads, "threads", 1, MAX_THREADS)
+        self.idle_gating = bool(check_bool(idle_gating, "idle_gating"))
         self._lib = _library(self.config, wave_format, self.fast_mac, self.trace, self.profile_units,
-                             self.threads)
+                             self.threads, self.idle_gating)
         self._native = _NativeChip(self._lib, self.config)
         self._handle = self._native.handle
         if waves is not None:

@@ -44,11 +44,12 @@ class _ChipCore(wiring.Component):
     """Everything that a soft reset clears: all but the register file."""
 
     def __init__(self, config, pe_module=None, trace=False, vpu_modules=None,
-                 datapath_module=None):
+                 datapath_module=None, clock_gate=None):
         self.config = config
         self.pe_module = pe_module
         self.datapath_module = datapath_module
         self.vpu_modules = vpu_modules
+        self.clock_gate = clock_gate
         self.trace_port = trace
         super().__init__({
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
@@ -68,18 +69,24 @@ class _ChipCore(wiring.Component):
         return {"link_send": Out(flit).array(config.links),
                 "link_receive": In(flit).array(config.links)}
 
-    def _gated(self, m, vector, gate):
-        """The vector unit in a clock domain of its own whose clock ticks only
-        in cycles where the unit may change: it is working, a command is
-        offered, or it is being reset (simulation builds, docs/simulation.md)."""
-        m.domains.vector = ClockDomain("vector", local=True)
-        reset = ResetSignal("sync") | self.start | self.clear
-        awake = Signal()
-        m.d.comb += [ResetSignal("vector").eq(reset),
-                     awake.eq(~vector.idle | vector.cmd.valid | reset)]
-        m.submodules.vector_gate = Instance(gate, i_clk=ClockSignal("sync"), i_en=awake,
-                                            o_gclk=ClockSignal("vector"))
-        m.submodules.vector = DomainRenamer("vector")(vector)
+    def _add_units(self, m, name, units, engine):
+        """`units` (name: component) as submodules; with a clock gate, in a
+        clock domain `name` of their own whose clock ticks only in cycles
+        where they may change: `engine` is not idle, is offered a command, or
+        they are reset (docs/simulation.md, "Idle gating")."""
+        if self.clock_gate is None:
+            for unit_name, unit in units.items():
+                m.submodules[unit_name] = unit
+            return
+        m.domains += ClockDomain(name, local=True)
+        reset = ResetSignal("sync") | self.clear
+        awake = Signal(name=f"{name}_awake")
+        m.d.comb += [ResetSignal(name).eq(reset),
+                     awake.eq(~engine.idle | engine.cmd.valid | reset | self.start)]
+        m.submodules[f"{name}_gate"] = Instance(self.clock_gate, i_clk=ClockSignal("sync"),
+                                                i_en=awake, o_gclk=ClockSignal(name))
+        for unit_name, unit in units.items():
+            m.submodules[unit_name] = DomainRenamer(name)(unit)
 
     def elaborate(self, platform):
         m = Module()
@@ -105,12 +112,15 @@ class _ChipCore(wiring.Component):
         compute = ComputeEngine(c, pe_module=self.pe_module, datapath_module=self.datapath_module)
         m.submodules.compute = DomainRenamer("compute")(compute)
         m.submodules.load_dma = load_dma = Dma(c)
-        m.submodules.store_dma = store_dma = Dma(c)
+        store_dma = Dma(c)
         # A start clears an engine's sticky error from a run that failed.
         load = TransferEngine(c, DmaDir.LOAD)
         store = TransferEngine(c, DmaDir.STORE)
         m.submodules.load = ResetInserter(self.start)(load)
-        m.submodules.store = ResetInserter(self.start)(store)
+        # The store DMA answers to the store engine only: they are idle
+        # together. (The load engine is busy for most of a model's run.)
+        self._add_units(m, "store", {"store": ResetInserter(self.start)(store),
+                                     "store_dma": store_dma}, store)
 
         m.d.comb += [
             fetch.start.eq(self.start), fetch.base.eq(self.prog_base),
@@ -139,11 +149,7 @@ class _ChipCore(wiring.Component):
         engines = [("load", load), ("compute", compute), ("store", store)]
         if c.vpu:
             vector = VectorUnit(c, unit_modules=self.vpu_modules)
-            gate = (self.vpu_modules or {}).get("clock_gate")
-            if gate is None:
-                m.submodules.vector = ResetInserter(self.start)(vector)
-            else:
-                self._gated(m, vector, gate)
+            self._add_units(m, "vector", {"vector": ResetInserter(self.start)(vector)}, vector)
             engines.append(("vector", vector))
             wiring.connect(m, vector.read_a, acc.vector_read_a)
             wiring.connect(m, vector.read_b, acc.vector_read_b)
@@ -257,11 +263,14 @@ class MxuChip(wiring.Component):
         grid (a simulation model, `mxu.sim.backends.fast_array`).
     vpu_modules : dict or None
         See `VectorAlu`'s ``unit_modules``: the vector lanes (and fp32 units) as
-        named Verilog modules generated once. A ``"clock_gate"`` entry names a
-        simulation clock gate (ports ``clk``, ``en``, ``gclk``): the vector unit
-        then runs on ``gclk``, enabled in the cycles where it is busy, offered
-        a command or reset; in the others its next state is its state, so
-        the gated chip is cycle for cycle the same (docs/simulation.md).
+        named Verilog modules generated once.
+    clock_gate : str or None
+        A simulation clock gate's Verilog module (ports ``clk``, ``en``,
+        ``gclk``): the vector unit, and the store engine with its DMA, then
+        each run on a gated clock, enabled in the cycles where the engine is
+        busy, is offered a command or is reset. In the others its next state
+        is its state, so the gated chip is cycle for cycle the same, and
+        Verilator skips their logic (docs/simulation.md, "Idle gating").
 
     Interface
     ---------
@@ -279,7 +288,7 @@ class MxuChip(wiring.Component):
     """
 
     def __init__(self, config, *, pe_module=None, trace=False, vpu_modules=None,
-                 datapath_module=None):
+                 datapath_module=None, clock_gate=None):
         from .config import ChipConfig
         if not isinstance(config, ChipConfig):
             raise TypeError(f"MxuChip needs a ChipConfig, not {type(config).__name__}")
@@ -287,6 +296,7 @@ class MxuChip(wiring.Component):
         self.pe_module = pe_module
         self.datapath_module = datapath_module
         self.vpu_modules = vpu_modules
+        self.clock_gate = clock_gate
         self.trace_port = trace
         super().__init__({
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
@@ -301,7 +311,7 @@ class MxuChip(wiring.Component):
         m = Module()
         m.submodules.regs = regs = RegisterFile(self.config)
         core = _ChipCore(self.config, self.pe_module, self.trace_port, self.vpu_modules,
-                         self.datapath_module)
+                         self.datapath_module, self.clock_gate)
         m.submodules.core = ResetInserter(regs.soft_reset)(core)
         wiring.connect(m, wiring.flipped(self.host), regs.bus)
         wiring.connect(m, core.axi, wiring.flipped(self.axi))

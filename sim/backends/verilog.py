@@ -193,9 +193,9 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     spends the time (`units_not_inlined`). `memory` puts the external-memory
     model inside (`mxu.sim.backends.axi_memory`; the top then has no ``axi``
     port), and the links' model (`mxu.sim.backends.link_model`): the native
-    harness's build. With the fast lanes and `idle_gating`, the vector unit's
-    clock is gated in the cycles where it holds still (`clock_gate_verilog`,
-    docs/simulation.md)."""
+    harness's build. With `fast_mac` and `idle_gating`, the clocks of the
+    vector unit and of the store engine with its DMA are gated in the cycles
+    where they hold still (`clock_gate_verilog`, docs/simulation.md)."""
     from mxu.hdl.top import MxuChip
     if fast_mac:
         pe_name, (datapath_name, pe) = None, fast_datapath_verilog(config.rows, config.cols,
@@ -218,20 +218,18 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
             # Verilator writes one row when one arrives instead of evaluating
             # every element's register each cycle (docs/simulation.md).
             vpu_modules["transpose"] = "memory"
-            if idle_gating:
-                vpu_modules["clock_gate"], gate = clock_gate_verilog()
-                vpu += gate
         else:
             lane_name, vpu = vpu_lane_verilog()
             vpu_modules = {"lane": lane_name}
+    gate_name, gate = clock_gate_verilog() if fast_mac and idle_gating else (None, "")
     chip = MxuChip(config, pe_module=pe_name, datapath_module=datapath_name, trace=trace,
-                   vpu_modules=vpu_modules)
+                   vpu_modules=vpu_modules, clock_gate=gate_name)
     memory_name, memory_text = (axi_memory_verilog(config.axi_data_bits, config.axi_addr_bits)
                                 if memory else (None, ""))
     links_name, links_text = (link_model_verilog(config.links, 8 * config.link_flit_bytes)
                               if memory and config.links else (None, ""))
     text = lean_verilog(RegisteredReset(chip, axi_memory=memory_name, link_model=links_name))
-    return pe + vpu + memory_text + links_text + (units_not_inlined(text) if units else text)
+    return pe + vpu + gate + memory_text + links_text + (units_not_inlined(text) if units else text)
 
 
 def clock_gate_verilog():

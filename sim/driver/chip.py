@@ -268,11 +268,12 @@ class SimulatedChip:
         small to split, and every clock edge waits for the slowest thread
         (docs/simulation.md, "Threads").
     idle_gating : bool
-        With the fast MAC and the vector unit: gate the vector unit's clock in
-        the cycles where it is idle and offered nothing, so that Verilator
-        skips its logic there (the default). Same bits and cycles; False
-        builds the model that evaluates it every cycle, to check that
-        (docs/simulation.md, "Idle gating").
+        With the fast MAC: gate the clocks of the vector unit and of the
+        store engine with its DMA in the cycles where they are idle and
+        offered nothing, so that Verilator skips their logic there (the
+        default). Same bits and cycles; False builds the model that
+        evaluates them every cycle, to check that (docs/simulation.md,
+        "Idle gating").
     """
 
     def __init__(self, config=None, simulator="verilator", *, mem_latency=(0, 0), mem_pause=None,

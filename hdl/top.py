@@ -33,7 +33,11 @@ from .transfer import TransferEngine
 from .vmem import Vmem
 from .vpu import VectorUnit
 
-__all__ = ["MxuChip"]
+__all__ = ["GATED_UNITS", "MxuChip"]
+
+# The units that `MxuChip(clock_gate=...)` puts on gated clocks, each in a
+# clock domain of its name (docs/simulation.md, "Idle gating").
+GATED_UNITS = ("store", "store_dma", "vector")
 
 _READ_FORWARD = ("arid", "araddr", "arlen", "arsize", "arburst", "arlock", "arcache", "arprot")
 _WRITE_FORWARD = ("awid", "awaddr", "awlen", "awsize", "awburst", "awlock", "awcache", "awprot",
@@ -70,23 +74,28 @@ class _ChipCore(wiring.Component):
                 "link_receive": In(flit).array(config.links)}
 
     def _add_units(self, m, name, units, engine):
-        """`units` (name: component) as submodules; with a clock gate, in a
-        clock domain `name` of their own whose clock ticks only in cycles
-        where they may change: `engine` is not idle, is offered a command, or
-        they are reset (docs/simulation.md, "Idle gating")."""
+        """`units` (name: (component, whether a start resets it)) as
+        submodules. With a clock gate, each in a clock domain of its own (named
+        after it, its reset the sync one with start if so) on one gated clock
+        that ticks only in cycles where they may change: `engine` is not
+        idle, is offered a command, or they are reset (docs/simulation.md,
+        "Idle gating")."""
         if self.clock_gate is None:
-            for unit_name, unit in units.items():
-                m.submodules[unit_name] = unit
+            for unit_name, (unit, on_start) in units.items():
+                m.submodules[unit_name] = ResetInserter(self.start)(unit) if on_start else unit
             return
-        m.domains += ClockDomain(name, local=True)
         reset = ResetSignal("sync") | self.clear
         awake = Signal(name=f"{name}_awake")
-        m.d.comb += [ResetSignal(name).eq(reset),
-                     awake.eq(~engine.idle | engine.cmd.valid | reset | self.start)]
+        gclk = Signal(name=f"{name}_gclk")
+        m.d.comb += awake.eq(~engine.idle | engine.cmd.valid | reset | self.start)
         m.submodules[f"{name}_gate"] = Instance(self.clock_gate, i_clk=ClockSignal("sync"),
-                                                i_en=awake, o_gclk=ClockSignal(name))
-        for unit_name, unit in units.items():
-            m.submodules[unit_name] = DomainRenamer(name)(unit)
+                                                i_en=awake, o_gclk=gclk)
+        for unit_name, (unit, on_start) in units.items():
+            assert unit_name in GATED_UNITS
+            m.domains += ClockDomain(unit_name, local=True)
+            m.d.comb += [ClockSignal(unit_name).eq(gclk),
+                         ResetSignal(unit_name).eq(reset | self.start if on_start else reset)]
+            m.submodules[unit_name] = DomainRenamer(unit_name)(unit)
 
     def elaborate(self, platform):
         m = Module()
@@ -119,8 +128,8 @@ class _ChipCore(wiring.Component):
         m.submodules.load = ResetInserter(self.start)(load)
         # The store DMA answers to the store engine only: they are idle
         # together. (The load engine is busy for most of a model's run.)
-        self._add_units(m, "store", {"store": ResetInserter(self.start)(store),
-                                     "store_dma": store_dma}, store)
+        self._add_units(m, "store", {"store": (store, True), "store_dma": (store_dma, False)},
+                        store)
 
         m.d.comb += [
             fetch.start.eq(self.start), fetch.base.eq(self.prog_base),
@@ -149,7 +158,7 @@ class _ChipCore(wiring.Component):
         engines = [("load", load), ("compute", compute), ("store", store)]
         if c.vpu:
             vector = VectorUnit(c, unit_modules=self.vpu_modules)
-            self._add_units(m, "vector", {"vector": ResetInserter(self.start)(vector)}, vector)
+            self._add_units(m, "vector", {"vector": (vector, True)}, vector)
             engines.append(("vector", vector))
             wiring.connect(m, vector.read_a, acc.vector_read_a)
             wiring.connect(m, vector.read_b, acc.vector_read_b)

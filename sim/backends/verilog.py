@@ -229,6 +229,8 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     links_name, links_text = (link_model_verilog(config.links, 8 * config.link_flit_bytes)
                               if memory and config.links else (None, ""))
     text = lean_verilog(RegisteredReset(chip, axi_memory=memory_name, link_model=links_name))
+    if gate_name is not None:
+        text = fold_resets(text)
     return pe + vpu + gate + memory_text + links_text + (units_not_inlined(text) if units else text)
 
 
@@ -248,6 +250,57 @@ def clock_gate_verilog():
   assign gclk = clk & en_low;
 endmodule
 """
+
+
+_COMB_BLOCK = re.compile(r"  always @\* begin\n(.*?)\n  end\n", re.S)
+# A block's last statement when it sets the block's wire to a constant under
+# a one-signal condition: a (synchronous) reset.
+_CONSTANT_AT_END = re.compile(
+    r"\n    if \((\\\S+ |\w+)\) begin\n      \\(\$\d+)  = (\d+'[bdh][0-9a-fA-F_]+);\n    end$")
+_FLOP = re.compile(r"  always @\(posedge (\\\S+ |\w+)\)\n    (\\\S+ |\w+) <= \\(\$\d+) ;\n")
+
+
+def fold_resets(text):
+    """`text` with the synchronous resets of its registers moved from their
+    next-state logic into their clocked blocks. Amaranth writes a register
+    as ``next = ...; if (rst) next = init;`` (one ``if`` per reset: the
+    domain's, a soft reset, a start) in combinational logic and ``reg <=
+    next`` at the edge, so every register's next state reads the resets,
+    and a unit on a gated clock (`clock_gate_verilog`) reads signals that
+    change with the ungated one. As ``if (rst) reg <= init; else reg <=
+    next;`` the next state reads the unit's own signals only, and Verilator
+    tests each reset once per clocked block. The same registers: a register
+    is folded only when its next-state wire is read by its own block and its
+    flip-flop alone (docs/simulation.md, "Idle gating")."""
+    modules = text.split("\nmodule ")
+    return "\nmodule ".join([modules[0]] + [_fold_module(m) for m in modules[1:]])
+
+
+def _fold_module(text):
+    flops = {m.group(3): m for m in _FLOP.finditer(text)}
+    edits = []                                  # (start, end, replacement)
+    for block in _COMB_BLOCK.finditer(text):
+        body, resets = block.group(1), []
+        while (last := _CONSTANT_AT_END.search(body)) is not None:
+            resets.append(last.groups())
+            body = body[:last.start()]
+        wires = {wire for _, wire, _ in resets}
+        if len(wires) != 1:
+            continue
+        wire = wires.pop()
+        flop = flops.get(wire)
+        # Its declaration, its block and its flip-flop; if read elsewhere too, left as it is.
+        if flop is None or text.count(f"\\{wire} ") != block.group(0).count(f"\\{wire} ") + 2:
+            continue
+        edits.append((block.start(), block.end(), f"  always @* begin\n{body}\n  end\n"))
+        clock, reg = flop.groups()[:2]
+        # The last ``if`` of the block won: test it first.
+        chain = "".join(f"if ({cond}) {reg} <= {value}; else " for cond, _, value in resets)
+        edits.append((flop.start(), flop.end(),
+                      f"  always @(posedge {clock})\n    {chain}{reg} <= \\{wire} ;\n"))
+    for start, end, replacement in sorted(edits, reverse=True):
+        text = text[:start] + replacement + text[end:]
+    return text
 
 
 def units_not_inlined(text, scope="top.chip.core"):

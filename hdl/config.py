@@ -13,9 +13,9 @@ __all__ = ["ChipConfig", "MEASURED_FMAX_MHZ"]
 
 # Fmax of a preset's whole chip, placed and routed on the LFE5U-85F at
 # nextpnr's default seed, 1 (docs/synth.md has the runs and their commits,
-# 3cb6ea0): what cycle counts are turned into seconds with (`mxu generate`'s
+# 2c2f94e): what cycle counts are turned into seconds with (`mxu generate`'s
 # tokens/s).
-MEASURED_FMAX_MHZ = {"fpga": 51.5}
+MEASURED_FMAX_MHZ = {"fpga": 56.4}
 
 
 def _is_pow2(n):

@@ -275,30 +275,33 @@ def test_fast_lanes_give_the_same_results_and_cycles():
     np.testing.assert_array_equal(results[0][2], results[1][2])
 
 
+def _vector_program_runs(chips, seed):
+    """The vector program on each of `chips` (checked against the ISA model):
+    its counters and output bytes, per chip."""
+    p, image, outputs = programs.vector_program(chips[0].config, np.random.default_rng(seed))
+    runs = []
+    for c in chips:
+        result = _run_checked(c, p, image, outputs)
+        runs.append((result.counters, bytes(result.memory[:max(hi for _, hi in outputs)])))
+    return runs
+
+
 def test_idle_gating_gives_the_same_results_and_cycles():
     """The fast build with the idle vector unit's clock gated (the default,
     docs/simulation.md) against the build that evaluates it every cycle, on
     the vector program: the same bits and the same counters (cycles, rows
     taken, stalls)."""
     cfg = VPU_SHAPES["4x4"]
-    gated, ungated = Chip(cfg, fast_mac=True), Chip(cfg, fast_mac=True, idle_gating=False)
-    p, image, outputs = programs.vector_program(cfg, np.random.default_rng(SEED + 6))
-    runs = []
-    for c in (gated, ungated):
-        result = _run_checked(c, p, image, outputs)
-        runs.append((result.counters, bytes(result.memory[:max(hi for _, hi in outputs)])))
+    runs = _vector_program_runs([Chip(cfg, fast_mac=True),
+                                 Chip(cfg, fast_mac=True, idle_gating=False)], SEED + 6)
     assert runs[0][0]["vector_active"] > 0
     assert runs[0] == runs[1]
 
 
 def test_profile_build_gives_the_same_results_and_cycles():
     """``profile_units=True`` (each unit of the core a C++ class of its own,
-    for bench/simprofile.py) is the same model: same bits, same cycles."""
+    for bench/simprofile.py) is the same model: same bits, same counters."""
     cfg = VPU_SHAPES["4x4"]
-    chip, profiled = Chip(cfg, fast_mac=True), Chip(cfg, fast_mac=True, profile_units=True)
-    p, image, outputs = programs.vector_program(cfg, np.random.default_rng(SEED + 5))
-    runs = []
-    for c in (chip, profiled):
-        result = _run_checked(c, p, image, outputs)
-        runs.append((result.counters["cycles"], bytes(result.memory[:max(hi for _, hi in outputs)])))
+    runs = _vector_program_runs([Chip(cfg, fast_mac=True),
+                                 Chip(cfg, fast_mac=True, profile_units=True)], SEED + 5)
     assert runs[0] == runs[1]

@@ -123,6 +123,7 @@ def leading_zeros(value, form="tree", m=None):
     size = 1 << (width - 1).bit_length()
     if size != width:
         value = Cat(C((1 << (size - width)) - 1, size - width), value)
+
     def named(expr, name):
         if m is None:
             return expr

@@ -12,8 +12,7 @@ DMA AW/W/B, so loads and stores use the bus's two directions at the same time.
 """
 
 from amaranth.hdl import (ClockDomain, ClockSignal, DomainRenamer, Instance, Module, Mux,
-                          ResetInserter,
-                          ResetSignal, Signal)
+                          ResetInserter, ResetSignal, Signal)
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -33,11 +32,7 @@ from .transfer import TransferEngine
 from .vmem import Vmem
 from .vpu import VectorUnit
 
-__all__ = ["GATED_UNITS", "MxuChip"]
-
-# The units that `MxuChip(clock_gate=...)` puts on gated clocks, each in a
-# clock domain of its name (docs/simulation.md, "Idle gating").
-GATED_UNITS = ("store", "store_dma", "vector")
+__all__ = ["MxuChip"]
 
 _READ_FORWARD = ("arid", "araddr", "arlen", "arsize", "arburst", "arlock", "arcache", "arprot")
 _WRITE_FORWARD = ("awid", "awaddr", "awlen", "awsize", "awburst", "awlock", "awcache", "awprot",
@@ -91,7 +86,6 @@ class _ChipCore(wiring.Component):
         m.submodules[f"{name}_gate"] = Instance(self.clock_gate, i_clk=ClockSignal("sync"),
                                                 i_en=awake, o_gclk=gclk)
         for unit_name, (unit, on_start) in units.items():
-            assert unit_name in GATED_UNITS
             m.domains += ClockDomain(unit_name, local=True)
             m.d.comb += [ClockSignal(unit_name).eq(gclk),
                          ResetSignal(unit_name).eq(reset | self.start if on_start else reset)]

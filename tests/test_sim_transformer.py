@@ -82,10 +82,10 @@ def test_random_encoder_on_the_vector_unit_is_bit_exact(shape):
 
 
 def test_idle_gating_runs_the_encoder_in_the_same_cycles():
-    """The tiny encoder with every layer op on the vector unit, whose clock is
-    gated while it is idle (the fast builds' default, docs/simulation.md),
-    and on the build that evaluates it every cycle: the same bits, cycles and
-    vector rows."""
+    """The tiny encoder with every layer op on the vector unit, whose clock
+    (and the store engine's) is gated while it is idle (the fast builds'
+    default, docs/simulation.md), and on the build that evaluates them every
+    cycle: the same bits, cycles and vector rows."""
     weights = EncoderWeights.random(TINY_ENCODER, seed=SEED)
     ids, mask = _batch(np.random.default_rng(SEED), [7, 16], 16, TINY_ENCODER.vocab)
     runs = []

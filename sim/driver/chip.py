@@ -304,7 +304,8 @@ class SimulatedChip:
         self.trace_bucket = _integer(trace_bucket, "trace_bucket", 1)
         self.profile_units = bool(check_bool(profile_units, "profile_units"))
         self.threads = _integer(threads, "threads", 1, MAX_THREADS)
-        self.idle_gating = bool(check_bool(idle_gating, "idle_gating"))
+        # Only the fast builds gate: an RTL chip's model is the same either way.
+        self.idle_gating = bool(check_bool(idle_gating, "idle_gating")) and self.fast_mac
         self._lib = _library(self.config, wave_format, self.fast_mac, self.trace, self.profile_units,
                              self.threads, self.idle_gating)
         self._native = _NativeChip(self._lib, self.config)

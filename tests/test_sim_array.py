@@ -38,10 +38,13 @@ def test_fast_array_matches_the_rtl_array(rows, cols, stages):
         assert timing(got) == timing(want), (percents, timing(got), timing(want))
 
 
-def test_fast_array_special_values_and_cancellation():
+@pytest.mark.parametrize("rows, cols", [(3, 5), (2, 8), (16, 16)])
+def test_fast_array_special_values_and_cancellation(rows, cols):
     """NaN payloads, infinities, signed zeros and exact cancellation: the model
-    makes NaNs canonical once, at the end, and must still equal the RTL."""
-    rows, cols, seed = 3, 5, 4711
+    makes NaNs canonical once, at the end, and must still equal the RTL. Eight
+    and sixteen columns take the model's four-wide vector path, five the
+    scalar one."""
+    seed = 4711 + cols
     rng = np.random.default_rng(seed)
     for special, cancel in ((60, False), (0, True)):
         A, W, S = random_streams(rng, rows, cols, [rows, 1, 2 * rows], special_percent=special,

@@ -68,8 +68,35 @@ struct FastArray {
         }
     }
 
+    // Four columns at a time in SSE registers (x86-64's baseline): mulps and
+    // addps round each lane exactly as mulss and addss do, so the sums are the
+    // scalar loop's bits; 16 columns are four independent chains of adds.
+    typedef float v4sf __attribute__((vector_size(16)));
+
+    template <int C>
+    __attribute__((optimize("fp-contract=off")))
+    void compute_cols(const svBitVecVal *act, const svBitVecVal *seed, uint32_t *out) {
+        v4sf sum[C / 4];
+        std::memcpy(sum, seed, sizeof sum);
+        for (int k = 0; k < rows; k++) {
+            const float a = bf16(field(act, k, 16));
+            const v4sf av = {a, a, a, a};
+            v4sf w[C / 4];
+            std::memcpy(w, &tile[k * C], sizeof w);
+            for (int j = 0; j < C / 4; j++) sum[j] = sum[j] + av * w[j];
+        }
+        std::memcpy(out, sum, sizeof sum);
+        canonical_nans(out);
+    }
+
     __attribute__((optimize("fp-contract=off")))
     void compute(const svBitVecVal *act, const svBitVecVal *seed, uint32_t *out) {
+        switch (cols) {
+        case 4: return compute_cols<4>(act, seed, out);
+        case 8: return compute_cols<8>(act, seed, out);
+        case 16: return compute_cols<16>(act, seed, out);
+        case 32: return compute_cols<32>(act, seed, out);
+        }
         std::memcpy(acc.data(), seed, cols * sizeof(float));
         for (int k = 0; k < rows; k++) {
             const float a = bf16(field(act, k, 16));
@@ -79,12 +106,13 @@ struct FastArray {
                 acc[j] = acc[j] + product;
             }
         }
-        for (int j = 0; j < cols; j++) {
-            uint32_t bits;
-            std::memcpy(&bits, &acc[j], 4);
-            if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu)) bits = 0x7FC00000u;
-            out[j] = bits;
-        }
+        std::memcpy(out, acc.data(), cols * sizeof(float));
+        canonical_nans(out);
+    }
+
+    void canonical_nans(uint32_t *out) const {
+        for (int j = 0; j < cols; j++)
+            if ((out[j] & 0x7F800000u) == 0x7F800000u && (out[j] & 0x007FFFFFu)) out[j] = 0x7FC00000u;
     }
 
     // One rising clock edge; writes the registered outputs after it.

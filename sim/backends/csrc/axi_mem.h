@@ -156,7 +156,7 @@ class AxiMem {
             uint64_t a = beat_addr(rb, rb.beat);
             r_presenting_ = true;
             r_resp_ = error_for(a, a + bytes_);
-            std::memset(r_data_, 0, sizeof r_data_);
+            std::memset(r_data_, 0, words_ * sizeof(uint32_t));
             if (r_resp_ == 0) {
                 uint8_t *bytes = reinterpret_cast<uint8_t *>(r_data_);
                 std::memcpy(bytes, &mem[a / bytes_ * bytes_], bytes_);
@@ -170,7 +170,7 @@ class AxiMem {
         p.rresp = r_resp_;
         p.rlast = r_last_;
         p.rid = r_id_;
-        std::memcpy(p.rdata, r_data_, sizeof p.rdata);
+        std::memcpy(p.rdata, r_data_, words_ * sizeof(uint32_t));
         if (!b_presenting_ && !bq_.empty() && bq_.front().ready_at <= cycle && !pause(AXI_B))
             b_presenting_ = true;
         p.bvalid = b_presenting_;
@@ -327,25 +327,32 @@ class AxiMem {
         uint64_t total = n * (b.len + 1), lower = b.addr / total * total;
         return lower + (b.addr - lower + (uint64_t)i * n) % total;
     }
+    // The previous cycle's request is compared, and this cycle's saved, only
+    // while a VALID waits for its READY: most cycles copy nothing.
     void check_stable(const AxiPins &p) {
         uint64_t ar[3] = {p.araddr, p.arlen | (uint64_t)p.arsize << 8 | (uint64_t)p.arburst << 12, p.arid};
         uint64_t aw[3] = {p.awaddr, p.awlen | (uint64_t)p.awsize << 8 | (uint64_t)p.awburst << 12, p.awid};
-        uint32_t w[AXI_MAX_WORDS + AXI_MAX_WORDS / 8 + 1];
-        std::memcpy(w, p.wdata, sizeof p.wdata);
-        std::memcpy(w + AXI_MAX_WORDS, p.wstrb, sizeof p.wstrb);
-        w[AXI_MAX_WORDS + AXI_MAX_WORDS / 8] = p.wlast;
         if (ar_wait_ && (!p.arvalid || std::memcmp(ar, ar_prev_, sizeof ar)))
             violate("ARVALID dropped or AR payload changed before ARREADY");
         if (aw_wait_ && (!p.awvalid || std::memcmp(aw, aw_prev_, sizeof aw)))
             violate("AWVALID dropped or AW payload changed before AWREADY");
-        if (w_wait_ && (!p.wvalid || std::memcmp(w, w_prev_, sizeof w)))
+        if (w_wait_ && (!p.wvalid || !same_w(p)))
             violate("WVALID dropped or W payload changed before WREADY");
         ar_wait_ = p.arvalid && !p.arready;
         aw_wait_ = p.awvalid && !p.awready;
         w_wait_ = p.wvalid && !p.wready;
-        std::memcpy(ar_prev_, ar, sizeof ar);
-        std::memcpy(aw_prev_, aw, sizeof aw);
-        std::memcpy(w_prev_, w, sizeof w);
+        if (ar_wait_) std::memcpy(ar_prev_, ar, sizeof ar);
+        if (aw_wait_) std::memcpy(aw_prev_, aw, sizeof aw);
+        if (w_wait_) {
+            std::memcpy(w_prev_, p.wdata, words_ * sizeof(uint32_t));
+            std::memcpy(w_prev_ + AXI_MAX_WORDS, p.wstrb, sizeof p.wstrb);
+            w_prev_[AXI_MAX_WORDS + AXI_MAX_WORDS / 8] = p.wlast;
+        }
+    }
+    bool same_w(const AxiPins &p) const {
+        return !std::memcmp(w_prev_, p.wdata, words_ * sizeof(uint32_t)) &&
+               !std::memcmp(w_prev_ + AXI_MAX_WORDS, p.wstrb, sizeof p.wstrb) &&
+               w_prev_[AXI_MAX_WORDS + AXI_MAX_WORDS / 8] == (uint32_t)p.wlast;
     }
 };
 

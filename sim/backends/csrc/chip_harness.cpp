@@ -152,10 +152,10 @@ uint32_t bits(const svBitVecVal *v, int lo, int width) {
 }
 
 void put_bits(svBitVecVal *v, int lo, int width, uint32_t value) {
-    for (int i = 0; i < width; i++, lo++) {
-        uint32_t bit = 1u << (lo % 32);
-        v[lo / 32] = (value >> i) & 1 ? v[lo / 32] | bit : v[lo / 32] & ~bit;
-    }
+    const uint64_t mask = (width == 32 ? 0xFFFFFFFFull : (1ull << width) - 1) << (lo % 32);
+    const uint64_t shifted = ((uint64_t)value << (lo % 32)) & mask;
+    v[lo / 32] = (v[lo / 32] & ~(uint32_t)mask) | (uint32_t)shifted;
+    if (mask >> 32) v[lo / 32 + 1] = (v[lo / 32 + 1] & ~(uint32_t)(mask >> 32)) | (uint32_t)(shifted >> 32);
 }
 
 const uint64_t HOST_TIMEOUT = 64;

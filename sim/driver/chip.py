@@ -158,7 +158,8 @@ def _library(config, waves=None, fast_mac=False, trace=False, units=False, threa
                          make_vars=_TRACE_MAKE.get(waves, ()),
                          verilog=lambda: chip_verilog(config, fast_mac, trace, units=units, memory=True,
                                                       idle_gating=idle_gating),
-                         extra_cpp=vpu_cpp_source if config.vpu and fast_mac else None)
+                         extra_cpp=vpu_cpp_source if config.vpu and fast_mac else None,
+                         clang=waves is None)
     for fn_name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, fn_name)
         fn.restype, fn.argtypes = restype, argtypes

@@ -6,6 +6,7 @@ rejects the older one an OS may ship, so its ``bin`` goes first on ``PATH`` and
 """
 
 import functools
+import importlib.util
 import os
 import platform
 import shlex
@@ -66,9 +67,7 @@ def clang_command():
     missing): the caller then keeps the OS's g++."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return None
-    try:
-        import ziglang  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("ziglang") is None:
         return None
     return shlex.join([sys.executable, "-m", "ziglang", "c++", *CLANG_FLAGS])
 

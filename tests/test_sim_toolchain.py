@@ -1,5 +1,5 @@
-"""The simulation toolchain (`mxu.sim.backends.toolchain`): the whole-chip
-models are compiled by the `ziglang` package's clang, with flags that keep the
+"""The simulation toolchain (`mxu.sim.backends.toolchain`): the fast-MAC
+chip models are compiled by the `ziglang` package's clang, with flags that keep the
 C++ models' fp32 arithmetic the golden model's (docs/simulation.md)."""
 
 import ctypes
@@ -22,7 +22,7 @@ def _clang():
     return command
 
 
-def test_whole_chip_models_are_built_by_clang():
+def test_fast_chip_models_are_built_by_clang():
     _clang()
     library = Path(_library(ChipConfig.preset("default"), fast_mac=True)._name)
     assert b"clang version" in library.read_bytes(), f"{library} was not compiled by clang"

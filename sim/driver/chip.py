@@ -148,6 +148,9 @@ def _library(config, waves=None, fast_mac=False, trace=False, units=False, threa
     # Waveforms, the profiler's trace, the per-unit profile, each thread count
     # and the ungated model need builds of their own, so that the plain model
     # pays nothing for them.
+    # clang compiles the fast-MAC models, whose runs it speeds up by a sixth;
+    # g++ the all-RTL ones, which it compiles in half the time (and runs 10 %
+    # slower: docs/simulation.md, "Toolchain").
     name = f"chip{config.rows}x{config.cols}" + ("_fastmac" if fast_mac else "") + \
         (f"_{waves}" if waves else "") + ("_trace" if trace else "") + \
         ("_units" if units else "") + (f"_t{threads}" if threads > 1 else "") + \
@@ -159,7 +162,7 @@ def _library(config, waves=None, fast_mac=False, trace=False, units=False, threa
                          verilog=lambda: chip_verilog(config, fast_mac, trace, units=units, memory=True,
                                                       idle_gating=idle_gating),
                          extra_cpp=vpu_cpp_source if config.vpu and fast_mac else None,
-                         clang=waves is None)
+                         clang=fast_mac and waves is None)
     for fn_name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, fn_name)
         fn.restype, fn.argtypes = restype, argtypes

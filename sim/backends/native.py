@@ -63,7 +63,7 @@ def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=(), e
     (e.g. ``LDLIBS=-lz``); `extra_cpp`, if given, is called for a generated C++
     source compiled in too (its generator is one of the keyed sources). With
     `clang`, the C++ is compiled by `clang_command` where there is one (the
-    whole-chip models: their per-cycle code runs faster, docs/simulation.md)."""
+    fast-MAC chip models: their per-cycle code runs faster, docs/simulation.md)."""
     setup_environment()
     flags = _FLAGS + tuple(extra_flags)
     make_vars = _OPT_VARS + tuple(make_vars)

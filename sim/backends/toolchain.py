@@ -20,8 +20,8 @@ __all__ = ["verilator_root", "setup_environment", "icarus_available", "require_s
 
 SIMULATORS = ("verilator", "icarus", "amaranth")
 
-# clang as the `ziglang` package ships it, for the whole-chip models
-# (docs/simulation.md, "The C++ compiler"): any x86-64 (SSE2, no -march=native,
+# clang as the `ziglang` package ships it, for the fast-MAC chip models
+# (docs/simulation.md, "Toolchain"): any x86-64 (SSE2, no -march=native,
 # so that one cache serves every machine), glibc 2.28 or later, no fused
 # multiply-add contraction, which would change the fp32 bits of the C++ models,
 # and no sanitizer: zig turns UBSan on at -O0, where Verilator's code that runs

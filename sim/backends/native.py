@@ -67,10 +67,11 @@ def build_native(name, harness, *, key, verilog, extra_flags=(), make_vars=(), e
     setup_environment()
     flags = _FLAGS + tuple(extra_flags)
     make_vars = _OPT_VARS + tuple(make_vars)
+    cxx = clang_command() if clang else None
     # The key names the compiler by its flags (its version is in the tools'),
     # not by the virtualenv's path in the command: clones share builds.
-    compiler = ("clang", *CLANG_FLAGS) if clang and clang_command() else ()
-    build_vars = make_vars + ((f"CXX={clang_command()}", f"LINK={clang_command()}") if compiler else ())
+    compiler = ("clang", *CLANG_FLAGS) if cxx else ()
+    build_vars = make_vars + ((f"CXX={cxx}", f"LINK={cxx}") if cxx else ())
     library = f"lib{name}.so"
 
     def build(directory, status):

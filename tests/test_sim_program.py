@@ -160,6 +160,36 @@ def test_idle_gating_gives_the_same_results_and_cycles():
     assert runs[0] == runs[1]
 
 
+def test_quiet_memory_cycles_give_the_same_results_and_cycles():
+    """The memory model skips its step in the cycles where nothing is offered
+    or in flight (docs/simulation.md): random programs with latency but no
+    pauses (the skip's case), a store that meets an AXI error, a hard reset
+    and a good program after it, against the model stepped in every cycle:
+    the same errors, counters, cycles and memory."""
+    runs = []
+    for skip in (True, False):
+        chip = Chip(CFG, mem_latency=(0, 12), seed=SEED)
+        chip.device._lib.mxu_chip_skip_quiet_memory(chip.device._handle, skip)
+        results = []
+        for case in range(4):
+            rng = np.random.default_rng(SEED + 400 + case)
+            _fresh(chip)
+            results.append(chip.run(programs.random_program(CFG, rng),
+                                    programs.random_image(CFG, rng), base=0x80000))
+        _fresh(chip)
+        chip.inject_error(0x4000, 0x4100, "slverr")
+        store = Program().store(vmem_row=0, ext_addr=0x4000, rows=4, row_bytes=8).halt()
+        results.append(chip.run(store, base=0x80000))
+        chip.clear_errors()
+        chip.reset()
+        results.append(chip.run(programs.random_program(CFG, np.random.default_rng(SEED + 404)),
+                                base=0x80000))
+        runs.append([(r.error, r.counters, bytes(r.memory)) for r in results])
+    assert runs[0][4][0] is ErrorCode.AXI_ERROR
+    assert all(r[1]["dma_read_bytes"] and r[1]["cycles"] for r in runs[0][:4])
+    assert runs[0] == runs[1]
+
+
 def _good_program_after_reset(chip):
     chip.soft_reset()
     rng = np.random.default_rng(SEED + 9)

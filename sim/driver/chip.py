@@ -56,6 +56,7 @@ _SIGNATURES = {
     "mxu_chip_mem_params": (None, [_PTR, _U32, _U32, ctypes.POINTER(_U32), _U64]),
     "mxu_chip_add_error": (None, [_PTR, _U64, _U64, _U32]),
     "mxu_chip_clear_errors": (None, [_PTR]),
+    "mxu_chip_skip_quiet_memory": (None, [_PTR, ctypes.c_int]),
     "mxu_chip_reg_write": (ctypes.c_int, [_PTR, _U32, _U32, ctypes.POINTER(_U32)]),
     "mxu_chip_reg_read": (ctypes.c_int, [_PTR, _U32, ctypes.POINTER(_U32), ctypes.POINTER(_U32)]),
     "mxu_chip_run_for": (_U64, [_PTR, _U64]),

@@ -126,6 +126,7 @@ class AxiMem {
     }
 
     void set_params(const AxiMemParams &p) {
+        epoch_++;
         params = p;
         rng_ = p.seed ? p.seed : 0x9E3779B97F4A7C15ull;
     }
@@ -138,9 +139,24 @@ class AxiMem {
     // True while any burst is accepted but not fully answered.
     bool busy() const { return !reads_.empty() || !writes_.empty() || !bq_.empty() || !wq_.empty(); }
 
+    // True when a cycle in which the master offers no request (AWVALID, WVALID
+    // and ARVALID low) changes nothing but `cycle`, and drives the same
+    // outputs as the cycle before it did: nothing in flight or presented, no
+    // request left waiting, and no random pauses (each would draw a number).
+    bool quiet() const {
+        for (uint32_t pct : params.pause_pct)
+            if (pct) return false;
+        return !busy() && !r_presenting_ && !b_presenting_ && !ar_wait_ && !aw_wait_ && !w_wait_;
+    }
+
+    // Counts the calls of abort() and set_params(), which change what a quiet
+    // cycle drives.
+    uint64_t epoch() const { return epoch_; }
+
     // Forget every transaction in flight (the master was reset): the bytes, the
     // parameters, the error ranges and the statistics stay.
     void abort() {
+        epoch_++;
         reads_.clear(); writes_.clear(); wq_.clear(); bq_.clear();
         r_presenting_ = b_presenting_ = r_last_ = false;
         ar_wait_ = aw_wait_ = w_wait_ = false;
@@ -267,7 +283,7 @@ class AxiMem {
     };
 
     uint32_t bytes_, words_, lg_;
-    uint64_t rng_;
+    uint64_t rng_, epoch_ = 0;
     std::deque<Burst> reads_, writes_;
     std::deque<WBeat> wq_;
     std::deque<BResp> bq_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "Vtop.h"
+#include "Vtop__Syms.h"
 #include "verilated.h"
 #include "axi_mem.h"
 #include "fast_array.h"
@@ -22,6 +23,9 @@ typedef VerilatedFstC TraceFile;
 #include "verilated_vcd_c.h"
 typedef VerilatedVcdC TraceFile;
 #endif
+
+// Verilator's generated evaluation of one timestep (Vtop.cpp declares it the same way).
+void Vtop___024root___eval(Vtop___024root *vlSelf);
 
 namespace {
 
@@ -76,6 +80,12 @@ struct Chip {
     mxu::AxiPins pins;
     mxu::LinkModel links;
     HostSample host;
+    // The slave outputs of the memory model's last quiet cycle (AxiMem::quiet),
+    // packed as mxu_axi_mem_step gives them, while valid for its epoch: the
+    // quiet cycles after it give them again without stepping the model.
+    uint32_t quiet_s[mxu::AXI_MAX_WORDS + 1] = {};
+    uint64_t quiet_epoch = UINT64_MAX;
+    bool quiet_skip = true;          // off: every cycle steps the model (the tests' reference)
     uint64_t cycles = 0;
     // Waveform window: cycles [trace_from, trace_until) are dumped.
     uint64_t trace_from = 0, trace_until = UINT64_MAX;
@@ -115,6 +125,22 @@ struct Host {
 // to the models inside the chip once, at its first evaluation (mxu_chip_bind).
 thread_local Chip *current = nullptr;
 
+// Verilator's evaluation of the model, without what Vtop::eval_step adds around
+// it once the model is initialised: the deleter of class objects and the queue
+// of messages that other threads post ($display), neither of which a chip model
+// has (its Verilog has no classes and no system tasks). Their locks and calls
+// were 3 % of a fast-MAC run (docs/simulation.md, "Where the time goes"). A
+// waveform build keeps eval_step, which marks the activity its dumps follow.
+void eval(Vtop &t) {
+#if !VM_TRACE
+    if (VL_LIKELY(t.rootp->vlSymsp->__Vm_didInit)) {
+        Vtop___024root___eval(t.rootp);
+        return;
+    }
+#endif
+    t.eval();
+}
+
 void step(Chip &c, const Host &h) {
     Vtop &t = *c.top;
     current = &c;
@@ -124,7 +150,7 @@ void step(Chip &c, const Host &h) {
     t.host___05Faraddr = h.araddr; t.host___05Farvalid = h.arvalid;
     t.host___05Frready = h.rready;
     t.clk = 0;
-    t.eval();
+    eval(t);
     c.dump(10 * c.cycles + 5);
 #ifdef MXU_TRACE
     if (c.tbuf.on) {
@@ -138,7 +164,7 @@ void step(Chip &c, const Host &h) {
     c.host.arready = t.host___05Farready; c.host.rvalid = t.host___05Frvalid;
     c.host.rdata = t.host___05Frdata; c.host.rresp = t.host___05Frresp;
     t.clk = 1;
-    t.eval();     // the rising edge: the memory model's mxu_axi_mem_step runs in it
+    eval(t);      // the rising edge: the memory model's mxu_axi_mem_step runs in it
     c.dump(10 * c.cycles + 10);
     c.cycles++;
 }
@@ -174,6 +200,17 @@ void mxu_axi_mem_step(void *chip, int addr_bits, const svBitVecVal *m, svBitVecV
     Chip &c = *static_cast<Chip *>(chip);
     mxu::AxiPins &p = c.pins;
     const int data_bits = 8 * c.mem.data_bytes(), words = data_bits / 32;
+    // The packed slave outputs: rdata, then 12 bits of flags (below).
+    const int s_words = (data_bits + 12 + 31) / 32;
+    // AWVALID, WVALID and ARVALID (MASTER_FIELDS' order, as unpacked below).
+    const int valids = data_bits + data_bits / 8 + 2 * addr_bits + 14;
+    const bool offered = bits(m, valids, 1) | bits(m, valids + 2, 1) | bits(m, valids + 18, 1);
+    const bool quiet = c.quiet_skip && !offered && c.mem.quiet();
+    if (quiet && c.quiet_epoch == c.mem.epoch()) {
+        c.mem.cycle++;
+        std::memcpy(s, c.quiet_s, s_words * sizeof(uint32_t));
+        return;
+    }
     for (int i = 0; i < words; i++) p.wdata[i] = m[i];
     int at = data_bits;
     for (int i = 0; i < data_bits / 8; i += 32, at += 32)
@@ -199,6 +236,8 @@ void mxu_axi_mem_step(void *chip, int addr_bits, const svBitVecVal *m, svBitVecV
     put_bits(s, at, 2, p.bresp); at += 2;
     put_bits(s, at++, 1, p.bvalid); put_bits(s, at++, 1, p.bid);
     put_bits(s, at++, 1, p.awready); put_bits(s, at++, 1, p.wready); put_bits(s, at++, 1, p.arready);
+    c.quiet_epoch = quiet ? c.mem.epoch() : UINT64_MAX;
+    if (quiet) std::memcpy(c.quiet_s, s, s_words * sizeof(uint32_t));
 }
 
 // The links' model inside the Verilated chip (mxu.sim.backends.link_model): at
@@ -425,6 +464,13 @@ void mxu_chip_clear_violations(void *h) {
 }
 
 uint64_t mxu_chip_mem_busy(void *h) { return static_cast<Chip *>(h)->mem.busy(); }
+
+// Whether the memory model's quiet cycles skip its step (mxu_axi_mem_step).
+void mxu_chip_skip_quiet_memory(void *h, int on) {
+    Chip &c = *static_cast<Chip *>(h);
+    c.quiet_skip = on != 0;
+    c.quiet_epoch = UINT64_MAX;
+}
 
 // ---- links (docs/pod.md) ----------------------------------------------------
 // Clock exactly `n` cycles, whatever irq does: a pod's lockstep window.

@@ -52,6 +52,29 @@ def test_every_vector_op_against_the_model(chip):
     assert result.counters["instructions"] == len(p)
 
 
+@pytest.mark.parametrize("cols", [16, 7])
+def test_fast_lane_row_against_the_golden_alu(chip, cols):
+    """The fast lanes' C row (`mxu.sim.backends.fast_vpu`: four lanes at a time
+    on vectors, the rest one by one), called in the chip's library, against
+    the golden `VectorAlu` on operands that cover every sign and exponent,
+    random and special words, for every element op."""
+    import ctypes
+    from mxu.hdl.isa import VpuOp
+    from mxu.verif.vpu import vector_alu
+    row = chip.device._lib.mxu_vpu_row
+    row.restype, row.argtypes = None, [ctypes.c_uint] * 2 + [ctypes.c_void_p] * 3
+    rng = np.random.default_rng(SEED + 7)
+    sweep = np.arange(0, 1 << 32, 1 << 23, dtype=np.uint64).astype(np.uint32)
+    words = np.concatenate([sweep, sweep | 1, sweep | 0x7FFFFF, programs.fp32_operands(rng, (4096,))])
+    a = words[: len(words) // cols * cols].reshape(-1, cols)
+    b = rng.permutation(a.ravel()).reshape(a.shape)
+    for op in [op for op in VpuOp if op not in (VpuOp.RSUM, VpuOp.RMAX)]:
+        y = np.zeros_like(a)
+        for i in range(len(a)):
+            row(op.value, cols, a[i].ctypes.data, b[i].ctypes.data, y[i].ctypes.data)
+        golden.assert_bits_equal(y, vector_alu(np.full(len(a), op.value), a, b), op.name)
+
+
 def test_vector_errors_then_a_good_program(chip):
     cases = programs.vector_error_programs(chip.config)
     good, image, outputs = programs.vector_program(chip.config, np.random.default_rng(SEED + 1))

@@ -177,6 +177,15 @@ uint32_t bits(const svBitVecVal *v, int lo, int width) {
     return (uint32_t)(pair >> (lo % 32)) & mask;
 }
 
+// Bits [lo, lo + 64) of a packed DPI vector of `n_words` words (those past its
+// end read as 0).
+uint64_t window(const svBitVecVal *v, int lo, int n_words) {
+    unsigned __int128 x = 0;
+    for (int i = 0; i < 3 && lo / 32 + i < n_words; i++)
+        x |= (unsigned __int128)v[lo / 32 + i] << (32 * i);
+    return (uint64_t)(x >> (lo % 32));
+}
+
 void put_bits(svBitVecVal *v, int lo, int width, uint32_t value) {
     const uint64_t mask = (width == 32 ? 0xFFFFFFFFull : (1ull << width) - 1) << (lo % 32);
     const uint64_t shifted = ((uint64_t)value << (lo % 32)) & mask;
@@ -200,11 +209,15 @@ void mxu_axi_mem_step(void *chip, int addr_bits, const svBitVecVal *m, svBitVecV
     Chip &c = *static_cast<Chip *>(chip);
     mxu::AxiPins &p = c.pins;
     const int data_bits = 8 * c.mem.data_bytes(), words = data_bits / 32;
-    // The packed slave outputs: rdata, then 12 bits of flags (below).
-    const int s_words = (data_bits + 12 + 31) / 32;
-    // AWVALID, WVALID and ARVALID (MASTER_FIELDS' order, as unpacked below).
-    const int valids = data_bits + data_bits / 8 + 2 * addr_bits + 14;
-    const bool offered = bits(m, valids, 1) | bits(m, valids + 2, 1) | bits(m, valids + 18, 1);
+    // The packed slave outputs: rdata, then the 12 bits of SLAVE_FIELDS in a word.
+    const int s_words = words + 1;
+    // MASTER_FIELDS (34 bits) after wdata, wstrb, awaddr and araddr, at these
+    // offsets in `f`: awlen 0, awsize 8, awburst 11, awid 13, awvalid 14,
+    // wlast 15, wvalid 16, bready 17, arlen 18, arsize 26, arburst 29, arid 31,
+    // arvalid 32, rready 33.
+    const int fields = data_bits + data_bits / 8 + 2 * addr_bits;
+    const uint64_t f = window(m, fields, (fields + 34 + 31) / 32);
+    const bool offered = (f >> 14 & 1) | (f >> 16 & 1) | (f >> 32 & 1);
     const bool quiet = c.quiet_skip && !offered && c.mem.quiet();
     if (quiet && c.quiet_epoch == c.mem.epoch()) {
         c.mem.cycle++;
@@ -215,27 +228,17 @@ void mxu_axi_mem_step(void *chip, int addr_bits, const svBitVecVal *m, svBitVecV
     int at = data_bits;
     for (int i = 0; i < data_bits / 8; i += 32, at += 32)
         p.wstrb[i / 32] = bits(m, at, data_bits / 8 - i < 32 ? data_bits / 8 - i : 32);
-    at = data_bits + data_bits / 8;
-    p.awaddr = bits(m, at, addr_bits); at += addr_bits;
-    p.araddr = bits(m, at, addr_bits); at += addr_bits;
-    uint32_t *small[] = {&p.awlen, &p.awsize, &p.awburst, &p.awid};
-    const int small_w[] = {8, 3, 2, 1};
-    for (int i = 0; i < 4; i++) { *small[i] = bits(m, at, small_w[i]); at += small_w[i]; }
-    p.awvalid = bits(m, at++, 1); p.wlast = bits(m, at++, 1); p.wvalid = bits(m, at++, 1);
-    p.bready = bits(m, at++, 1);
-    p.arlen = bits(m, at, 8); at += 8;
-    p.arsize = bits(m, at, 3); at += 3;
-    p.arburst = bits(m, at, 2); at += 2;
-    p.arid = bits(m, at++, 1); p.arvalid = bits(m, at++, 1); p.rready = bits(m, at++, 1);
+    p.awaddr = bits(m, data_bits + data_bits / 8, addr_bits);
+    p.araddr = bits(m, data_bits + data_bits / 8 + addr_bits, addr_bits);
+    p.awlen = f & 0xFF; p.awsize = f >> 8 & 7; p.awburst = f >> 11 & 3; p.awid = f >> 13 & 1;
+    p.awvalid = f >> 14 & 1; p.wlast = f >> 15 & 1; p.wvalid = f >> 16 & 1; p.bready = f >> 17 & 1;
+    p.arlen = f >> 18 & 0xFF; p.arsize = f >> 26 & 7; p.arburst = f >> 29 & 3; p.arid = f >> 31 & 1;
+    p.arvalid = f >> 32 & 1; p.rready = f >> 33 & 1;
     c.mem.update(p);
     c.mem.drive(p);
     for (int i = 0; i < words; i++) s[i] = p.rdata[i];
-    at = data_bits;
-    put_bits(s, at, 2, p.rresp); at += 2;
-    put_bits(s, at++, 1, p.rlast); put_bits(s, at++, 1, p.rvalid); put_bits(s, at++, 1, p.rid);
-    put_bits(s, at, 2, p.bresp); at += 2;
-    put_bits(s, at++, 1, p.bvalid); put_bits(s, at++, 1, p.bid);
-    put_bits(s, at++, 1, p.awready); put_bits(s, at++, 1, p.wready); put_bits(s, at++, 1, p.arready);
+    s[words] = p.rresp | p.rlast << 2 | p.rvalid << 3 | p.rid << 4 | p.bresp << 5 | p.bvalid << 7 |
+               p.bid << 8 | p.awready << 9 | p.wready << 10 | p.arready << 11;
     c.quiet_epoch = quiet ? c.mem.epoch() : UINT64_MAX;
     if (quiet) std::memcpy(c.quiet_s, s, s_words * sizeof(uint32_t));
 }

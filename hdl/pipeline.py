@@ -15,6 +15,8 @@ interface. The classes here implement it for the hardware and for planning:
 from collections import Counter
 
 from amaranth.hdl import C, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In
 
 from .blackbox import black_box, signature_of
 from .numerics import FP32_QNAN, Fp32Adder, Fp32Multiplier, leading_zeros
@@ -62,11 +64,18 @@ class PipelineOps(_FpOps):
     `Fp32Multiplier`) to Verilog module names: those units are then black-box
     instances of the modules (generated once, see `mxu.synth`), so that a
     hierarchical synthesis handles one of each.
+
+    `used`, if given, is a function of a stage: a 1-bit value that is high when
+    the fp32 results computed in that stage will be used. The black-box units
+    whose kind `unit_modules["used"]` lists get it on an input port ``used``,
+    and may give any result while it is low: the simulation's C stand-ins
+    (`mxu.sim.backends.fast_vpu`) then skip their call.
     """
 
-    def __init__(self, m, enable, prefix="", unit_modules=None):
+    def __init__(self, m, enable, prefix="", unit_modules=None, used=None):
         self.m, self.enable, self.prefix = m, enable, prefix
         self.unit_modules = unit_modules or {}
+        self.used = used
         self._delayed = {}
         self._count = 0
         self.registers = []       # (register, value) pairs, loaded under `enable`
@@ -107,9 +116,9 @@ class PipelineOps(_FpOps):
         self.m.d.comb += out.eq(expr(*ops))
         return Value(out, stage)
 
-    def _fp_unit(self, kind):
-        """A new fp32 unit of `kind` ("fadd", "fmul", "fscale", "fmax", "fmin"):
-        its two input signals and its output."""
+    def _fp_unit(self, kind, stage):
+        """A new fp32 unit of `kind` ("fadd", "fmul", "fscale", "fmax", "fmin")
+        working in `stage`: its two input signals and its output."""
         if kind in ("fadd", "fmul", "fscale"):
             cls = Fp32Adder if kind == "fadd" else Fp32Multiplier
             self._count += 1
@@ -118,6 +127,10 @@ class PipelineOps(_FpOps):
             if module is None:
                 make = (lambda: Fp32Multiplier(power_of_two=True)) if kind == "fscale" else cls
                 self.m.submodules[name] = unit = make()
+            elif self.used is not None and kind in self.unit_modules.get("used", ()):
+                signature = wiring.Signature({**signature_of(cls).members, "used": In(1)})
+                unit = black_box(self.m, name, module, signature, clocked=False)
+                self.m.d.comb += unit.used.eq(self.used(stage))
             else:
                 unit = black_box(self.m, name, module, signature_of(cls), clocked=False)
             out = unit.s if kind == "fadd" else unit.p
@@ -128,7 +141,7 @@ class PipelineOps(_FpOps):
     def _fp_op(self, kind, a, b):
         """`kind` applied to `a` and `b`, then a register."""
         stage, (x, y) = self._operands(a, b)
-        in_a, in_b, out = self._fp_unit(kind)
+        in_a, in_b, out = self._fp_unit(kind, stage or 0)
         self.m.d.comb += [in_a.eq(x), in_b.eq(y)]
         reg = self._signal(kind)
         self.registers.append((reg, out))
@@ -199,7 +212,7 @@ class SharedPipelineOps(PipelineOps):
         self._used[(stage, kind)] += 1
         slot = self._slots.get((stage, kind, index))
         if slot is None:
-            in_a, in_b, out = self._fp_unit(kind)
+            in_a, in_b, out = self._fp_unit(kind, stage)
             reg = self._signal(kind)
             self.registers.append((reg, out))
             slot = self._slots[(stage, kind, index)] = [in_a, in_b, reg, []]

@@ -297,13 +297,19 @@ class VectorAlu(wiring.Component):
         op_at_tree = beside.at(beside.lift(op.as_value()), lane_latency())[:op_width]
         beside.finish()
 
-        ops = PipelineOps(m, enable, "tree_", self.unit_modules)
+        # A tree's sums are used only for a row of its op: the stand-ins that
+        # `unit_modules["used"]` names compute nothing for the other rows.
+        tree_op = Value(op_at_tree, 0)
+        def op_in(stage):
+            return ops.at(tree_op, stage)[:op_width]
+        ops = PipelineOps(m, enable, "tree_", self.unit_modules,
+                          used=lambda stage: op_in(stage) == VpuOp.RSUM)
         row = [ops.lift(lane.o.payload) for lane in lanes]
         levels = tree_levels(cols)
         trees = {code: _reduce_tree(ops, row, kind, pad)
                  for code, (kind, pad) in _REDUCTIONS.items()}
         final_op = Signal(VpuOp)
-        m.d.comb += final_op.eq(ops.at(ops.lift(op_at_tree), levels)[:op_width])
+        m.d.comb += final_op.eq(op_in(levels))
         for k in range(cols):
             out = ops.at(row[k], levels)
             for code, total in trees.items():

@@ -313,12 +313,16 @@ def fast_vpu_lanes_verilog(cols):
 
 
 _ADDER_TEMPLATE = """\
-module {name}(a, b, s);
+module {name}(used, a, b, s);
   import "DPI-C" pure function int unsigned mxu_vpu_f32(input int unsigned op,
       input int unsigned a, input int unsigned b);
+  input used;
   input [31:0] a, b;
-  output [31:0] s;
-  assign s = mxu_vpu_f32(32'd{op}, a, b);
+  output reg [31:0] s;
+  always @* begin
+    s = 32'd0;
+    if (used) s = mxu_vpu_f32(32'd{op}, a, b);
+  end
 endmodule
 """
 
@@ -330,6 +334,8 @@ def fast_vpu_adder_verilog():
     the reduction tree behind the fast lanes (15 adders on 16 columns)
     otherwise keeps the chip evaluating RTL fp32 adders every cycle, and the
     vector chip ran at half the speed of the chip without it even with the
-    unit idle."""
+    unit idle. Its input ``used`` (`PipelineOps`) is high when the sum will be
+    used (a row of RSUM in its stage); while it is low the sum is 0 and there
+    is no C call."""
     name = "mxu_vpu_fadd_fast"
     return name, _ADDER_TEMPLATE.format(name=name, op=VpuOp.ADD.value)

@@ -213,6 +213,7 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
             lanes_name, vpu = fast_vpu_lanes_verilog(config.cols)
             vpu_modules = {"lanes": lanes_name}
             vpu_modules["fadd"], adder = fast_vpu_adder_verilog()
+            vpu_modules["used"] = ("fadd",)
             vpu += adder
             # The transpose block as a memory: same bits and cycles, and
             # Verilator writes one row when one arrives instead of evaluating

@@ -81,7 +81,7 @@ def category(dso, symbol, chip_dso):
         return "chip glue (top, core wiring)", "other"
     if "FastArray" in symbol or symbol.startswith("mxu_array_"):
         return "fast array model (C++)", ""
-    if symbol.startswith("mxu_vpu_f32") or symbol.startswith("vpu_") or symbol.startswith("f_"):
+    if symbol.startswith(("mxu_vpu_f32", "mxu_vpu_row", "vpu_", "f_")):
         return "fast vector lanes' element ops (C++)", ""
     if "AxiMem" in symbol or symbol.startswith("mxu_axi_mem"):
         return "AXI memory model", ""

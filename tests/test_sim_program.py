@@ -140,24 +140,30 @@ def test_idle_gating_gives_the_same_results_and_cycles():
     runs = []
     for gating in (True, False):
         chip = Chip(CFG, fast_mac=True, idle_gating=gating, **timing)
-        results = []
-        for case in range(4):
-            rng = np.random.default_rng(SEED + 300 + case)
-            _fresh(chip)
-            program = programs.random_program(CFG, rng)
-            results.append(chip.run(program, programs.random_image(CFG, rng), base=0x80000))
-        _fresh(chip)
-        chip.inject_error(0x4000, 0x4100, "slverr")
-        store = Program().store(vmem_row=0, ext_addr=0x4000, rows=4, row_bytes=8).halt()
-        results.append(chip.run(store, base=0x80000))
-        chip.clear_errors()
-        chip.soft_reset()
-        results.append(chip.run(programs.random_program(CFG, np.random.default_rng(SEED + 304)),
-                                base=0x80000))
-        runs.append([(r.error, r.error_pc, r.counters, bytes(r.memory)) for r in results])
+        runs.append(_programs_error_and_reset(chip, SEED + 300, chip.soft_reset))
     assert runs[0][4][0] is ErrorCode.AXI_ERROR
     assert all(r[2]["dma_write_bytes"] for r in runs[0][:4])
     assert runs[0] == runs[1]
+
+
+def _programs_error_and_reset(chip, seed, reset):
+    """Four random programs, a store that meets an AXI error, `reset` and a
+    random program after it, on `chip`: (error, pc, counters, memory) of each."""
+    results = []
+    for case in range(4):
+        rng = np.random.default_rng(seed + case)
+        _fresh(chip)
+        program = programs.random_program(CFG, rng)
+        results.append(chip.run(program, programs.random_image(CFG, rng), base=0x80000))
+    _fresh(chip)
+    chip.inject_error(0x4000, 0x4100, "slverr")
+    store = Program().store(vmem_row=0, ext_addr=0x4000, rows=4, row_bytes=8).halt()
+    results.append(chip.run(store, base=0x80000))
+    chip.clear_errors()
+    reset()
+    results.append(chip.run(programs.random_program(CFG, np.random.default_rng(seed + 4)),
+                            base=0x80000))
+    return [(r.error, r.error_pc, r.counters, bytes(r.memory)) for r in results]
 
 
 def test_quiet_memory_cycles_give_the_same_results_and_cycles():
@@ -170,23 +176,9 @@ def test_quiet_memory_cycles_give_the_same_results_and_cycles():
     for skip in (True, False):
         chip = Chip(CFG, mem_latency=(0, 12), seed=SEED)
         chip.device._lib.mxu_chip_skip_quiet_memory(chip.device._handle, skip)
-        results = []
-        for case in range(4):
-            rng = np.random.default_rng(SEED + 400 + case)
-            _fresh(chip)
-            results.append(chip.run(programs.random_program(CFG, rng),
-                                    programs.random_image(CFG, rng), base=0x80000))
-        _fresh(chip)
-        chip.inject_error(0x4000, 0x4100, "slverr")
-        store = Program().store(vmem_row=0, ext_addr=0x4000, rows=4, row_bytes=8).halt()
-        results.append(chip.run(store, base=0x80000))
-        chip.clear_errors()
-        chip.reset()
-        results.append(chip.run(programs.random_program(CFG, np.random.default_rng(SEED + 404)),
-                                base=0x80000))
-        runs.append([(r.error, r.counters, bytes(r.memory)) for r in results])
+        runs.append(_programs_error_and_reset(chip, SEED + 400, chip.reset))
     assert runs[0][4][0] is ErrorCode.AXI_ERROR
-    assert all(r[1]["dma_read_bytes"] and r[1]["cycles"] for r in runs[0][:4])
+    assert all(r[2]["dma_read_bytes"] and r[2]["cycles"] for r in runs[0][:4])
     assert runs[0] == runs[1]
 
 

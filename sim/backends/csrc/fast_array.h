@@ -10,9 +10,9 @@
 // NaN to its end, so making the final NaN canonical equals the RTL's canonical
 // NaN after every step.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <vector>
 
 #include "svdpi.h"
@@ -22,7 +22,8 @@ namespace mxu {
 struct FastArray {
     int rows, cols, latency;
     std::vector<float> tile;                   // active weights, rows x cols
-    std::deque<std::vector<float>> staged;     // weight rows taken, not yet claimed
+    std::vector<float> staged;                 // weight rows taken; those from
+    size_t staged_head = 0;                    // staged_head on are not yet claimed
     std::vector<uint32_t> slots;               // delay line: latency x cols results
     std::vector<uint8_t> valid;                // latency valid bits
     std::vector<float> acc;                    // the sums of the beat being computed
@@ -34,6 +35,7 @@ struct FastArray {
     void reset() {
         std::fill(tile.begin(), tile.end(), 0.0f);
         staged.clear();
+        staged_head = 0;
         std::fill(slots.begin(), slots.end(), 0u);
         std::fill(valid.begin(), valid.end(), 0);
         newest = 0;
@@ -52,20 +54,40 @@ struct FastArray {
         return (v[bit / 32] >> (bit % 32)) & ((1u << width) - 1u);
     }
 
+    // Rows are appended to one buffer and claimed from its front, which moves
+    // back to the start once claimed rows are the larger part: no allocation
+    // per row once the buffer has grown to the rows a stream keeps staged.
     void take_weight(const svBitVecVal *w) {
-        std::vector<float> row(cols);
-        for (int j = 0; j < cols; j++) row[j] = bf16(field(w, j, 16));
-        staged.push_back(std::move(row));
+        const size_t at = staged.size();
+        staged.resize(at + cols);
+        for (int j = 0; j < cols; j++) staged[at + j] = bf16(field(w, j, 16));
     }
 
     void claim_tile() {
         for (int k = 0; k < rows; k++) {
             // Admission makes a whole tile staged first; anything else would be
             // a broken array protocol, which the RTL would not survive either.
-            if (staged.empty()) break;
-            std::memcpy(&tile[k * cols], staged.front().data(), cols * sizeof(float));
-            staged.pop_front();
+            if (staged_head == staged.size()) break;
+            copy_words(reinterpret_cast<uint32_t *>(&tile[k * cols]),
+                       reinterpret_cast<const uint32_t *>(&staged[staged_head]), cols);
+            staged_head += cols;
         }
+        if (2 * staged_head >= staged.size()) {
+            staged.erase(staged.begin(), staged.begin() + staged_head);
+            staged_head = 0;
+        }
+    }
+
+    // A row of words: a copy of constant size for the usual widths (a few
+    // moves, not a call of the C library's memcpy each cycle).
+    static void copy_words(uint32_t *to, const uint32_t *from, int n) {
+        switch (n) {
+        case 4: std::memcpy(to, from, 16); return;
+        case 8: std::memcpy(to, from, 32); return;
+        case 16: std::memcpy(to, from, 64); return;
+        case 32: std::memcpy(to, from, 128); return;
+        }
+        std::memcpy(to, from, n * sizeof(uint32_t));
     }
 
     // Four columns at a time in SSE registers (x86-64's baseline): mulps and
@@ -136,7 +158,7 @@ struct FastArray {
             }
         }
         int out = (newest + 1) % latency;
-        std::memcpy(result, &slots[out * cols], cols * sizeof(uint32_t));
+        copy_words(result, &slots[out * cols], cols);
         *result_valid = valid[out];
     }
 };

@@ -76,6 +76,8 @@ def category(dso, symbol, chip_dso):
             return "AXI memory model", region
         if unit.startswith("mxu_array_fast") or unit.startswith("mxu_pe"):
             return "array datapath (fast model / PEs)", region
+        if unit.startswith("mxu_pending_rows"):
+            return "compute's pending rows (C++ and its module)", region
         return f"module {unit}", region
     if symbol.startswith("Vtop") or symbol.startswith("Vtop::"):
         return "chip glue (top, core wiring)", "other"
@@ -83,6 +85,8 @@ def category(dso, symbol, chip_dso):
         return "fast array model (C++)", ""
     if symbol.startswith(("mxu_vpu_f32", "mxu_vpu_row", "vpu_", "f_")):
         return "fast vector lanes' element ops (C++)", ""
+    if "PendingRows" in symbol or symbol.startswith("mxu_pending_"):
+        return "compute's pending rows (C++ and its module)", ""
     if "AxiMem" in symbol or symbol.startswith("mxu_axi_mem"):
         return "AXI memory model", ""
     if symbol.startswith("mxu_chip") or "namespace)::step" in symbol:

@@ -18,11 +18,13 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .accmem import acc_row_layout
-from .array import SystolicArray
+from .array import SystolicArray, array_latency
+from .blackbox import black_box
 from .isa import ErrorCode, Opcode, Pushes, SeedMode
 from .vmem import ReadPortSignature, WritePortSignature, _addr_shape, vmem_row_layout
 
-__all__ = ["ComputeCommand", "ComputeEngine"]
+__all__ = ["ComputeCommand", "ComputeEngine", "pending_entry_layout", "pending_rows_depth",
+           "pending_rows_signature"]
 
 
 def ComputeCommand(config):
@@ -43,6 +45,35 @@ def ComputeCommand(config):
 
 def _pow2_at_least(n):
     return 1 << max(1, (n - 1).bit_length())
+
+
+def pending_rows_depth(config):
+    """Entries of the compute engine's record of pending rows: every row that
+    can be in the array or in its skid buffer, with room to spare, rounded up
+    to a power of two."""
+    return _pow2_at_least(array_latency(config.rows, config.cols, config.mac_stages)
+                          + ComputeEngine.SKID_DEPTH + 4)
+
+
+def pending_entry_layout(addr_shape):
+    """A pending row: its accumulator row, whether it is its MATMUL's last,
+    and its push flags."""
+    return data.StructLayout({"addr": addr_shape, "last": 1, "push": Pushes})
+
+
+def pending_rows_signature(depth, addr_shape):
+    """The ports of `_PendingRows` (and of a simulation model that stands in for
+    it, `ComputeEngine`'s ``pending_module``)."""
+    entry = pending_entry_layout(addr_shape)
+    return wiring.Signature({
+        "add": In(stream.Signature(entry)),
+        "head": Out(entry),          # oldest pending row
+        "empty": Out(1),
+        "retire": In(1),
+        "probe": In(addr_shape),
+        "probe_load": In(1),
+        "hit": Out(1),
+    })
 
 
 class _PendingRows(wiring.Component):
@@ -69,17 +100,8 @@ class _PendingRows(wiring.Component):
     def __init__(self, depth, addr_shape):
         assert depth & (depth - 1) == 0
         self.depth = depth
-        entry = data.StructLayout({"addr": addr_shape, "last": 1, "push": Pushes})
-        self._entry = entry
-        super().__init__({
-            "add": In(stream.Signature(entry)),
-            "head": Out(entry),          # oldest pending row
-            "empty": Out(1),
-            "retire": In(1),
-            "probe": In(addr_shape),
-            "probe_load": In(1),
-            "hit": Out(1),
-        })
+        self._entry = pending_entry_layout(addr_shape)
+        super().__init__(pending_rows_signature(depth, addr_shape))
 
     def elaborate(self, platform):
         m = Module()
@@ -143,6 +165,10 @@ class ComputeEngine(wiring.Component):
     datapath_module : str or None
         Passed to `SystolicArray`: a Verilog module name to instantiate for the
         whole PE grid (a simulation model).
+    pending_module : str or None
+        A Verilog module name to instantiate for the record of pending rows
+        (`_PendingRows`, `pending_rows_signature`): a simulation model with
+        its ports and its behaviour, cycle for cycle.
 
     Interface
     ---------
@@ -169,13 +195,17 @@ class ComputeEngine(wiring.Component):
 
     SKID_DEPTH = 4
 
-    def __init__(self, config, *, pe_module=None, datapath_module=None):
+    def __init__(self, config, *, pe_module=None, datapath_module=None, pending_module=None):
+        if pending_module is not None and (not isinstance(pending_module, str)
+                                           or not pending_module.isidentifier()):
+            raise ValueError(f"pending_module must be a Verilog module name, not {pending_module!r}")
         self.config = config
+        self.pending_module = pending_module
         c = config
         vaddr, aaddr = _addr_shape(c.vmem_rows), _addr_shape(c.acc_rows)
         self.array = SystolicArray(c.rows, c.cols, c.mac_stages, pe_module=pe_module,
                                    datapath_module=datapath_module)
-        self.pending_depth = _pow2_at_least(self.array.latency + self.SKID_DEPTH + 4)
+        self.pending_depth = pending_rows_depth(c)
         super().__init__({
             "cmd": In(stream.Signature(ComputeCommand(c))),
             "complete": Out(stream.Signature(Pushes, always_ready=True)),
@@ -291,7 +321,13 @@ class ComputeEngine(wiring.Component):
         """
         c = self.config
         cmd = ComputeCommand(c)(matmul_q.r_data)
-        m.submodules.pending = pending = _PendingRows(self.pending_depth, _addr_shape(c.acc_rows))
+        if self.pending_module is None:
+            m.submodules.pending = pending = _PendingRows(self.pending_depth,
+                                                          _addr_shape(c.acc_rows))
+        else:
+            pending = black_box(m, "pending", self.pending_module,
+                                pending_rows_signature(self.pending_depth, _addr_shape(c.acc_rows)),
+                                clocked=True)
         act_bits, seed_bits = 16 * c.rows, 32 * c.cols
         m.submodules.askid = skid = fifo.SyncFIFO(width=act_bits + seed_bits + 1,
                                                    depth=self.SKID_DEPTH)

@@ -43,10 +43,11 @@ class _ChipCore(wiring.Component):
     """Everything that a soft reset clears: all but the register file."""
 
     def __init__(self, config, pe_module=None, trace=False, vpu_modules=None,
-                 datapath_module=None, clock_gate=None):
+                 datapath_module=None, clock_gate=None, pending_module=None):
         self.config = config
         self.pe_module = pe_module
         self.datapath_module = datapath_module
+        self.pending_module = pending_module
         self.vpu_modules = vpu_modules
         self.clock_gate = clock_gate
         self.trace_port = trace
@@ -112,7 +113,8 @@ class _ChipCore(wiring.Component):
         m.domains.compute = ClockDomain("compute", local=True)
         m.d.comb += [ClockSignal("compute").eq(ClockSignal("sync")),
                      ResetSignal("compute").eq(ResetSignal("sync") | self.start | self.clear)]
-        compute = ComputeEngine(c, pe_module=self.pe_module, datapath_module=self.datapath_module)
+        compute = ComputeEngine(c, pe_module=self.pe_module, datapath_module=self.datapath_module,
+                                pending_module=self.pending_module)
         m.submodules.compute = DomainRenamer("compute")(compute)
         m.submodules.load_dma = load_dma = Dma(c)
         store_dma = Dma(c)
@@ -264,6 +266,10 @@ class MxuChip(wiring.Component):
     datapath_module : str or None
         See `SystolicArray`: instantiate this Verilog module for the whole PE
         grid (a simulation model, `mxu.sim.backends.fast_array`).
+    pending_module : str or None
+        See `ComputeEngine`: instantiate this Verilog module for the compute
+        engine's record of pending rows (a simulation model,
+        `mxu.sim.backends.fast_pending`).
     vpu_modules : dict or None
         See `VectorAlu`'s ``unit_modules``: the vector lanes (and fp32 units) as
         named Verilog modules generated once.
@@ -291,13 +297,14 @@ class MxuChip(wiring.Component):
     """
 
     def __init__(self, config, *, pe_module=None, trace=False, vpu_modules=None,
-                 datapath_module=None, clock_gate=None):
+                 datapath_module=None, clock_gate=None, pending_module=None):
         from .config import ChipConfig
         if not isinstance(config, ChipConfig):
             raise TypeError(f"MxuChip needs a ChipConfig, not {type(config).__name__}")
         self.config = config
         self.pe_module = pe_module
         self.datapath_module = datapath_module
+        self.pending_module = pending_module
         self.vpu_modules = vpu_modules
         self.clock_gate = clock_gate
         self.trace_port = trace
@@ -314,7 +321,7 @@ class MxuChip(wiring.Component):
         m = Module()
         m.submodules.regs = regs = RegisterFile(self.config)
         core = _ChipCore(self.config, self.pe_module, self.trace_port, self.vpu_modules,
-                         self.datapath_module, self.clock_gate)
+                         self.datapath_module, self.clock_gate, self.pending_module)
         m.submodules.core = ResetInserter(regs.soft_reset)(core)
         wiring.connect(m, wiring.flipped(self.host), regs.bus)
         wiring.connect(m, core.axi, wiring.flipped(self.axi))

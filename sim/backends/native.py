@@ -21,7 +21,7 @@ CSRC = Path(__file__).parent / "csrc"
 # What generates a simulation model's Verilog: the HDL package and the backend
 # modules that turn it into Verilog (docs/cache.md).
 HDL_SOURCES = Path(__file__).resolve().parent.parent.parent / "hdl"
-_GENERATORS = ("verilog.py", "fast_array.py", "fast_vpu.py", "harness.py", "units.py",
+_GENERATORS = ("verilog.py", "fast_array.py", "fast_pending.py", "fast_vpu.py", "harness.py", "units.py",
                "axi_memory.py", "link_model.py")
 
 # -O3 in the generated model, no tracing, no assertions: the run path is for speed;

@@ -10,11 +10,14 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In
 
 from mxu.hdl.array import SystolicArray
+from mxu.hdl.compute import pending_entry_layout, pending_rows_depth
 from mxu.hdl.pe import ProcessingElement
+from mxu.hdl.vmem import _addr_shape
 
 from .axi_memory import axi_memory_verilog
 from .link_model import link_model_verilog
 from .fast_array import fast_datapath_verilog
+from .fast_pending import fast_pending_verilog
 from .fast_vpu import fast_vpu_adder_verilog, fast_vpu_lanes_verilog
 
 __all__ = ["to_verilog", "lean_verilog", "pe_verilog", "vpu_lane_verilog", "array_verilog",
@@ -187,7 +190,8 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     """Verilog (module ``top``) of ``MxuChip(config)`` for simulation: the PE is a
     separate module instantiated rows*cols times (the RTL `ProcessingElement`,
     `pe_verilog`), or with `fast_mac` the whole PE grid is one C++ model
-    (`mxu.sim.backends.fast_array`). `trace` adds the profiler's trace port.
+    (`mxu.sim.backends.fast_array`), and so is the compute engine's record
+    of pending rows (`mxu.sim.backends.fast_pending`). `trace` adds the profiler's trace port.
     `units` keeps every unit of the core (``top.chip.core.<unit>``) a C++ class
     of its own in Verilator, so that a sampling profiler names the unit that
     spends the time (`units_not_inlined`). `memory` puts the external-memory
@@ -223,8 +227,9 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
             lane_name, vpu = vpu_lane_verilog()
             vpu_modules = {"lane": lane_name}
     gate_name, gate = clock_gate_verilog() if fast_mac and idle_gating else (None, "")
+    pending_name, pending = fast_pending_module(config) if fast_mac else (None, "")
     chip = MxuChip(config, pe_module=pe_name, datapath_module=datapath_name, trace=trace,
-                   vpu_modules=vpu_modules, clock_gate=gate_name)
+                   vpu_modules=vpu_modules, clock_gate=gate_name, pending_module=pending_name)
     memory_name, memory_text = (axi_memory_verilog(config.axi_data_bits, config.axi_addr_bits)
                                 if memory else (None, ""))
     links_name, links_text = (link_model_verilog(config.links, 8 * config.link_flit_bytes)
@@ -232,7 +237,16 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     text = lean_verilog(RegisteredReset(chip, axi_memory=memory_name, link_model=links_name))
     if gate_name is not None:
         text = fold_resets(text)
-    return pe + vpu + gate + memory_text + links_text + (units_not_inlined(text) if units else text)
+    return pe + vpu + gate + pending + memory_text + links_text + \
+        (units_not_inlined(text) if units else text)
+
+
+def fast_pending_module(config):
+    """(module name, Verilog) of the C++ stand-in for `config`'s compute engine's
+    record of pending rows (`mxu.sim.backends.fast_pending`)."""
+    addr = _addr_shape(config.acc_rows)
+    return fast_pending_verilog(pending_rows_depth(config), addr.width,
+                                pending_entry_layout(addr).size)
 
 
 def clock_gate_verilog():

@@ -15,6 +15,7 @@
 #include "verilated.h"
 #include "axi_mem.h"
 #include "fast_array.h"
+#include "fast_pending.h"
 #include "link_model.h"
 #if VM_TRACE_FST
 #include "verilated_fst_c.h"

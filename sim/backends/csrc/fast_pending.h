@@ -13,6 +13,9 @@
 #include <vector>
 
 #include "svdpi.h"
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace mxu {
 
@@ -27,7 +30,7 @@ struct PendingRows {
 
     PendingRows(int depth, int addr_bits)
         : n(depth), words((depth + 63) / 64), addr_mask((1u << addr_bits) - 1),
-          entries(depth), addrs(depth), valid(words), match(words), eq(words) {
+          entries(depth), addrs((depth + 15) / 16 * 16), valid(words), match(words), eq(words) {
         int count_bits = 0;
         while ((1 << count_bits) <= depth) ++count_bits;     // Signal(range(depth + 1))
         count_mask = (1u << count_bits) - 1;
@@ -44,15 +47,22 @@ struct PendingRows {
         full = hit = false;
     }
 
-    // Bit w*64+j of `eq`: entry w*64+j holds `probe`.
+    // Bit i of `eq` (word i / 64): entry i holds `probe`. Sixteen entries at a
+    // time on SSE2: the scalar loop was a quarter of the model's time.
     void compare(uint32_t probe) {
-        const uint16_t p = uint16_t(probe);
-        for (int w = 0; w < words; ++w) {
-            const int base = w * 64, len = std::min(64, n - base);
-            uint64_t bits = 0;
-            for (int j = 0; j < len; ++j) bits |= uint64_t(addrs[base + j] == p) << j;
-            eq[w] = bits;
+        std::fill(eq.begin(), eq.end(), 0ull);
+#if defined(__SSE2__)
+        const __m128i p = _mm_set1_epi16(short(probe));
+        for (int i = 0; i < n; i += 16) {
+            const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i *>(&addrs[i]));
+            const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i *>(&addrs[i + 8]));
+            const __m128i same = _mm_packs_epi16(_mm_cmpeq_epi16(lo, p), _mm_cmpeq_epi16(hi, p));
+            eq[i >> 6] |= uint64_t(uint32_t(_mm_movemask_epi8(same))) << (i & 63);
         }
+        if (n & 63) eq[words - 1] &= (1ull << (n & 63)) - 1;    // the padding's bits
+#else
+        for (int i = 0; i < n; ++i) eq[i >> 6] |= uint64_t(addrs[i] == uint16_t(probe)) << (i & 63);
+#endif
     }
 
     static uint64_t bit_in(uint32_t index, int w) {

@@ -79,13 +79,21 @@ struct FastArray {
     }
 
     // A row of words: a copy of constant size for the usual widths (a few
-    // moves, not a call of the C library's memcpy each cycle).
+    // moves, not a call of the C library's memcpy each cycle). The arms must
+    // differ: clang merges a switch of memcpy calls into one call of a looked-up size.
+    template <int N>
+    static void copy_n(uint32_t *to, const uint32_t *from) {
+        typedef uint32_t v4u __attribute__((vector_size(16), aligned(4), may_alias));
+        for (int i = 0; i < N; i += 4)
+            *reinterpret_cast<v4u *>(to + i) = *reinterpret_cast<const v4u *>(from + i);
+    }
+
     static void copy_words(uint32_t *to, const uint32_t *from, int n) {
         switch (n) {
-        case 4: std::memcpy(to, from, 16); return;
-        case 8: std::memcpy(to, from, 32); return;
-        case 16: std::memcpy(to, from, 64); return;
-        case 32: std::memcpy(to, from, 128); return;
+        case 4: return copy_n<4>(to, from);
+        case 8: return copy_n<8>(to, from);
+        case 16: return copy_n<16>(to, from);
+        case 32: return copy_n<32>(to, from);
         }
         std::memcpy(to, from, n * sizeof(uint32_t));
     }
@@ -137,6 +145,9 @@ struct FastArray {
             if ((out[j] & 0x7F800000u) == 0x7F800000u && (out[j] & 0x007FFFFFu)) out[j] = 0x7FC00000u;
     }
 
+    // The delay line's slot after `slot` (a compare, not a division each cycle).
+    int next_slot(int slot) const { return slot + 1 == latency ? 0 : slot + 1; }
+
     // One rising clock edge; writes the registered outputs after it.
     void step(bool rst, bool en, bool take, bool first, const svBitVecVal *act,
               const svBitVecVal *seed, bool weight_take, const svBitVecVal *weight,
@@ -146,7 +157,7 @@ struct FastArray {
         } else {
             if (weight_take) take_weight(weight);
             if (en && (take || in_flight)) {
-                int oldest = (newest + 1) % latency;
+                int oldest = next_slot(newest);
                 in_flight -= valid[oldest];
                 newest = oldest;
                 valid[newest] = take;
@@ -157,7 +168,7 @@ struct FastArray {
                 }
             }
         }
-        int out = (newest + 1) % latency;
+        int out = next_slot(newest);
         copy_words(result, &slots[out * cols], cols);
         *result_valid = valid[out];
     }

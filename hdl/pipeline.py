@@ -16,12 +16,12 @@ from collections import Counter
 
 from amaranth.hdl import C, Mux, Signal
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In
+from amaranth.lib.wiring import In, Out
 
 from .blackbox import black_box, signature_of
 from .numerics import FP32_QNAN, Fp32Adder, Fp32Multiplier, leading_zeros
 
-__all__ = ["Value", "PipelineOps", "SharedPipelineOps", "LatencyOps", "UsageOps"]
+__all__ = ["Value", "PipelineOps", "SharedPipelineOps", "LatencyOps", "UsageOps", "min_max_signature"]
 
 
 class _FpOps:
@@ -65,11 +65,14 @@ class PipelineOps(_FpOps):
     instances of the modules (generated once, see `mxu.synth`), so that a
     hierarchical synthesis handles one of each.
 
-    `used`, if given, is a function of a stage: a 1-bit value that is high when
-    the fp32 results computed in that stage will be used. The black-box units
-    whose kind `unit_modules["used"]` lists get it on an input port ``used``,
-    and may give any result while it is low: the simulation's C stand-ins
-    (`mxu.sim.backends.fast_vpu`) then skip their call.
+    `unit_modules` may map "fmax" and "fmin" too, to modules with ports
+    ``a``, ``b`` and ``s`` (`min_max_signature`).
+
+    `used`, if given, is a function of a stage and a unit's kind: a 1-bit value
+    that is high when the results of that kind computed in that stage will be
+    used. The black-box units whose kind `unit_modules["used"]` lists get it
+    on an input port ``used``, and may give any result while it is low: the
+    simulation's C stand-ins (`mxu.sim.backends.fast_vpu`) then skip their call.
     """
 
     def __init__(self, m, enable, prefix="", unit_modules=None, used=None):
@@ -127,16 +130,28 @@ class PipelineOps(_FpOps):
             if module is None:
                 make = (lambda: Fp32Multiplier(power_of_two=True)) if kind == "fscale" else cls
                 self.m.submodules[name] = unit = make()
-            elif self.used is not None and kind in self.unit_modules.get("used", ()):
-                signature = wiring.Signature({**signature_of(cls).members, "used": In(1)})
-                unit = black_box(self.m, name, module, signature, clocked=False)
-                self.m.d.comb += unit.used.eq(self.used(stage))
             else:
-                unit = black_box(self.m, name, module, signature_of(cls), clocked=False)
+                unit = self._black_box(kind, name, module, signature_of(cls), stage)
             out = unit.s if kind == "fadd" else unit.p
             return unit.a.as_value(), unit.b.as_value(), out.as_value()
+        module = self.unit_modules.get(kind)
+        if module is not None:
+            self._count += 1
+            unit = self._black_box(kind, f"{self.prefix}{kind}_{self._count}", module,
+                                   min_max_signature(), stage)
+            return unit.a, unit.b, unit.s
         x, y = self._signal(f"{kind}_a"), self._signal(f"{kind}_b")
         return x, y, _min_max(x, y, larger=kind == "fmax")
+
+    def _black_box(self, kind, name, module, signature, stage):
+        """An instance of `module` for a unit of `kind`, with the ``used`` input
+        if `unit_modules["used"]` lists the kind."""
+        if self.used is None or kind not in self.unit_modules.get("used", ()):
+            return black_box(self.m, name, module, signature, clocked=False)
+        unit = black_box(self.m, name, module,
+                         wiring.Signature({**signature.members, "used": In(1)}), clocked=False)
+        self.m.d.comb += unit.used.eq(self.used(stage, kind))
+        return unit
 
     def _fp_op(self, kind, a, b):
         """`kind` applied to `a` and `b`, then a register."""
@@ -230,6 +245,11 @@ class SharedPipelineOps(PipelineOps):
 
 def _is_nan(x):
     return x[:31] > 0x7F800000
+
+
+def min_max_signature():
+    """The ports of an fp32 max or min unit: ``a``, ``b`` and the result ``s``."""
+    return wiring.Signature({"a": In(32), "b": In(32), "s": Out(32)})
 
 
 def _min_max(x, y, larger):

@@ -302,8 +302,9 @@ class VectorAlu(wiring.Component):
         tree_op = Value(op_at_tree, 0)
         def op_in(stage):
             return ops.at(tree_op, stage)[:op_width]
+        reduction_of = {kind: code for code, (kind, _) in _REDUCTIONS.items()}
         ops = PipelineOps(m, enable, "tree_", self.unit_modules,
-                          used=lambda stage: op_in(stage) == VpuOp.RSUM)
+                          used=lambda stage, kind: op_in(stage) == reduction_of[kind])
         row = [ops.lift(lane.o.payload) for lane in lanes]
         levels = tree_levels(cols)
         trees = {code: _reduce_tree(ops, row, kind, pad)

@@ -23,7 +23,7 @@ from mxu.hdl import vecmath
 from mxu.hdl.isa import VpuOp
 from mxu.hdl.vpu import lane_latency
 
-__all__ = ["fast_vpu_lanes_verilog", "fast_vpu_adder_verilog", "vpu_cpp_source", "CppOps",
+__all__ = ["fast_vpu_lanes_verilog", "fast_vpu_adder_verilog", "fast_vpu_max_verilog", "vpu_cpp_source", "CppOps",
            "CppVectorOps"]
 
 
@@ -325,6 +325,18 @@ module {name}(used, a, b, s);
   end
 endmodule
 """
+
+
+@functools.cache
+def fast_vpu_max_verilog():
+    """(module name, Verilog) of a stand-in for the reduction tree's fp32 max
+    (ports ``a``, ``b``, ``s``: `mxu.hdl.pipeline.min_max_signature`) whose
+    result is the C MAX of the fast lanes (the same `vecmath` function):
+    with its input ``used`` low (no row of RMAX in its stage) it is 0 and
+    there is no C call, where the RTL compared every operand pair of the tree
+    in every cycle of the vector unit."""
+    name = "mxu_vpu_fmax_fast"
+    return name, _ADDER_TEMPLATE.format(name=name, op=VpuOp.MAX.value)
 
 
 @functools.cache

@@ -18,7 +18,7 @@ from .axi_memory import axi_memory_verilog
 from .link_model import link_model_verilog
 from .fast_array import fast_datapath_verilog
 from .fast_pending import fast_pending_verilog
-from .fast_vpu import fast_vpu_adder_verilog, fast_vpu_lanes_verilog
+from .fast_vpu import fast_vpu_adder_verilog, fast_vpu_lanes_verilog, fast_vpu_max_verilog
 
 __all__ = ["to_verilog", "lean_verilog", "pe_verilog", "vpu_lane_verilog", "array_verilog",
            "chip_verilog", "dma_system_verilog"]
@@ -209,7 +209,8 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     # With the vector unit, its lane is a module of its own too (with
     # `fast_lanes`, default `fast_mac`, one stand-in for the whole row of lanes
     # whose element op is a C call, `mxu.sim.backends.fast_vpu`).
-    # The fast lanes come with fast fp32 adders for the reduction tree.
+    # The fast lanes come with fast fp32 adders and max units for the
+    # reduction tree.
     fast_lanes = fast_mac if fast_lanes is None else fast_lanes
     vpu_modules, vpu = None, ""
     if config.vpu:
@@ -217,8 +218,9 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
             lanes_name, vpu = fast_vpu_lanes_verilog(config.cols)
             vpu_modules = {"lanes": lanes_name}
             vpu_modules["fadd"], adder = fast_vpu_adder_verilog()
-            vpu_modules["used"] = ("fadd",)
-            vpu += adder
+            vpu_modules["fmax"], larger = fast_vpu_max_verilog()
+            vpu_modules["used"] = ("fadd", "fmax")
+            vpu += adder + larger
             # The transpose block as a memory: same bits and cycles, and
             # Verilator writes one row when one arrives instead of evaluating
             # every element's register each cycle (docs/simulation.md).

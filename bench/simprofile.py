@@ -10,7 +10,7 @@ The chip is built with ``profile_units=True``: every unit of the core a C++
 class of its own, so that the sampled function names the unit (the same bits
 and cycles as the plain build, somewhat slower). Verilator's functions are
 split by region too: ``ico`` is the logic that depends on the model's inputs
-and runs at every ``eval()`` (twice a cycle), ``nba`` what runs after the
+and runs at every ``eval()``, ``nba`` what runs after the
 clock edge. Workloads are those of ``bench/simspeed.py``, run warm in a loop
 while ``perf record`` samples this process. Needs ``perf`` (linux-tools)
 from the OS.

@@ -32,22 +32,34 @@ from .transfer import TransferEngine
 from .vmem import Vmem
 from .vpu import VectorUnit
 
-__all__ = ["MxuChip"]
+__all__ = ["MxuChip", "gate_port_members"]
 
 _READ_FORWARD = ("arid", "araddr", "arlen", "arsize", "arburst", "arlock", "arcache", "arprot")
 _WRITE_FORWARD = ("awid", "awaddr", "awlen", "awsize", "awburst", "awlock", "awcache", "awprot",
                   "awvalid", "wdata", "wstrb", "wlast", "wvalid", "bready")
 
 
+def gate_port_members(config):
+    """The ports of `MxuChip(gate_ports=True)`: per gated engine (the store
+    engine, and the vector unit with ``config.vpu``) its clock in and its
+    enable out."""
+    members = {}
+    for engine in ("store", "vector") if config.vpu else ("store",):
+        members[f"gate_{engine}_clk"] = In(1)
+        members[f"gate_{engine}_awake"] = Out(1)
+    return members
+
+
 class _ChipCore(wiring.Component):
     """Everything that a soft reset clears: all but the register file."""
 
     def __init__(self, config, pe_module=None, trace=False, vpu_modules=None,
-                 datapath_module=None, clock_gate=None, pending_module=None):
+                 datapath_module=None, clock_gate=None, pending_module=None, gate_ports=False):
         self.config = config
         self.pe_module = pe_module
         self.datapath_module = datapath_module
         self.pending_module = pending_module
+        self.gate_ports = gate_ports
         self.vpu_modules = vpu_modules
         self.clock_gate = clock_gate
         self.trace_port = trace
@@ -59,6 +71,7 @@ class _ChipCore(wiring.Component):
             "busy": Out(1), "done": Out(1), "error": Out(ErrorCode), "error_pc": Out(32),
             **({"trace_events": Out(ChipTrace)} if trace else {}),
             **self._link_members(config),
+            **(gate_port_members(config) if gate_ports else {}),
         })
 
     @staticmethod
@@ -76,7 +89,7 @@ class _ChipCore(wiring.Component):
         that ticks only in cycles where they may change: `engine` is not
         idle, is offered a command, or they are reset (docs/simulation.md,
         "Idle gating")."""
-        if self.clock_gate is None:
+        if self.clock_gate is None and not self.gate_ports:
             for unit_name, (unit, on_start) in units.items():
                 m.submodules[unit_name] = ResetInserter(self.start)(unit) if on_start else unit
             return
@@ -84,8 +97,12 @@ class _ChipCore(wiring.Component):
         awake = Signal(name=f"{name}_awake")
         gclk = Signal(name=f"{name}_gclk")
         m.d.comb += awake.eq(~engine.idle | engine.cmd.valid | reset | self.start)
-        m.submodules[f"{name}_gate"] = Instance(self.clock_gate, i_clk=ClockSignal("sync"),
-                                                i_en=awake, o_gclk=gclk)
+        if self.gate_ports:
+            m.d.comb += [getattr(self, f"gate_{name}_awake").eq(awake),
+                         gclk.eq(getattr(self, f"gate_{name}_clk"))]
+        else:
+            m.submodules[f"{name}_gate"] = Instance(self.clock_gate, i_clk=ClockSignal("sync"),
+                                                    i_en=awake, o_gclk=gclk)
         for unit_name, (unit, on_start) in units.items():
             m.domains += ClockDomain(unit_name, local=True)
             m.d.comb += [ClockSignal(unit_name).eq(gclk),
@@ -280,6 +297,11 @@ class MxuChip(wiring.Component):
         busy, is offered a command or is reset. In the others its next state
         is its state, so the gated chip is cycle for cycle the same, and
         Verilator skips their logic (docs/simulation.md, "Idle gating").
+    gate_ports : bool
+        The same gated clocks, with the gates outside the chip: for each
+        gated engine ``e`` (`gate_port_members`) an input ``gate_e_clk``,
+        its clock, and an output ``gate_e_awake``, the enable that the
+        simulation harness samples to drive it (docs/simulation.md).
 
     Interface
     ---------
@@ -297,10 +319,13 @@ class MxuChip(wiring.Component):
     """
 
     def __init__(self, config, *, pe_module=None, trace=False, vpu_modules=None,
-                 datapath_module=None, clock_gate=None, pending_module=None):
+                 datapath_module=None, clock_gate=None, pending_module=None, gate_ports=False):
         from .config import ChipConfig
         if not isinstance(config, ChipConfig):
             raise TypeError(f"MxuChip needs a ChipConfig, not {type(config).__name__}")
+        if gate_ports and clock_gate is not None:
+            raise ValueError("gate_ports and clock_gate exclude each other")
+        self.gate_ports = gate_ports
         self.config = config
         self.pe_module = pe_module
         self.datapath_module = datapath_module
@@ -315,13 +340,15 @@ class MxuChip(wiring.Component):
             "irq": Out(1),
             **({"trace_events": Out(ChipTrace)} if trace else {}),
             **({"links": Out(link_signature(config)).array(config.links)} if config.links else {}),
+            **(gate_port_members(config) if gate_ports else {}),
         })
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.regs = regs = RegisterFile(self.config)
         core = _ChipCore(self.config, self.pe_module, self.trace_port, self.vpu_modules,
-                         self.datapath_module, self.clock_gate, self.pending_module)
+                         self.datapath_module, self.clock_gate, self.pending_module,
+                         self.gate_ports)
         m.submodules.core = ResetInserter(regs.soft_reset)(core)
         wiring.connect(m, wiring.flipped(self.host), regs.bus)
         wiring.connect(m, core.axi, wiring.flipped(self.axi))
@@ -335,6 +362,11 @@ class MxuChip(wiring.Component):
         ]
         if self.trace_port:
             m.d.comb += self.trace_events.eq(core.trace_events)
+        for port in gate_port_members(self.config) if self.gate_ports else ():
+            if port.endswith("_clk"):
+                m.d.comb += getattr(core, port).eq(getattr(self, port))
+            else:
+                m.d.comb += getattr(self, port).eq(getattr(core, port))
         # Outside the core: a soft reset leaves the links' credits and buffers
         # alone (`LinkPort`).
         for i in range(self.config.links):

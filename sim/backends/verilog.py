@@ -32,8 +32,8 @@ class RegisteredReset(wiring.Component):
     Amaranth writes every register's next state as combinational logic that
     ends in ``if (rst)``. With ``rst`` a top-level input, Verilator evaluates
     all of that logic in its input-combinational region, at every ``eval()``
-    (twice a cycle in our harnesses) besides after the clock edge; from a
-    flip-flop it is evaluated once a cycle. Measured on the 16x16 chip with the
+    (twice a cycle in the harnesses that evaluate clk low) besides after the
+    clock edge; from a flip-flop it is evaluated once a cycle. Measured on the 16x16 chip with the
     vector unit: docs/simulation.md.
 
     With `axi_memory` (a module name from `mxu.sim.backends.axi_memory`), the
@@ -186,7 +186,7 @@ def dma_system_verilog(config):
 
 @functools.lru_cache(maxsize=4)
 def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=False,
-                 memory=False, idle_gating=True):
+                 memory=False, idle_gating=True, one_eval=False):
     """Verilog (module ``top``) of ``MxuChip(config)`` for simulation: the PE is a
     separate module instantiated rows*cols times (the RTL `ProcessingElement`,
     `pe_verilog`), or with `fast_mac` the whole PE grid is one C++ model
@@ -199,7 +199,14 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     port), and the links' model (`mxu.sim.backends.link_model`): the native
     harness's build. With `fast_mac` and `idle_gating`, the clocks of the
     vector unit and of the store engine with its DMA are gated in the cycles
-    where they hold still (`clock_gate_verilog`, docs/simulation.md)."""
+    where they hold still (`clock_gate_verilog`, docs/simulation.md).
+
+    With `one_eval` too, the model takes one ``eval()`` per cycle: every
+    clocked block runs at both edges of its clock (`both_edges`), so the
+    harness toggles ``clk`` once a cycle, and the gates are outside the chip
+    (``MxuChip(gate_ports=True)``): the harness toggles ``gate_<e>_clk``
+    with ``clk`` in the cycles whose ``gate_<e>_awake`` was high before the
+    edge. The harness must be built with ``MXU_ONE_EVAL``."""
     from mxu.hdl.top import MxuChip
     if fast_mac:
         pe_name, (datapath_name, pe) = None, fast_datapath_verilog(config.rows, config.cols,
@@ -228,19 +235,34 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
         else:
             lane_name, vpu = vpu_lane_verilog()
             vpu_modules = {"lane": lane_name}
-    gate_name, gate = clock_gate_verilog() if fast_mac and idle_gating else (None, "")
+    gated = fast_mac and idle_gating
+    one_eval = one_eval and gated
+    gate_name, gate = clock_gate_verilog() if gated and not one_eval else (None, "")
     pending_name, pending = fast_pending_module(config) if fast_mac else (None, "")
     chip = MxuChip(config, pe_module=pe_name, datapath_module=datapath_name, trace=trace,
-                   vpu_modules=vpu_modules, clock_gate=gate_name, pending_module=pending_name)
+                   vpu_modules=vpu_modules, clock_gate=gate_name, pending_module=pending_name,
+                   gate_ports=one_eval)
     memory_name, memory_text = (axi_memory_verilog(config.axi_data_bits, config.axi_addr_bits)
                                 if memory else (None, ""))
     links_name, links_text = (link_model_verilog(config.links, 8 * config.link_flit_bytes)
                               if memory and config.links else (None, ""))
     text = lean_verilog(RegisteredReset(chip, axi_memory=memory_name, link_model=links_name))
-    if gate_name is not None:
+    if gated:
         text = fold_resets(text)
-    return pe + vpu + gate + pending + memory_text + links_text + \
+    text = pe + vpu + gate + pending + memory_text + links_text + \
         (units_not_inlined(text) if units else text)
+    return both_edges(text) if one_eval else text
+
+
+def both_edges(text):
+    """`text` with every ``always @(posedge c)`` block run at both edges of
+    ``c`` (``posedge c or negedge c``), for a harness that toggles each clock
+    once a cycle: Verilator then evaluates the model once a cycle instead of
+    twice (docs/simulation.md). Refuses Verilog that already uses a falling
+    edge."""
+    if re.search(r"\bnegedge\b", text):
+        raise ValueError("both_edges: the Verilog already uses negedge")
+    return re.sub(r"@\(posedge (\\?\S+?)\s*\)", r"@(posedge \1 or negedge \1)", text)
 
 
 def fast_pending_module(config):

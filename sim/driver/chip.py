@@ -156,12 +156,17 @@ def _library(config, waves=None, fast_mac=False, trace=False, units=False, threa
         (f"_{waves}" if waves else "") + ("_trace" if trace else "") + \
         ("_units" if units else "") + (f"_t{threads}" if threads > 1 else "") + \
         ("" if idle_gating else "_ungated")
+    # One evaluation a cycle (docs/simulation.md) for the gated fast models;
+    # waveform and trace builds keep two, whose samples fall between them.
+    one_eval = fast_mac and idle_gating and waves is None and not trace
     flags = _TRACE_FLAGS[waves] + (("-CFLAGS", "-DMXU_TRACE") if trace else ()) + \
-        (("--threads", str(threads), "-CFLAGS", f"-DMXU_THREADS={threads}") if threads > 1 else ())
+        (("--threads", str(threads), "-CFLAGS", f"-DMXU_THREADS={threads}") if threads > 1 else ()) + \
+        (("-CFLAGS", "-DMXU_ONE_EVAL") if one_eval else ()) + \
+        (("-CFLAGS", "-DMXU_VECTOR_GATE") if one_eval and config.vpu else ())
     lib = native_library(name, "chip_harness.cpp", key=[repr(config)], extra_flags=flags,
                          make_vars=_TRACE_MAKE.get(waves, ()),
                          verilog=lambda: chip_verilog(config, fast_mac, trace, units=units, memory=True,
-                                                      idle_gating=idle_gating),
+                                                      idle_gating=idle_gating, one_eval=one_eval),
                          extra_cpp=vpu_cpp_source if config.vpu and fast_mac else None,
                          clang=fast_mac and waves is None)
     for fn_name, (restype, argtypes) in _SIGNATURES.items():

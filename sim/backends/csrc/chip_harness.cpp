@@ -74,6 +74,12 @@ struct HostSample {
     uint32_t bresp = 0, rresp = 0, rdata = 0;
 };
 
+// AXI4-Lite inputs the harness drives; set before the evaluation with clk low.
+struct Host {
+    uint32_t awaddr = 0, wdata = 0, araddr = 0;
+    bool awvalid = false, wvalid = false, bready = false, arvalid = false, rready = false;
+};
+
 struct Chip {
     VerilatedContext ctx;
     std::unique_ptr<Vtop> top;
@@ -81,6 +87,12 @@ struct Chip {
     mxu::AxiPins pins;
     mxu::LinkModel links;
     HostSample host;
+#ifdef MXU_ONE_EVAL
+    // The inputs of the last evaluation (MXU_ONE_EVAL, step): while they stay
+    // the same, the model's outputs are those it settled to after the edge.
+    Host last_host;
+    bool last_rst = false, settled = false;
+#endif
     // The slave outputs of the memory model's last quiet cycle (AxiMem::quiet),
     // packed as mxu_axi_mem_step gives them, while valid for its epoch: the
     // quiet cycles after it give them again without stepping the model.
@@ -116,11 +128,6 @@ struct Chip {
     }
 };
 
-// AXI4-Lite inputs the harness drives; set before each falling-edge eval.
-struct Host {
-    uint32_t awaddr = 0, wdata = 0, araddr = 0;
-    bool awvalid = false, wvalid = false, bready = false, arvalid = false, rready = false;
-};
 
 // The chip being evaluated in this thread: set before every eval(), and handed
 // to the models inside the chip once, at its first evaluation (mxu_chip_bind).
@@ -142,16 +149,48 @@ void eval(Vtop &t) {
     t.eval();
 }
 
-void step(Chip &c, const Host &h) {
-    Vtop &t = *c.top;
-    current = &c;
+void set_inputs(Vtop &t, const Host &h) {
     t.host___05Fawaddr = h.awaddr; t.host___05Fawvalid = h.awvalid;
     t.host___05Fwdata = h.wdata; t.host___05Fwstrb = 0xF; t.host___05Fwvalid = h.wvalid;
     t.host___05Fbready = h.bready;
     t.host___05Faraddr = h.araddr; t.host___05Farvalid = h.arvalid;
     t.host___05Frready = h.rready;
+}
+
+#ifdef MXU_ONE_EVAL
+bool same_inputs(const Host &a, const Host &b) {
+    return a.awaddr == b.awaddr && a.wdata == b.wdata && a.araddr == b.araddr &&
+           a.awvalid == b.awvalid && a.wvalid == b.wvalid && a.bready == b.bready &&
+           a.arvalid == b.arvalid && a.rready == b.rready;
+}
+#endif
+
+// One cycle. The classic model is evaluated twice: clk low with this cycle's
+// inputs (what the host port then presents is sampled, and the clock gates
+// sample their enables at the falling edge), then the rising edge. A model
+// built with one_eval (chip_verilog; MXU_ONE_EVAL) runs its clocked blocks at
+// both edges of their clocks: one evaluation toggles clk, and the gated
+// clocks in the cycles whose gate_<e>_awake was high before the edge -- the
+// gate's enable as the falling edge sampled it. The evaluation with clk low
+// is needed only when an input has changed since the last one: otherwise the
+// model's outputs are those it settled to after the last edge
+// (docs/simulation.md, "One evaluation a cycle").
+void step(Chip &c, const Host &h) {
+    Vtop &t = *c.top;
+    current = &c;
+#ifdef MXU_ONE_EVAL
+    if (!c.settled || t.rst != c.last_rst || !same_inputs(h, c.last_host)) {
+        set_inputs(t, h);
+        eval(t);
+        c.last_host = h;
+        c.last_rst = t.rst;
+        c.settled = true;
+    }
+#else
+    set_inputs(t, h);
     t.clk = 0;
     eval(t);
+#endif
     c.dump(10 * c.cycles + 5);
 #ifdef MXU_TRACE
     if (c.tbuf.on) {
@@ -164,7 +203,15 @@ void step(Chip &c, const Host &h) {
     c.host.bvalid = t.host___05Fbvalid; c.host.bresp = t.host___05Fbresp;
     c.host.arready = t.host___05Farready; c.host.rvalid = t.host___05Frvalid;
     c.host.rdata = t.host___05Frdata; c.host.rresp = t.host___05Frresp;
+#ifdef MXU_ONE_EVAL
+    if (t.gate_store_awake) t.gate_store_clk = !t.gate_store_clk;
+#ifdef MXU_VECTOR_GATE
+    if (t.gate_vector_awake) t.gate_vector_clk = !t.gate_vector_clk;
+#endif
+    t.clk = !t.clk;
+#else
     t.clk = 1;
+#endif
     eval(t);      // the rising edge: the memory model's mxu_axi_mem_step runs in it
     c.dump(10 * c.cycles + 10);
     c.cycles++;

@@ -4,11 +4,12 @@ the next-state wire has no other reader."""
 
 import re
 
+import pytest
 from amaranth.hdl import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from mxu.sim.backends.verilog import fold_resets, to_verilog
+from mxu.sim.backends.verilog import both_edges, fold_resets, to_verilog
 
 
 class _Counters(wiring.Component):
@@ -71,3 +72,15 @@ endmodule
     # The last `if` of the block wins, so it is tested first.
     assert "if (rst) q <= 4'h0; else if (clear) q <= 4'h5; else q <= \\$1 ;" in folded
     assert "s <= \\$2 ;" in folded and "if (rst) s" not in folded      # $2 is read by r too
+
+
+def test_both_edges_runs_every_clocked_block_at_both_edges():
+    """`both_edges` (the models evaluated once a cycle, docs/simulation.md):
+    every lone rising-edge event gets the falling edge too; Verilog it cannot
+    transform whole is refused rather than left half-clocked."""
+    text = "always @(posedge clk)\n  q <= d;\nalways @(posedge \\gate.clk )\n  r <= q;\n"
+    assert both_edges(text) == ("always @(posedge clk or negedge clk)\n  q <= d;\n"
+                                "always @(posedge \\gate.clk  or negedge \\gate.clk )\n  r <= q;\n")
+    for bad in ("always @(negedge clk) q <= d;", "always @(posedge clk, posedge rst) q <= d;"):
+        with pytest.raises(ValueError, match="both_edges"):
+            both_edges(bad)

@@ -262,7 +262,14 @@ def both_edges(text):
     edge."""
     if re.search(r"\bnegedge\b", text):
         raise ValueError("both_edges: the Verilog already uses negedge")
-    return re.sub(r"@\(posedge (\\?\S+?)\s*\)", r"@(posedge \1 or negedge \1)", text)
+    def both(match):
+        clock = match[1] + (" " if match[1].startswith("\\") else "")   # an escaped name ends at a space
+        return f"@(posedge {clock} or negedge {clock})"
+    text, count = re.subn(r"@\(posedge (\\?\S+?)\s*\)", both, text)
+    if count != len(re.findall(r"\bposedge\b", text)):
+        # A block on a rising edge among other events would run at half speed.
+        raise ValueError("both_edges: a posedge outside a lone @(posedge clock)")
+    return text
 
 
 def fast_pending_module(config):

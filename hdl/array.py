@@ -20,7 +20,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from .blackbox import black_box
+from .blackbox import black_box, check_module_name
 from .mac import MAC_STAGES
 from .numerics import BF16, FP32
 from .pe import PE_SIGNATURE, ProcessingElement
@@ -176,11 +176,8 @@ class SystolicArray(wiring.Component):
         if weight_queue_depth is None:
             weight_queue_depth = default_weight_queue_depth(rows, mac_stages)
         _check_positive("weight_queue_depth", weight_queue_depth)
-        if pe_module is not None and (not isinstance(pe_module, str) or not pe_module.isidentifier()):
-            raise ValueError(f"pe_module must be a Verilog module name, not {pe_module!r}")
-        if datapath_module is not None and (not isinstance(datapath_module, str)
-                                            or not datapath_module.isidentifier()):
-            raise ValueError(f"datapath_module must be a Verilog module name, not {datapath_module!r}")
+        check_module_name(pe_module, "pe_module")
+        check_module_name(datapath_module, "datapath_module")
         self.pe_module = pe_module
         self.datapath_module = datapath_module
         self.rows = rows

@@ -5,7 +5,7 @@ PE in the array, the VPU's fp32 units and lanes; docs/synth.md)."""
 from amaranth.hdl import ClockSignal, Instance, ResetSignal, Value
 from amaranth.lib.wiring import In
 
-__all__ = ["black_box", "signature_of"]
+__all__ = ["black_box", "check_module_name", "signature_of"]
 
 
 def black_box(m, name, module, signature, *, clocked):
@@ -19,6 +19,12 @@ def black_box(m, name, module, signature, *, clocked):
         ports[("i_" if member.flow == In else "o_") + "__".join(map(str, path))] = Value.cast(value)
     m.submodules[name] = Instance(module, **ports)
     return iface
+
+
+def check_module_name(name, what):
+    """Raise unless `name` (the parameter `what`) is None or a Verilog module name."""
+    if name is not None and (not isinstance(name, str) or not name.isidentifier()):
+        raise ValueError(f"{what} must be a Verilog module name, not {name!r}")
 
 
 _SIGNATURES = {}

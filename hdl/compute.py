@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 
 from .accmem import acc_row_layout
 from .array import SystolicArray, array_latency
-from .blackbox import black_box
+from .blackbox import black_box, check_module_name
 from .isa import ErrorCode, Opcode, Pushes, SeedMode
 from .vmem import ReadPortSignature, WritePortSignature, _addr_shape, vmem_row_layout
 
@@ -196,9 +196,7 @@ class ComputeEngine(wiring.Component):
     SKID_DEPTH = 4
 
     def __init__(self, config, *, pe_module=None, datapath_module=None, pending_module=None):
-        if pending_module is not None and (not isinstance(pending_module, str)
-                                           or not pending_module.isidentifier()):
-            raise ValueError(f"pending_module must be a Verilog module name, not {pending_module!r}")
+        check_module_name(pending_module, "pending_module")
         self.config = config
         self.pending_module = pending_module
         c = config

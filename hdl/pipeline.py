@@ -21,7 +21,8 @@ from amaranth.lib.wiring import In, Out
 from .blackbox import black_box, signature_of
 from .numerics import FP32_QNAN, Fp32Adder, Fp32Multiplier, leading_zeros
 
-__all__ = ["Value", "PipelineOps", "SharedPipelineOps", "LatencyOps", "UsageOps", "min_max_signature"]
+__all__ = ["Value", "PipelineOps", "SharedPipelineOps", "LatencyOps", "UsageOps",
+           "min_max_signature"]
 
 
 class _FpOps:

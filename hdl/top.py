@@ -362,11 +362,9 @@ class MxuChip(wiring.Component):
         ]
         if self.trace_port:
             m.d.comb += self.trace_events.eq(core.trace_events)
-        for port in gate_port_members(self.config) if self.gate_ports else ():
-            if port.endswith("_clk"):
-                m.d.comb += getattr(core, port).eq(getattr(self, port))
-            else:
-                m.d.comb += getattr(self, port).eq(getattr(core, port))
+        for port, member in (gate_port_members(self.config) if self.gate_ports else {}).items():
+            inner, outer = getattr(core, port), getattr(self, port)
+            m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
         # Outside the core: a soft reset leaves the links' credits and buffers
         # alone (`LinkPort`).
         for i in range(self.config.links):

@@ -56,7 +56,8 @@ def fast_pending_verilog(depth, addr_bits, entry_bits):
     if depth < 1 or depth & (depth - 1):
         raise ValueError(f"depth must be a power of two, not {depth}")
     if not 1 <= addr_bits <= 16:
-        raise ValueError(f"addr_bits must be 1 to 16 (the model keeps 16-bit rows), not {addr_bits}")
+        raise ValueError(f"addr_bits must be 1 to 16 (the model keeps 16-bit rows), "
+                         f"not {addr_bits}")
     if not addr_bits < entry_bits <= 32:
         raise ValueError(f"entry_bits must be more than addr_bits and at most 32, not {entry_bits}")
     name = f"mxu_pending_rows_d{depth}_a{addr_bits}_e{entry_bits}"

@@ -23,8 +23,8 @@ from mxu.hdl import vecmath
 from mxu.hdl.isa import VpuOp
 from mxu.hdl.vpu import lane_latency
 
-__all__ = ["fast_vpu_lanes_verilog", "fast_vpu_adder_verilog", "fast_vpu_max_verilog", "vpu_cpp_source", "CppOps",
-           "CppVectorOps"]
+__all__ = ["fast_vpu_lanes_verilog", "fast_vpu_adder_verilog", "fast_vpu_max_verilog",
+           "vpu_cpp_source", "CppOps", "CppVectorOps"]
 
 
 class CppOps:
@@ -312,7 +312,9 @@ def fast_vpu_lanes_verilog(cols):
                                   in_msb=64 * cols + 3)
 
 
-_ADDER_TEMPLATE = """\
+# A combinational fp32 unit of two operands (the tree's adders and max units)
+# whose result is the fast lanes' C element op `op`, called only while `used`.
+_PAIR_TEMPLATE = """\
 module {name}(used, a, b, s);
   import "DPI-C" pure function int unsigned mxu_vpu_f32(input int unsigned op,
       input int unsigned a, input int unsigned b);
@@ -336,7 +338,7 @@ def fast_vpu_max_verilog():
     there is no C call, where the RTL compared every operand pair of the tree
     in every cycle of the vector unit."""
     name = "mxu_vpu_fmax_fast"
-    return name, _ADDER_TEMPLATE.format(name=name, op=VpuOp.MAX.value)
+    return name, _PAIR_TEMPLATE.format(name=name, op=VpuOp.MAX.value)
 
 
 @functools.cache
@@ -350,4 +352,4 @@ def fast_vpu_adder_verilog():
     used (a row of RSUM in its stage); while it is low the sum is 0 and there
     is no C call."""
     name = "mxu_vpu_fadd_fast"
-    return name, _ADDER_TEMPLATE.format(name=name, op=VpuOp.ADD.value)
+    return name, _PAIR_TEMPLATE.format(name=name, op=VpuOp.ADD.value)

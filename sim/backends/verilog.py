@@ -263,7 +263,8 @@ def both_edges(text):
     if re.search(r"\bnegedge\b", text):
         raise ValueError("both_edges: the Verilog already uses negedge")
     def both(match):
-        clock = match[1] + (" " if match[1].startswith("\\") else "")   # an escaped name ends at a space
+        # An escaped name ends at a space.
+        clock = match[1] + (" " if match[1].startswith("\\") else "")
         return f"@(posedge {clock} or negedge {clock})"
     text, count = re.subn(r"@\(posedge (\\?\S+?)\s*\)", both, text)
     if count != len(re.findall(r"\bposedge\b", text)):

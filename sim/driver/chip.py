@@ -159,8 +159,9 @@ def _library(config, waves=None, fast_mac=False, trace=False, units=False, threa
     # One evaluation a cycle (docs/simulation.md) for the gated fast models;
     # waveform and trace builds keep two, whose samples fall between them.
     one_eval = fast_mac and idle_gating and waves is None and not trace
+    threaded = ("--threads", str(threads), "-CFLAGS", f"-DMXU_THREADS={threads}")
     flags = _TRACE_FLAGS[waves] + (("-CFLAGS", "-DMXU_TRACE") if trace else ()) + \
-        (("--threads", str(threads), "-CFLAGS", f"-DMXU_THREADS={threads}") if threads > 1 else ()) + \
+        (threaded if threads > 1 else ()) + \
         (("-CFLAGS", "-DMXU_ONE_EVAL") if one_eval else ()) + \
         (("-CFLAGS", "-DMXU_VECTOR_GATE") if one_eval and config.vpu else ())
     lib = native_library(name, "chip_harness.cpp", key=[repr(config)], extra_flags=flags,

@@ -138,6 +138,26 @@ def test_packing_picks_the_rows_with_the_fewest_slots():
     assert batch.ids.shape == (1, 512) and batch.placed[-1] == (0, 5)
 
 
+@pytest.mark.parametrize("vector_ops", ["host", "vpu"])
+def test_rows_of_one_text_take_the_key_mask_with_the_same_bits(vector_ops):
+    """A batch whose rows hold one text each: `Batch.mask` is the (B, L) mask
+    of real keys (one softmax bias row per sequence on the chip), and every
+    real token's vector is bit-identical (golden form) to the block-diagonal
+    (B, L, L) mask's; a row of two texts keeps the block-diagonal mask."""
+    from mxu.sim.models.sentence import pack
+    weights = EncoderWeights.random(TINY_ENCODER, seed=SEED)
+    rng = np.random.default_rng(SEED)
+    batch = pack([list(rng.integers(1, TINY_ENCODER.vocab, n)) for n in (13, 30)], 0, 32)
+    assert batch.ids.shape == (2, 32) and batch.mask.shape == (2, 32)
+    block = batch.segments[:, :, None] == batch.segments[:, None, :]
+    form = dict(vector_ops="vpu", lanes=4) if vector_ops == "vpu" else {}
+    got, want = (golden_forward(weights, batch.ids, m, rows=4, positions=batch.positions, **form)
+                 for m in (batch.mask, block))
+    real = batch.segments > 0
+    golden.assert_bits_equal(got[real], want[real], "key mask vs block-diagonal mask", seed=SEED)
+    assert pack([[1] * 5, [2] * 6], 0, 32).mask.shape == (1, 16, 16)
+
+
 def test_chip_vector_ops_need_the_vector_unit():
     with pytest.raises(ValueError, match="vector unit"):
         Encoder(Chip(SHAPES["4x4"]), EncoderWeights.random(TINY_ENCODER, seed=SEED),

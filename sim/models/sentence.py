@@ -115,8 +115,14 @@ class Batch:
     @property
     def mask(self):
         """(B, L, L): a token attends to the tokens of its own text (padding
-        to padding, so that no query row is empty)."""
+        to padding, so that no query row is empty). When no row holds more
+        than one text, the (B, L) mask of real keys instead: every real
+        token's row of the (B, L, L) mask is that row, and the chip's softmax
+        then reads one bias row per sequence instead of one per query row
+        (docs/transformer.md, "Packing")."""
         s = self.segments
+        if s.max(initial=0) <= 1:
+            return s > 0
         return s[:, :, None] == s[:, None, :]
 
     @property

@@ -37,7 +37,7 @@ from ..runtime.chip import Chip
 from ..runtime.stats import RunStats
 from ..runtime.vector import rms_norm_params
 from .blocks import Head, Linear, attention, feed_forward
-from .llama import model_macs, read_gguf, rope_tables
+from .llama import kv_bytes, model_macs, read_gguf, roofline_cycles, rope_tables
 from .tokenizer import GgufTokenizer
 
 __all__ = ["CausalLM", "ChipLlama", "Sequence", "GenerationStats", "PhaseStats", "MODELS",
@@ -586,10 +586,10 @@ class CausalLM:
         cfg, c = self.chip.config, self.config
         contexts = [s.length for s in seqs]       # after the step
         macs = model_macs(c, counts, contexts, logits_rows=rows)
-        kv = sum(2 * c.layers * L * c.kv_dim * 2 for L in contexts)
+        kv = kv_bytes(c, contexts)
         weights = self.model.weight_bytes
         pe = cfg.rows * cfg.cols
-        roofline = max((weights + kv) / cfg.axi_data_bytes, macs / pe)
+        roofline = roofline_cycles(macs, weights + kv, cfg)
         stats.model_macs = macs
         phase.pe = pe
         phase.add(stats, macs, weights, kv, roofline, sum(counts))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["LlamaConfig", "LlamaLayerWeights", "LlamaWeights", "rope_tables", "model_macs",
-           "read_gguf"]
+           "read_gguf", "kv_bytes", "roofline_cycles"]
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,19 @@ def model_macs(config, new_tokens, contexts, logits_rows=None):
         attention += 2 * c.heads * c.head_dim * seen
     rows = len(new_tokens) if logits_rows is None else logits_rows
     return c.layers * (sum(new_tokens) * per_token + attention) + rows * c.hidden * c.vocab
+
+
+def kv_bytes(config, contexts):
+    """Bytes of the KV caches a step reads: for a sequence of ``contexts[s]``
+    positions, each layer's K and V rows of ``kv_dim`` bf16 values."""
+    bf16 = 2
+    return sum(config.layers * 2 * L * config.kv_dim * bf16 for L in contexts)
+
+
+def roofline_cycles(macs, nbytes, chip):
+    """The fewest cycles a step can take on the chip configuration `chip`:
+    max(bytes moved / bus bytes per cycle, MACs / PEs) (docs/llm.md)."""
+    return max(nbytes / chip.axi_data_bytes, macs / (chip.rows * chip.cols))
 
 
 def _field(reader, key):

@@ -34,7 +34,7 @@ from .matmul import check_flag, check_matmul_fits
 from .tensor import DeviceTensor
 
 __all__ = ["Pod", "PodError", "PodRun", "PodStats", "ChipActor", "pod_config", "ring_peers", "TOPOLOGIES", "SHARDS",
-           "DEFAULT_TIMEOUT", "START_TIMEOUT", "KILL_TIMEOUT"]
+           "DEFAULT_TIMEOUT", "START_TIMEOUT", "KILL_TIMEOUT", "busbw", "link_bandwidth"]
 
 TOPOLOGIES = ("ring", "torus2d")
 SHARDS = ("m", "n", "k")
@@ -543,13 +543,10 @@ class Pod:
         return out.reshape(n, n, *shape)
 
     def _stats(self, kind, run, nbytes, bidirectional=False):
-        n = self.n_chips
-        factor = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n,
-                  "all_gather": (n - 1) / n}[kind]
-        cycles = run.link_cycles
-        busbw = nbytes * factor / cycles if cycles else 0.0
-        return PodStats(kind, nbytes, max(ctr["cycles"] for ctr in run.counters), cycles,
-                        busbw, busbw / self.link_bytes_per_cycle, bidirectional)
+        bw = busbw(kind, nbytes, self.n_chips, run.link_cycles)
+        link = link_bandwidth(self.config, self.link_bytes_per_cycle)
+        return PodStats(kind, nbytes, max(ctr["cycles"] for ctr in run.counters), run.link_cycles,
+                        bw, bw / link, bidirectional)
 
     # ---- work ---------------------------------------------------------------------------
     def matmul(self, A, B, shard="m"):
@@ -606,16 +603,34 @@ class Pod:
         return self.all_reduce(partials)[0]
 
 
+def busbw(kind, nbytes, n_chips, link_cycles):
+    """NCCL's bus bandwidth of a ring collective, bytes a cycle: the
+    algorithm bandwidth (`nbytes` per chip over `link_cycles`) times ``2 (n-1)
+    / n`` for an all-reduce, ``(n-1) / n`` for a reduce-scatter or an
+    all-gather: the bytes each chip's link carries, over the time (docs/pod.md,
+    "busbw")."""
+    n = n_chips
+    factor = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n,
+              "all_gather": (n - 1) / n}[kind]
+    return nbytes * factor / link_cycles if link_cycles else 0.0
+
+
+def link_bandwidth(config, link_bytes_per_cycle):
+    """The bytes one link carries a cycle: `link_bytes_per_cycle`, at most one
+    flit (``config.link_flit_bytes``) a cycle."""
+    return min(link_bytes_per_cycle, config.link_flit_bytes)
+
+
 @dataclass
 class PodStats:
     """What a collective cost: the message's bytes per chip, the chips'
     whole programs (``cycles``: the LOAD of the message, the collective, the
     STORE of the result), the collective's own cycles on the links
     (``link_cycles``: from the first flit sent to the last one received),
-    and the bus bandwidth as NCCL defines it (``busbw``, bytes a cycle: the
-    algorithm's bytes over ``link_cycles``, times ``2 (n-1)/n`` for an
-    all-reduce) and as a fraction of a link's bandwidth (``busbw_fraction``;
-    a bidirectional ring sends on both of a chip's links, so it can pass 1)."""
+    and the bus bandwidth as NCCL defines it (``busbw``, bytes a cycle:
+    `busbw`) and as a fraction of a link's bandwidth (``busbw_fraction``:
+    over `link_bandwidth`, what one link carries a cycle; a bidirectional
+    ring sends on both of a chip's links, so it can pass 1)."""
     kind: str
     nbytes: int
     cycles: int

@@ -26,7 +26,7 @@ import numpy as np
 
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 from mxu.verif import golden
 
 DEFAULT_SHAPES = ["128x384x384", "128x384x1536", "128x1536x384", "128x512x256", "512x512x512"]
@@ -82,7 +82,10 @@ def plot(path, seed):
     fig.suptitle("mxu (chip cycle counters, bit-exact) against SCALE-Sim 3.0 weight-stationary")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    print(format_table(["array", "M x K x N", "mxu", "SCALE-Sim WS"], table))
+    results = Results("chip_plot")
+    results.table("utilization against size, mxu and SCALE-Sim 3.0 weight-stationary",
+                  ["array", "M x K x N", "mxu", "SCALE-Sim WS"], table)
+    results.write()
     print(f"plot written to {path}")
 
 
@@ -100,11 +103,13 @@ def main():
         plot(args.plot, args.seed)
         return
     config = ChipConfig(rows=args.rows, cols=args.cols)
+    results = Results("chip")
     for pe in (["rtl", "fast"] if args.pe == "both" else [args.pe]):
-        run(config, args.shapes, args.seed, pe)
+        run(config, args.shapes, args.seed, pe, results)
+    results.write()
 
 
-def run(config, shapes, seed, pe):
+def run(config, shapes, seed, pe, results):
     start = time.perf_counter()
     chip = Chip(config, fast_mac=(pe == "fast"))
     print(f"\n{config.rows}x{config.cols} chip, {pe} PE: model ready in "
@@ -127,8 +132,9 @@ def run(config, shapes, seed, pe):
         rows.append([shape, f"{s.cycles:,}", f"{s.ideal_cycles:,.0f}",
                      f"{100 * s.utilization:.1f} %", f"{wall:.2f}",
                      f"{s.cycles / wall:,.0f}", f"{M * K * N / wall / 1e6:.1f}"])
-    print(format_table(["M x K x N", "cycles", "ideal", "utilization", "wall s", "cycles/s",
-                        "M MAC/s"], rows))
+    results.table(f"{config.rows}x{config.cols} chip, {pe} PE",
+                  ["M x K x N", "cycles", "ideal", "utilization", "wall s", "cycles/s", "M MAC/s"],
+                  rows)
     print(f"{pe} PE: all bit-exact; whole chip simulated at {total_cycles / total_wall:,.0f} cycles/s, "
           f"{total_macs / total_wall / 1e6:.1f} M MAC/s (SCALE-Sim 3.0 WS 16x16: 73.6 % "
           f"utilization on the transformer shapes)")

@@ -22,6 +22,7 @@ import numpy as np
 from mxu.hdl.config import ChipConfig
 from mxu.hdl.dma import DmaDir, DmaError, DmaSpace
 from mxu.sim.backends.dma import NativeDma
+from mxu.sim.report import Results
 from mxu.verif.dma_model import Descriptor, DmaModel
 
 KIB = 1024
@@ -104,17 +105,13 @@ def main(argv=None):
     stats = dut.stats()
     if stats["violations"]:
         sys.exit(f"AXI protocol violation: {stats['first_violation']}")
-    print(f"DMA throughput, preset {args.preset!r}: {config.axi_data_bits}-bit AXI "
-          f"(peak {peak} B/cycle), bursts <= {config.dma_max_burst_beats} beats, "
-          f"{config.dma_max_outstanding} outstanding, memory latency {args.latency} cycles, "
-          f"pause {args.pause} %  (build/load {build:.1f} s)")
-    header = ("transfer", "size", "cycles", "B/cycle", "of peak", "Mcycle/s")
-    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    line = "  ".join("{:<%d}" % w for w in widths)
-    print(line.format(*header))
-    print(line.format(*("-" * w for w in widths)))
-    for r in rows:
-        print(line.format(*r))
+    results = Results("dma", argv=None if argv is None else [sys.argv[0], *argv])
+    results.table(f"DMA throughput, preset {args.preset!r}: {config.axi_data_bits}-bit AXI "
+                  f"(peak {peak} B/cycle), bursts <= {config.dma_max_burst_beats} beats, "
+                  f"{config.dma_max_outstanding} outstanding, memory latency {args.latency} "
+                  f"cycles, pause {args.pause} %  (build/load {build:.1f} s)",
+                  ("transfer", "size", "cycles", "B/cycle", "of peak", "Mcycle/s"), rows)
+    results.write()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import numpy as np
 from mxu.hdl import ChipConfig
 from mxu.hdl.dtypes import bfloat16
 from mxu.sim import Chip
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 from mxu.sim.models.encoder import ChipEncoderLayer, EncoderConfig, LayerWeights
 from mxu.sim.runtime.vector import layer_norm_params, softmax_bias
 
@@ -103,9 +103,11 @@ def main():
         rows.append(["whole layer (one program)", banks, f"{macs // pes:,}", f"{stats.cycles:,}",
                      "--", f"{100 * macs / pes / stats.cycles:.1f} %",
                      f"{stats.vector_active_cycles:,}"])
-    print("Fused epilogues on one MiniLM-sized layer (16x16, fast MAC and lanes)")
-    print(format_table(["op", "acc banks", "array ideal", "fused cycles", "unfused cycles",
-                        "MFU fused", "VPU rows"], rows))
+    results = Results("epilogue")
+    results.table("Fused epilogues on one MiniLM-sized layer (16x16, fast MAC and lanes)",
+                  ["op", "acc banks", "array ideal", "fused cycles", "unfused cycles",
+                   "MFU fused", "VPU rows"], rows)
+    results.write()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from mxu.hdl import ChipConfig
 from mxu.sim import Chip
 from mxu.sim.models import CausalLM
 from mxu.sim.models.causal_lm import PhaseStats
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 
 
 def _int_list(text):
@@ -87,7 +87,7 @@ PROMPTS = ["The capital of France is", "Once upon a time, there was a", "The bes
            "To make a cup of tea, you"]
 
 
-def fidelity(tokens, prompts, new_tokens):
+def fidelity(results, tokens, prompts, new_tokens):
     """Against the float32 reference: teacher-forced next-token argmax agreement
     over `tokens` of one text (one prefill on the chip, checked bit for bit
     against the golden Llama form), and greedy continuations of `prompts`
@@ -102,8 +102,10 @@ def fidelity(tokens, prompts, new_tokens):
     ref = reference_logits(lm.weights, ids)
     agree = float(np.mean(chip.argmax(1) == ref.argmax(1)))
     rms = float(np.sqrt(np.mean((chip - ref) ** 2)))
-    print(f"teacher-forced, {len(ids)} tokens: argmax agreement {100 * agree:.1f} %, logit rms "
-          f"difference {rms:.3f}, chip bit-exact to the golden Llama form: {exact}")
+    results.table("Teacher-forced next-token prediction against the float32 reference",
+                  ["tokens", "argmax agreement", "logit rms difference",
+                   "bit-exact to the golden Llama form"],
+                  [[len(ids), f"{100 * agree:.1f} %", f"{rms:.3f}", exact]])
     enc = [tok.encode(p) for p in prompts]
     outs = lm.generate_ids(enc, max_new_tokens=new_tokens)
     rows, same = [], 0
@@ -116,7 +118,8 @@ def fidelity(tokens, prompts, new_tokens):
         first = next((i for i, (a, b) in enumerate(zip(out, want)) if a != b), None)
         rows.append([p, repr(tok.decode(out)), "identical" if out == want else
                      f"differs from token {first}: {tok.decode(want)!r}"])
-    print(format_table(["prompt", "chip (greedy)", "float32 reference"], rows))
+    results.table(f"Greedy continuations of {new_tokens} tokens",
+                  ["prompt", "chip (greedy)", "float32 reference"], rows)
     print(f"{same} of {len(prompts)} greedy continuations of {new_tokens} tokens identical; "
           f"decode {lm.last_stats.decode.cycles:,} cycles in {lm.last_stats.decode.steps} steps "
           f"at batch {len(prompts)}")
@@ -178,18 +181,22 @@ def main():
                              "weights of the model's sizes, 64 positions in each cache)")
     args = parser.parse_args()
     if args.layer:
+        results = Results("llm_layer")
         rows = layer_programs(args.bus[0], 64, [1, 16], 64)
-        print(format_table(["step", "program", "bytes", "chip cycles", "MACs / PEs"], rows))
-        return
-    if args.fidelity:
-        fidelity(48, PROMPTS, 12)
-        return
-    rows = []
-    for bus in args.bus:
-        rows += run(bus, args.prefill, args.batch, args.context, args.steps)
-        print(format_table(["phase", "bus bits", "tokens", "chip cycles", "cycles per step", "MFU",
-                            "roofline share", "wall s", "sim cycles/s"], rows), flush=True)
-        rows = []
+        results.table(f"One layer of SmolLM2's sizes, {args.bus[0]}-bit bus, 64 cached positions",
+                      ["step", "program", "bytes", "chip cycles", "MACs / PEs"], rows)
+    elif args.fidelity:
+        results = Results("llm_fidelity")
+        fidelity(results, 48, PROMPTS, 12)
+    else:
+        results = Results("llm")
+        for bus in args.bus:
+            results.table(f"SmolLM2-135M-Instruct on the llm preset, {bus}-bit bus, decode on "
+                          f"caches of {args.context} positions",
+                          ["phase", "bus bits", "tokens", "chip cycles", "cycles per step", "MFU",
+                           "roofline share", "wall s", "sim cycles/s"],
+                          run(bus, args.prefill, args.batch, args.context, args.steps))
+    results.write()
 
 
 if __name__ == "__main__":

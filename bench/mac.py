@@ -15,7 +15,7 @@ import numpy as np
 from mxu.hdl import ChipConfig
 from mxu.sim import simulate_mac
 from mxu.sim.backends.toolchain import icarus_available
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 from mxu.verif import golden, vectors
 
 
@@ -48,8 +48,10 @@ def main():
         rate = n / elapsed
         base = base or rate
         rows.append([simulator, f"{n:,}", f"{elapsed:.2f}", f"{rate:,.0f}", f"{rate / base:.4f}"])
-    print(f"simulate_mac, MacUnit(stages={args.stages}), bit-exact vs golden model")
-    print(format_table(["simulator", "vectors", "seconds", "vectors/s", "vs verilator"], rows))
+    results = Results("mac")
+    results.table(f"simulate_mac, MacUnit(stages={args.stages}), bit-exact vs golden model",
+                  ["simulator", "vectors", "seconds", "vectors/s", "vs verilator"], rows)
+    results.write()
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ sharded work cost, in chip cycles and in wall time.
 
 Tables:
 
-* ring all-reduce busbw against message size (NCCL's busbw: the algorithm's
-  bytes, 2 (n-1)/n of the message, over the collective's cycles on the
-  links, from the first flit sent to the last one received, as a share of a
-  link's bandwidth);
+* ring all-reduce busbw against message size (NCCL's busbw,
+  `mxu.sim.runtime.pod.busbw`: the algorithm's bytes, 2 (n-1)/n of the
+  message, over the collective's cycles on the links, from the first flit
+  sent to the last one received; "of a link" is `PodStats.busbw_fraction`,
+  over what one link carries a cycle, at most one 64-byte flit);
 * the same 1 MiB all-reduce against the links' bandwidth and latency;
 * a K-sharded matmul against the number of chips: each chip's partial
   product, then the all-reduce of the partials (cycles of the slowest chip's
@@ -29,7 +30,7 @@ import time
 import numpy as np
 
 from mxu.sim import Pod
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 from mxu.verif import golden
 
 KIB = 1024
@@ -60,18 +61,18 @@ def _row(label, stats, wall):
 HEADER = ["", "cycles", "link cycles", "busbw B/cycle", "of a link", "wall s"]
 
 
-def sizes_table(chips, sizes, check):
+def sizes_table(results, chips, sizes, check):
     rng = np.random.default_rng(1)
     rows = []
     with Pod(chips) as pod:
         for nbytes in sizes:
             stats, wall = _all_reduce(pod, _message(pod, nbytes, rng), check)
             rows.append(_row(f"{nbytes // KIB} KiB", stats, wall))
-    print(f"\nRing all-reduce on {chips} chips, 64 B/cycle links, latency 500 cycles")
-    print(format_table(["message"] + HEADER[1:], rows))
+    results.table(f"\nRing all-reduce on {chips} chips, 64 B/cycle links, latency 500 cycles",
+                  ["message"] + HEADER[1:], rows)
 
 
-def links_table(chips, nbytes, check):
+def links_table(results, chips, nbytes, check):
     rng = np.random.default_rng(2)
     rows = []
     for bandwidth, latency, both in ((16, 500, False), (16, 500, True), (64, 500, False),
@@ -79,17 +80,15 @@ def links_table(chips, nbytes, check):
                                      (64, 2000, False)):
         with Pod(chips, link_bytes_per_cycle=bandwidth, link_latency=latency) as pod:
             stats, wall = _all_reduce(pod, _message(pod, nbytes, rng), check, both)
-            row = _row(f"{bandwidth} B/cycle, {latency}{', both ways' if both else ''}", stats,
-                       wall)
-            row[4] = f"{100 * stats.busbw / min(bandwidth, pod.config.link_flit_bytes):.1f} %"
-            rows.append(row)
-    print(f"\nRing all-reduce of {nbytes // KIB} KiB on {chips} chips against the links "
-          f"(a link carries at most one 64-byte flit a cycle: 'of a link' is of "
-          f"min(bandwidth, 64 B), one direction; 'both ways': half the message each way)")
-    print(format_table(["bandwidth, latency"] + HEADER[1:], rows))
+            rows.append(_row(f"{bandwidth} B/cycle, {latency}{', both ways' if both else ''}",
+                             stats, wall))
+    results.table(f"\nRing all-reduce of {nbytes // KIB} KiB on {chips} chips against the links "
+                  f"(a link carries at most one 64-byte flit a cycle: 'of a link' is of "
+                  f"min(bandwidth, 64 B), one direction; 'both ways': half the message each way)",
+                  ["bandwidth, latency"] + HEADER[1:], rows)
 
 
-def matmul_table(max_chips, M, K, N, check):
+def matmul_table(results, max_chips, M, K, N, check):
     rng = np.random.default_rng(3)
     A = rng.standard_normal((M, K)).astype(np.float32)
     B = rng.standard_normal((K, N)).astype(np.float32)
@@ -112,12 +111,12 @@ def matmul_table(max_chips, M, K, N, check):
     base = int(rows[0][3].replace(",", ""))
     for row in rows:
         row.insert(4, f"{base / int(row[3].replace(',', '')):.2f}x")
-    print(f"\nK-sharded matmul {M}x{K}x{N}: partial products, then their ring all-reduce")
-    print(format_table(["chips", "matmul cycles", "all-reduce cycles", "total", "speed-up",
-                        "wall s"], rows))
+    results.table(f"\nK-sharded matmul {M}x{K}x{N}: partial products, then their ring all-reduce",
+                  ["chips", "matmul cycles", "all-reduce cycles", "total", "speed-up", "wall s"],
+                  rows)
 
 
-def tp_table(max_chips, tokens, check):
+def tp_table(results, max_chips, tokens, check):
     """A MiniLM-sized encoder layer (hidden 384, 12 heads, FFN 1536; random
     weights) at `tokens` tokens, tensor-parallel on 1, 2 and 4 chips at
     three link bandwidths, against the same layer as one fused program on one
@@ -156,10 +155,10 @@ def tp_table(max_chips, tokens, check):
                 rows.append([chips, bandwidth, f"{layer.last_cycles:,}", f"{compute:,}",
                              f"{reduce:,}", f"{100 * reduce / layer.last_cycles:.1f} %",
                              f"{stats.cycles / layer.last_cycles:.2f}x", f"{wall:.1f}"])
-    print(f"\nTensor-parallel MiniLM layer, {tokens} tokens (speed-up against the fused "
-          f"one-chip layer)")
-    print(format_table(["chips", "link B/cycle", "layer cycles", "chip phases", "collectives",
-                        "share", "speed-up", "wall s"], rows))
+    results.table(f"\nTensor-parallel MiniLM layer, {tokens} tokens (speed-up against the fused "
+                  f"one-chip layer)",
+                  ["chips", "link B/cycle", "layer cycles", "chip phases", "collectives",
+                   "share", "speed-up", "wall s"], rows)
 
 
 def corpus(count, rng):
@@ -170,7 +169,7 @@ def corpus(count, rng):
             for _ in range(count)]
 
 
-def corpus_table(max_chips, sentences, batch_size, check):
+def corpus_table(results, max_chips, sentences, batch_size, check):
     """Data parallel: all-MiniLM-L6-v2 on a corpus, batches spread over the
     chips (`SentenceEncoder(pod=...)`); embeddings checked bit-identical to
     one chip's."""
@@ -190,10 +189,10 @@ def corpus_table(max_chips, sentences, batch_size, check):
         cycles = enc.last_pod_cycles
         rows.append([chips, f"{cycles:,}", f"{sentences / cycles * 1e6:.2f}",
                      f"{sentences / wall:.2f}", f"{100 * enc.last_stats.mfu:.1f} %"])
-    print(f"\nData-parallel all-MiniLM-L6-v2: {sentences} sentences of 5-14 words, batches of "
-          f"{batch_size} (bit-identical to one chip)")
-    print(format_table(["chips", "pod cycles", "sentences / M cycles", "sentences / wall s",
-                        "MFU"], rows))
+    results.table(f"\nData-parallel all-MiniLM-L6-v2: {sentences} sentences of 5-14 words, "
+                  f"batches of {batch_size} (bit-identical to one chip)",
+                  ["chips", "pod cycles", "sentences / M cycles", "sentences / wall s", "MFU"],
+                  rows)
 
 
 def main():
@@ -204,12 +203,14 @@ def main():
     args = parser.parse_args()
     check = not args.no_check
     sizes = [16 * KIB, 64 * KIB] if args.quick else [16 * KIB, 64 * KIB, 256 * KIB, 1024 * KIB]
-    sizes_table(args.chips, sizes, check)
-    links_table(args.chips, 64 * KIB if args.quick else 1024 * KIB, check)
+    results = Results("pod")
+    sizes_table(results, args.chips, sizes, check)
+    links_table(results, args.chips, 64 * KIB if args.quick else 1024 * KIB, check)
     shape = (64, 256, 64) if args.quick else (256, 2048, 256)
-    matmul_table(args.chips, *shape, check)
-    tp_table(args.chips, 32 if args.quick else 128, check)
-    corpus_table(args.chips, 8 if args.quick else 32, 4 if args.quick else 8, check)
+    matmul_table(results, args.chips, *shape, check)
+    tp_table(results, args.chips, 32 if args.quick else 128, check)
+    corpus_table(results, args.chips, 8 if args.quick else 32, 4 if args.quick else 8, check)
+    results.write()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from mxu.hdl import ChipConfig
 from mxu.sim import Chip
 from mxu.sim.cli import print_profile
 from mxu.sim.models import SentenceEncoder
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 
 
 def _matmul(chip, rng, M=128, K=384, N=384):
@@ -45,8 +45,9 @@ def main():
             walls.append(wall)
         wall = sorted(walls)[1]
         rows.append([name, f"{stats.cycles:,}", f"{wall:.3f}", f"{stats.cycles / wall:,.0f}"])
-    print("128x384x384, median of 3 runs")
-    print(format_table(["model", "cycles", "wall s", "cycles/s"], rows))
+    results = Results("profile")
+    results.table("128x384x384, median of 3 runs", ["model", "cycles", "wall s", "cycles/s"], rows)
+    results.write()
     print()
     A = rng.standard_normal((128, 384)).astype(np.float32)
     B = rng.standard_normal((384, 384)).astype(np.float32)

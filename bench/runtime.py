@@ -19,7 +19,7 @@ import numpy as np
 
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 from mxu.verif import golden
 
 
@@ -97,10 +97,12 @@ def main():
                      f"{stats.program_bytes:,}",
                      f"{100 * stats.program_bytes / operand_bytes:.2f} % of {operand_bytes:,}",
                      f"{wall:.2f}"])
-    print(f"mxu runtime on the 16x16 chip ({'RTL' if args.rtl else 'fast MAC'} PEs); "
-          f"every result {'checked bit-exact' if check else 'unchecked'}")
-    print(format_table(["case", "programs", "cycles", "ideal", "utilization", "program bytes",
-                        "program / operands", "wall s"], rows))
+    results = Results("runtime")
+    results.table(f"mxu runtime on the 16x16 chip ({'RTL' if args.rtl else 'fast MAC'} PEs); "
+                  f"every result {'checked bit-exact' if check else 'unchecked'}",
+                  ["case", "programs", "cycles", "ideal", "utilization", "program bytes",
+                   "program / operands", "wall s"], rows)
+    results.write()
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from simspeed import LONG  # noqa: E402
 
 from mxu.hdl import ChipConfig  # noqa: E402
 from mxu.sim import Chip  # noqa: E402
-from mxu.sim.report import format_table  # noqa: E402
+from mxu.sim.report import Results  # noqa: E402
 
 # perf's symbol of a Verilated function: Vtop_<class>___<function>; the root
 # class is Vtop___024root. Amaranth's hierarchical names come mangled: "." as
@@ -177,10 +177,11 @@ def main():
         split = ", ".join(f"{r} {100 * v / share:.0f} %" for r, v in regions[part].most_common()
                           if v >= 0.05 * share)
         rows.append([part, f"{100 * share / total:.1f} %", split])
-    print(f"where the wall time goes: preset {args.preset}, {args.workload}, "
-          f"{'RTL PEs' if args.rtl else 'fast MAC'}, {runs} warm runs sampled for "
-          f"{args.seconds:g} s")
-    print(format_table(["part", "share", "Verilator regions"], rows))
+    results = Results("simprofile")
+    results.table(f"where the wall time goes: preset {args.preset}, {args.workload}, "
+                  f"{'RTL PEs' if args.rtl else 'fast MAC'}, {runs} warm runs sampled for "
+                  f"{args.seconds:g} s", ["part", "share", "Verilator regions"], rows)
+    results.write()
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import numpy as np
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip
 from mxu.sim.models import SentenceEncoder
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 
 LONG = ("A tensor processing unit multiplies matrices with a systolic array: a grid of "
         "processing elements, each of which multiplies an activation by a stationary weight "
@@ -103,10 +103,12 @@ def main():
                                  "RTL" + (f", {threads} threads" if threads > 1 else ""),
                                  _matmul(rtl, (128, 384, 384), args.repeat)))
                 del rtl
-    print("whole-chip simulation speed (warm: the last of --repeat runs; cycles/s and M MAC/s "
-          "over the simulator's wall time)")
-    print(format_table(["preset", "workload", "PEs", "chip cycles", "M MAC", "wall s", "cycles/s",
-                        "M MAC/s", "host share"], rows))
+    results = Results("simspeed")
+    results.table("whole-chip simulation speed (warm: the last of --repeat runs; cycles/s and "
+                  "M MAC/s over the simulator's wall time)",
+                  ["preset", "workload", "PEs", "chip cycles", "M MAC", "wall s", "cycles/s",
+                   "M MAC/s", "host share"], rows)
+    results.write()
 
 
 if __name__ == "__main__":

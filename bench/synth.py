@@ -28,7 +28,8 @@ from mxu.hdl import ChipConfig
 from mxu.hdl.array import bubble_free_rows
 from mxu.hdl.mac import MAC_STAGES
 from mxu.synth.flow import Phases
-from mxu.synth.report import format_table, write_json
+from mxu.sim.report import Results
+from mxu.synth.report import write_json
 from mxu.synth.run import Ecp5Options, design, synth_ecp5, synth_generic
 
 
@@ -50,8 +51,9 @@ def stages_table(args, phases):
                      f"{report.fmax_mhz:.1f}", f"{report.critical_start} -> {report.critical_end}",
                      bubble_free_rows(fpga.rows, stages), bubble_free_rows(16, stages),
                      f"{time.monotonic() - start:.0f}"])
-    print(format_table(["mac_stages", "LUT4/PE", "FF/PE", "Fmax MHz (PE)", "critical path",
-                        f"min M {fpga.rows} rows", "min M 16 rows", "wall s"], rows))
+    args.results.table("one PE for every mac_stages (fpga preset, ECP5)",
+                       ["mac_stages", "LUT4/PE", "FF/PE", "Fmax MHz (PE)", "critical path",
+                        f"min M {fpga.rows} rows", "min M 16 rows", "wall s"], rows)
 
 
 # The PE's modules (`MacPipeline`, hdl/mac.py) and what each holds.
@@ -106,10 +108,10 @@ def breakdown_table(args, phases):
     rows, flat = pe_breakdown(config, tempfile.mkdtemp(prefix="mxu-pe-breakdown-"))
     rows.append(["sum of the blocks", sum(r[1] for r in rows), sum(r[2] for r in rows),
                  sum(r[3] for r in rows)])
-    print(f"one PE (mac_stages {config.mac_stages}) behind registered ports, Yosys synth_ecp5 "
-          f"-nowidelut, wall {time.monotonic() - start:.0f} s (the wrapper's flip-flops are "
-          f"not in a block):")
-    print(format_table(["block", "LUT4", "FF", "MULT18X18D"], rows))
+    args.results.table(f"one PE (mac_stages {config.mac_stages}) behind registered ports, Yosys "
+                       f"synth_ecp5 -nowidelut, wall {time.monotonic() - start:.0f} s (the "
+                       f"wrapper's flip-flops are not in a block)",
+                       ["block", "LUT4", "FF", "MULT18X18D"], rows)
     print(f"flattened (optimised across the blocks, nextpnr's count): {flat} LUT4")
 
 
@@ -130,8 +132,8 @@ def options_table(args, phases):
         rows.append([name, f"{report.fmax_mhz:.1f}", report.luts,
                      f"{report.times.get('nextpnr-ecp5 place and route', 0):.0f}",
                      f"{time.monotonic() - start:.0f}"])
-    print(f"nextpnr options on the {config.rows}x{config.cols} fpga-preset chip:")
-    print(format_table(["options", "Fmax MHz", "LUT4", "nextpnr s", "wall s"], rows))
+    args.results.table(f"nextpnr options on the {config.rows}x{config.cols} fpga-preset chip",
+                       ["options", "Fmax MHz", "LUT4", "nextpnr s", "wall s"], rows)
 
 
 def fpga_table(args, phases):
@@ -142,6 +144,10 @@ def fpga_table(args, phases):
     print(f"fpga preset chip ({config.rows}x{config.cols}, mac_stages {config.mac_stages}) "
           f"on {report.device}, wall {time.monotonic() - start:.0f} s:")
     print(report.table())
+    args.results.table("fpga preset chip, placed and routed",
+                       ["design", "device", "seed", "Fmax MHz", "LUT4"],
+                       [[f"{config.rows}x{config.cols} fpga chip", report.device, report.seed,
+                         f"{report.fmax_mhz:.1f}", report.luts]])
 
 
 def generic_table(args, phases):
@@ -163,9 +169,11 @@ def main(argv=None):
     parser.add_argument("--json", metavar="DIR", help="write each report as JSON into DIR")
     args = parser.parse_args(argv)
     phases = Phases()
+    args.results = Results("synth", argv=None if argv is None else [sys.argv[0], *argv])
     for name in args.only or list(PARTS):
         PARTS[name](args, phases)
         sys.stdout.flush()
+    args.results.write()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 from mxu.sim.backends.array import native_array, pack_streams, run_amaranth, run_icarus  # noqa: E402
 from mxu.sim.backends.toolchain import icarus_available  # noqa: E402
-from mxu.sim.report import format_table  # noqa: E402
+from mxu.sim.report import Results  # noqa: E402
 from mxu.verif.array_model import array_reference_bits  # noqa: E402
 
 STAGES = 2
@@ -106,7 +106,9 @@ def main(argv=None):
         ratio = f"{cps / base[(rows, cols)]:.3g}x" if (rows, cols) in base else "-"
         rows_out.append([name, f"{rows}x{cols}", cycles, f"{seconds:.2f}", f"{cps:,.0f}",
                          f"{macs / 1e6:,.2f} M", ratio])
-    print(format_table(header, rows_out))
+    results = Results("systolic_array", argv=None if argv is None else [sys.argv[0], *argv])
+    results.table("systolic-array simulation speed", header, rows_out)
+    results.write()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import argparse
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip
 from mxu.sim.models import SentenceEncoder
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 
 SHORT = ["The cat sits on the mat.", "A kitten is resting on a rug.",
          "Matrix multiplication on a systolic array.", "bf16 in, fp32 out.",
@@ -65,11 +65,12 @@ def main():
                              f"{s.dma_read_bytes / 1e6:.1f}", f"{s.dma_write_bytes / 1e6:.1f}",
                              f"{s.wall_seconds:.1f}", f"{s.macs / s.sim_seconds / 1e6:.1f}",
                              f"{100 * s.host_seconds / s.wall_seconds:.1f} %"])
-    print("all-MiniLM-L6-v2 on the 16x16 chip (chip counters; MFU counts real tokens only)")
-    print(format_table(["input", "layer ops", "PEs", "model GMAC", "chip cycles", "utilization",
-                        "MFU", "VPU busy", "programs", "DMA MB in", "DMA MB out", "wall s",
-                        "sim M MAC/s", "host share"],
-                       rows))
+    results = Results("transformer")
+    results.table("all-MiniLM-L6-v2 on the 16x16 chip (chip counters; MFU counts real tokens only)",
+                  ["input", "layer ops", "PEs", "model GMAC", "chip cycles", "utilization", "MFU",
+                   "VPU busy", "programs", "DMA MB in", "DMA MB out", "wall s", "sim M MAC/s",
+                   "host share"], rows)
+    results.write()
 
 
 if __name__ == "__main__":

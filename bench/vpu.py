@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 from mxu.verif.vpu import vpu_function
 
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -71,7 +71,7 @@ def rtl_check(name, stride, n):
     return int(np.count_nonzero(simulate_vpu_lane(op, x) != vpu_function(name, x)))
 
 
-def minilm_table():
+def minilm_table(results):
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).parent))
@@ -94,9 +94,9 @@ def minilm_table():
             got = pooled(golden_forward(weights, ids, mask, rows=16, vector_ops=form))
             row += [f"{float(np.dot(got, ref)):.7f}", f"{time.perf_counter() - t:.1f} s"]
         rows.append(row)
-    print("all-MiniLM-L6-v2, golden forward (16-row chip numerics): cosine of the sentence "
-          "embedding to the float32 reference")
-    print(format_table(["sentence", "tokens", "host ops", "time", "VPU ops", "time"], rows))
+    results.table("all-MiniLM-L6-v2, golden forward (16-row chip numerics): cosine of the "
+                  "sentence embedding to the float32 reference",
+                  ["sentence", "tokens", "host ops", "time", "VPU ops", "time"], rows)
 
 
 def main():
@@ -125,11 +125,12 @@ def main():
     if args.rtl:
         header.append(f"RTL mismatches ({args.rtl:,} patterns)")
     header.append("time")
-    print(f"every {args.stride}th fp32 bit pattern in each function's domain "
-          f"(float64 reference; results beyond FLT_MAX must be inf)")
-    print(format_table(header, rows))
+    results = Results("vpu")
+    results.table(f"every {args.stride}th fp32 bit pattern in each function's domain "
+                  f"(float64 reference; results beyond FLT_MAX must be inf)", header, rows)
     if args.minilm:
-        minilm_table()
+        minilm_table(results)
+    results.write()
 
 
 if __name__ == "__main__":

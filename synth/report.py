@@ -3,11 +3,11 @@ the critical path, and the plain-text tables the reports are printed as."""
 
 import json
 import re
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mxu.sim.report import format_table   # the one table printer (sim and synth)
+# The one table printer and commit stamp (sim and synth).
+from mxu.sim.report import format_table, source_commit
 
 __all__ = ["CriticalPath", "NextpnrResult", "parse_nextpnr_log", "readable_cell", "yosys_cells",
            "lut4_equivalent", "format_table", "write_json", "source_commit"]
@@ -166,15 +166,3 @@ def write_json(path, report):
             return [plain(v) for v in value]
         return value
     Path(path).write_text(json.dumps(plain(report), indent=2) + "\n")
-
-
-def source_commit(directory=Path(__file__).resolve().parent):
-    """The git commit of the checkout the design's source comes from (12 hex
-    digits, ``+dirty`` when tracked files differ from it), or ``"unknown"``
-    outside a git checkout: every report names what it measured."""
-    try:
-        result = subprocess.run(["git", "describe", "--always", "--abbrev=12", "--dirty=+dirty"],
-                                cwd=directory, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else "unknown"

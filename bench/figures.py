@@ -1,0 +1,190 @@
+"""The headline figures, from the bench results (docs/figures.md).
+
+    .venv/bin/python bench/figures.py            # write docs/figures.md from bench/results/*.json
+    .venv/bin/python bench/figures.py --check    # verify docs/figures.md and every marked figure
+
+Every bench writes ``bench/results/<name>.json`` beside its printed table
+(`mxu.sim.report.Results`: the tables, the commit, the machine, the
+command). `HEADLINES` names the cells of those tables that the README and
+docs/ quote. A doc that states one writes the value followed by a marker,
+``6,495,528<!--fig:minilm.chip.cycles-->`` (invisible when rendered);
+``--check`` fails, naming the file, the line and both values, when a marked
+value differs from its results file, when a marker names no headline, or
+when docs/figures.md is not what this script writes.
+"""
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+PAGE = ROOT / "docs" / "figures.md"
+MARKER = re.compile(r"(\d[\d,.]*(?: ?%| ?x)?)<!--fig:([\w.-]+)-->")
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One figure: cell `column` of the first row of bench `bench`'s table
+    whose title contains `table` and whose cells include all of `row`."""
+    key: str
+    what: str
+    bench: str
+    table: str
+    row: tuple
+    column: str
+
+    def value(self, record):
+        for t in record["tables"]:
+            if self.table not in t["title"]:
+                continue
+            for cells in t["rows"]:
+                if all(c in cells for c in self.row):
+                    return cells[t["header"].index(self.column)]
+        raise LookupError(f"{self.key}: no row {list(self.row)} in a table {self.table!r} of "
+                          f"bench/results/{self.bench}.json")
+
+
+def _h(key, what, bench, table, row, column):
+    return Headline(key, what, bench, table, tuple(row), column)
+
+
+HEADLINES = [
+    _h("matmul.128x384x384.utilization", "16x16 chip, 128x384x384 matmul: utilization", "chip",
+       "16x16 chip, fast PE", ["128x384x384"], "utilization"),
+    _h("matmul.128x384x1536.utilization", "16x16 chip, 128x384x1536 matmul: utilization",
+       "chip", "16x16 chip, fast PE", ["128x384x1536"], "utilization"),
+    _h("matmul.128x1536x384.utilization", "16x16 chip, 128x1536x384 matmul: utilization",
+       "chip", "16x16 chip, fast PE", ["128x1536x384"], "utilization"),
+    _h("matmul.128x512x256.utilization", "16x16 chip, Gemmini's GEMM 128x512x256: utilization",
+       "chip", "16x16 chip, fast PE", ["128x512x256"], "utilization"),
+    _h("minilm.host.cycles", "MiniLM, 128 tokens, layer ops on the host: chip cycles",
+       "transformer", "all-MiniLM", ["1 x 128 tokens", "host"], "chip cycles"),
+    _h("minilm.host.mfu", "MiniLM, 128 tokens, layer ops on the host: MFU", "transformer",
+       "all-MiniLM", ["1 x 128 tokens", "host"], "MFU"),
+    _h("minilm.chip.cycles", "MiniLM, 128 tokens, vector unit (vpu preset): chip cycles",
+       "transformer", "all-MiniLM", ["1 x 128 tokens", "chip"], "chip cycles"),
+    _h("minilm.chip.mfu", "MiniLM, 128 tokens, vector unit: MFU", "transformer", "all-MiniLM",
+       ["1 x 128 tokens", "chip"], "MFU"),
+    _h("minilm.chip.wall", "MiniLM, 128 tokens, vector unit: wall seconds (cold: compiles)",
+       "transformer", "all-MiniLM", ["1 x 128 tokens", "chip"], "wall s"),
+    _h("sim.minilm.cycles_per_s", "Simulation speed, MiniLM on the vpu preset (warm): cycles/s",
+       "simspeed", "simulation speed", ["vpu", "MiniLM 128 tokens (chip layer ops)"],
+       "cycles/s"),
+    _h("sim.minilm.wall", "Simulation speed, MiniLM on the vpu preset (warm): wall seconds",
+       "simspeed", "simulation speed", ["vpu", "MiniLM 128 tokens (chip layer ops)"], "wall s"),
+    _h("sim.matmul.cycles_per_s", "Simulation speed, 256x768x1536 matmul, vpu preset: cycles/s",
+       "simspeed", "simulation speed", ["vpu", "matmul 256x768x1536"], "cycles/s"),
+    _h("llm.prefill64.mfu", "SmolLM2-135M, 64-token prefill: MFU", "llm", "SmolLM2",
+       ["prefill 64 tokens"], "MFU"),
+    _h("llm.decode1.cycles", "SmolLM2-135M, decode at batch 1: cycles per step", "llm",
+       "SmolLM2", ["decode batch 1"], "cycles per step"),
+    _h("llm.decode1.roofline", "SmolLM2-135M, decode at batch 1: share of the roofline", "llm",
+       "SmolLM2", ["decode batch 1"], "roofline share"),
+    _h("llm.decode16.cycles", "SmolLM2-135M, decode at batch 16: cycles per step", "llm",
+       "SmolLM2", ["decode batch 16"], "cycles per step"),
+    _h("llm.decode16.roofline", "SmolLM2-135M, decode at batch 16: share of the roofline",
+       "llm", "SmolLM2", ["decode batch 16"], "roofline share"),
+    _h("pod.allreduce64k.busbw", "Pod of 4, ring all-reduce of 64 KiB: busbw of a 64 B/cycle link",
+       "pod", "Ring all-reduce on", ["64 KiB"], "of a link"),
+    _h("pod.allreduce64k.both", "Pod of 4, all-reduce of 64 KiB, 64 B/cycle links both ways: "
+       "busbw of a link", "pod", "against the links", ["64 B/cycle, 500, both ways"], "of a link"),
+    _h("pod.kshard4.speedup", "Pod of 4, K-sharded 64x256x64 matmul: speed-up over one chip",
+       "pod", "K-sharded", ["4"], "speed-up"),
+]
+
+
+def load_results(directory=RESULTS):
+    """{bench name: its results record} of every results file."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json"))}
+
+
+def values(results):
+    """{key: (Headline, value, record)} of every headline."""
+    out = {}
+    for h in HEADLINES:
+        if h.bench not in results:
+            raise LookupError(f"{h.key}: no bench/results/{h.bench}.json (run the bench)")
+        record = results[h.bench]
+        out[h.key] = (h, h.value(record), record)
+    return out
+
+
+def page(results):
+    """The text of docs/figures.md."""
+    figures = values(results)
+    lines = ["# Figures", "",
+             "Generated by `python bench/figures.py` from `bench/results/*.json`; do not edit.",
+             "Each figure is a cell of a bench's printed table. The results files are",
+             "committed: they are this page's source, and `python bench/figures.py --check`",
+             "holds every figure that README.md and docs/ state (marked",
+             "`<!--fig:KEY-->`) to them. Cycles are exact and do not depend on the machine",
+             "(the cycle guard, docs/testing.md, holds a set of them); wall times do.", "",
+             "| figure | value | key | bench |", "|---|---|---|---|"]
+    for h, value, record in figures.values():
+        lines.append(f"| {h.what} | {value} | `{h.key}` | {h.bench} |")
+    lines += ["", "## How each bench's results were made", "",
+              "| bench | command | commit | machine |", "|---|---|---|---|"]
+    for name, r in results.items():
+        m = r["machine"]
+        lines.append(f"| {name} | `{r['command']}` | `{r['commit']}` | {m['cpu']}, "
+                     f"{m['cores']} cores |")
+    return "\n".join(lines) + "\n"
+
+
+def docs():
+    """README.md and every docs/*.md but the generated page."""
+    return [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").glob("*.md") if p != PAGE)
+
+
+def check_markers(figures, files):
+    """A line per marked figure that disagrees with its results, or names no
+    headline."""
+    problems = []
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for stated, key in MARKER.findall(line):
+                where = f"{path.relative_to(ROOT)}:{number}"
+                if key not in figures:
+                    problems.append(f"{where}: no headline {key!r} (bench/figures.py HEADLINES)")
+                elif stated.replace(" ", "") != figures[key][1].replace(" ", ""):
+                    problems.append(f"{where}: {key} is stated as {stated}, the results say "
+                                    f"{figures[key][1]} (bench/results/{figures[key][0].bench}.json)")
+    return problems
+
+
+def check(results, files=None):
+    """Every problem `--check` reports (empty when all agree)."""
+    try:
+        figures = values(results)
+        text = page(results)
+    except LookupError as e:
+        return [str(e)]
+    problems = []
+    if not PAGE.exists() or PAGE.read_text() != text:
+        problems.append(f"{PAGE.relative_to(ROOT)} is not what the results give: run "
+                        f"`python bench/figures.py`")
+    return problems + check_markers(figures, docs() if files is None else files)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="verify docs/figures.md and the marked figures; write nothing")
+    args = parser.parse_args()
+    results = load_results()
+    if args.check:
+        problems = check(results)
+        if problems:
+            sys.exit("bench/figures.py --check:\n" + "\n".join(problems))
+        print(f"{len(HEADLINES)} headline figures agree with bench/results/")
+        return
+    PAGE.write_text(page(results))
+    print(f"wrote {PAGE.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

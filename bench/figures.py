@@ -140,14 +140,14 @@ def docs():
     return [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").glob("*.md") if p != PAGE)
 
 
-def check_markers(figures, files):
+def check_markers(figures, files, root=ROOT):
     """A line per marked figure that disagrees with its results, or names no
-    headline."""
+    headline (files named relative to `root`)."""
     problems = []
     for path in files:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             for stated, key in MARKER.findall(line):
-                where = f"{path.relative_to(ROOT)}:{number}"
+                where = f"{path.relative_to(root)}:{number}"
                 if key not in figures:
                     problems.append(f"{where}: no headline {key!r} (bench/figures.py HEADLINES)")
                 elif stated.replace(" ", "") != figures[key][1].replace(" ", ""):

@@ -21,16 +21,29 @@ def format_table(header, rows):
     return "\n".join(lines)
 
 
+# What makes a figure: the code and the packages it installs, not the docs or
+# the results files themselves.
+_CODE = ["hdl", "sim", "verif", "synth", "bench", "pyproject.toml", ":(exclude)bench/results"]
+
+
 def source_commit(directory=Path(__file__).resolve().parent):
     """The git commit of the checkout the design's source comes from (12 hex
-    digits, ``+dirty`` when tracked files differ from it), or ``"unknown"``
-    outside a git checkout: every report names what it measured."""
+    digits, ``+dirty`` when tracked code -- not docs or results files --
+    differs from it), or ``"unknown"`` outside a git checkout: every report
+    names what it measured."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True,
+                              timeout=30)
     try:
-        result = subprocess.run(["git", "describe", "--always", "--abbrev=12", "--dirty=+dirty"],
-                                cwd=directory, capture_output=True, text=True, timeout=30)
+        head = git("rev-parse", "--short=12", "HEAD")
+        top = git("rev-parse", "--show-toplevel")
+        if head.returncode or top.returncode:
+            return "unknown"
+        changed = git("-C", top.stdout.strip(), "status", "--porcelain", "--untracked-files=no",
+                      "--", *_CODE)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-    return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else "unknown"
+    return head.stdout.strip() + ("+dirty" if changed.stdout.strip() else "")
 
 
 def machine():

@@ -122,7 +122,9 @@ def page(results):
              "committed: they are this page's source, and `python bench/figures.py --check`",
              "holds every figure that README.md and docs/ state (marked",
              "`<!--fig:KEY-->`) to them. Cycles are exact and do not depend on the machine",
-             "(the cycle guard, docs/testing.md, holds a set of them); wall times do.", "",
+             "(the cycle guard, docs/testing.md, holds a set of them); wall times and",
+             "simulation speeds depend on the machine and on its load when the bench ran",
+             "(the load average is in the table below: the machines are shared).", "",
              "| figure | value | key | bench |", "|---|---|---|---|"]
     for h, value, record in figures.values():
         lines.append(f"| {h.what} | {value} | `{h.key}` | {h.bench} |")
@@ -130,8 +132,9 @@ def page(results):
               "| bench | command | commit | machine |", "|---|---|---|---|"]
     for name, r in results.items():
         m = r["machine"]
+        load = f", load {m['load']}" if m.get("load") is not None else ""
         lines.append(f"| {name} | `{r['command']}` | `{r['commit']}` | {m['cpu']}, "
-                     f"{m['cores']} cores |")
+                     f"{m['cores']} cores{load} |")
     return "\n".join(lines) + "\n"
 
 

@@ -47,7 +47,9 @@ def source_commit(directory=Path(__file__).resolve().parent):
 
 
 def machine():
-    """{"cpu": model name, "cores": logical CPUs this process may use}."""
+    """{"cpu": model name, "cores": logical CPUs this process may use, "load":
+    the 1-minute load average when the results were written}: wall times
+    depend on all three."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -57,7 +59,8 @@ def machine():
     except OSError:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": cpu, "cores": cores}
+    load = round(os.getloadavg()[0], 1) if hasattr(os, "getloadavg") else None
+    return {"cpu": cpu, "cores": cores, "load": load}
 
 
 class Results:

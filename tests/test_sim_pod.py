@@ -188,6 +188,10 @@ def test_all_reduce_is_the_golden_ring_sum(pod, rows, bidirectional):
         golden.assert_bits_equal(out[i], want, f"chip {i}'s all-reduce", seed=SEED)
     stats = pod.last_stats
     assert stats.nbytes == xs[0].nbytes and 0 < stats.link_cycles < stats.cycles
+    # busbw: NCCL's, of the run's link cycles, over what one link carries.
+    assert stats.busbw == pod_module.busbw("all_reduce", stats.nbytes, 2, stats.link_cycles)
+    link = pod_module.link_bandwidth(pod.config, pod.link_bytes_per_cycle)
+    assert stats.busbw_fraction == stats.busbw / link
 
 
 def test_reduce_scatter_and_all_gather(pod):

@@ -156,6 +156,10 @@ def generic_table(args, phases):
     _keep(args, "chip_default_generic", report)
     print(f"default 16x16 chip, Yosys generic synthesis, wall {time.monotonic() - start:.0f} s:")
     print(report.table())
+    args.results.table("default 16x16 chip, Yosys generic synthesis, per block",
+                       ["block", "instances", "cells", "FF", "transistors", "memory bits"],
+                       [[b.block, b.instances, b.cells, b.flip_flops, b.transistors,
+                         b.memory_bits] for b in report.blocks])
 
 
 PARTS = {"stages": stages_table, "breakdown": breakdown_table, "options": options_table,

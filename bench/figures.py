@@ -90,10 +90,11 @@ HEADLINES = [
        "llm", "SmolLM2", ["decode batch 16"], "roofline share"),
     _h("pod.allreduce64k.busbw", "Pod of 4, ring all-reduce of 64 KiB: busbw of a 64 B/cycle link",
        "pod", "Ring all-reduce on", ["64 KiB"], "of a link"),
-    _h("pod.allreduce64k.both", "Pod of 4, all-reduce of 64 KiB, 64 B/cycle links both ways: "
-       "busbw of a link", "pod", "against the links", ["64 B/cycle, 500, both ways"], "of a link"),
-    _h("pod.kshard4.speedup", "Pod of 4, K-sharded 64x256x64 matmul: speed-up over one chip",
-       "pod", "K-sharded", ["4"], "speed-up"),
+    _h("pod.allreduce64k.16both", "Pod of 4, all-reduce of 64 KiB, 16 B/cycle links both ways: "
+       "busbw of a link", "pod", "against the links", ["16 B/cycle, 500, both ways"],
+       "of a link"),
+    _h("pod.tp4.speedup", "Pod of 4, tensor-parallel MiniLM layer (64 B/cycle links): speed-up "
+       "over one chip's fused layer", "pod", "Tensor-parallel", ["4", "64"], "speed-up"),
 ]
 
 

@@ -129,6 +129,14 @@ def page(results):
              "| figure | value | key | bench |", "|---|---|---|---|"]
     for h, value, record in figures.values():
         lines.append(f"| {h.what} | {value} | `{h.key}` | {h.bench} |")
+    from mxu.hdl.config import MEASURED_FMAX_MHZ
+    lines += ["", "## Fmax", "",
+              "The whole chip of each preset placed and routed on the LFE5U-85F, as",
+              "`MEASURED_FMAX_MHZ` (`hdl/config.py`) records it: "
+              + ", ".join(f"{k} {v} MHz" for k, v in MEASURED_FMAX_MHZ.items()) + ".",
+              "docs/synth.md names the run (commit, seed, critical path); `python",
+              "bench/synth.py --only fpga` repeats it (about 45 minutes) and writes",
+              "`bench/results/synth.json`."]
     lines += ["", "## How each bench's results were made", "",
               "| bench | command | commit | machine |", "|---|---|---|---|"]
     for name, r in results.items():

@@ -243,12 +243,12 @@ _PRESETS = {
     # cycles at a flit a cycle.
     "pod": ChipConfig(vpu=True, acc_banks=4, acc_bytes=4 << 20, axi_data_bits=512, links=2,
                       link_credits=1024),
-    # LFE5U-85F, measured (docs/synth.md): the whole 8x8 chip needs 77.5k of the
-    # 83.6k LUT4 and does not place; 8x6 places but does not route; 4x4 places
-    # and routes at 49.8-56.0 MHz by seed (35 % of the LUT4s). mac_stages 7: the PE closes at
-    # 68 MHz on its own (729 LUT4), so the chip's worst path is in the control; at 4 the
-    # PE's three long stages kept the chip at 45-50 MHz. VMEM: 8192 rows of 4
-    # bf16; accumulator: 3072 rows of 4 fp32; 72 of the 208 DP16KD block RAMs.
+    # LFE5U-85F (docs/synth.md): 4x4 is the largest array whose whole chip
+    # places and routes (at MEASURED_FMAX_MHZ["fpga"], 35 % of the LUT4s); 8x8
+    # places but does not route. mac_stages 7: the PE alone closes well above
+    # the chip (docs/synth.md, "The timing guard"), so the chip's worst path
+    # is in the control. VMEM: 8192 rows of 4 bf16; accumulator: 3072 rows
+    # of 4 fp32; 72 of the 208 DP16KD block RAMs.
     "fpga": ChipConfig(rows=4, cols=4, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
                        acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20),
 }

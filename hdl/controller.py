@@ -22,10 +22,32 @@ from .regs import COUNTERS
 from .slice import RegisterSlice
 from .trace import EngineTrace
 
-__all__ = ["Decoder", "Controller"]
+__all__ = ["Decoder", "Controller", "token_links"]
 
 
 _ENGINE_LETTER = {"l": Engine.LOAD, "c": Engine.COMPUTE, "s": Engine.STORE, "v": Engine.VECTOR}
+
+
+def token_links(engines):
+    """The dependency-token counters of a chip with `engines` (`TOKEN_LINKS`
+    between engines it has), their names sorted, and for each engine its
+    links: ``[(side, flag, push counter, pop counter, shared)]``, `shared`
+    when the vector link flag chooses between two links on that side."""
+    names = {n for pair in TOKEN_LINKS.values() for n in pair
+             if all(_ENGINE_LETTER[x] in engines for x in n.split("2"))}
+    links = {}
+    for e in engines:
+        rows = []
+        for side in ("prev", "next"):
+            for flag in (0, 1):
+                pair = TOKEN_LINKS.get((e, side, flag))
+                if pair is None or pair[0] not in names:
+                    continue
+                other = TOKEN_LINKS.get((e, side, 1 - flag))
+                shared = other is not None and other[0] in names
+                rows.append((side, flag, pair[0], pair[1], shared))
+        links[e] = rows
+    return sorted(names), links
 
 
 class Decoder(wiring.Component):
@@ -256,21 +278,47 @@ class Controller(wiring.Component):
                      out.opcode.eq(hdr.opcode), out.waited.eq(waited)]
 
     def elaborate(self, platform):
+        # The parts, each a method: the queues, the issue of decoded
+        # instructions to them, the engines taking their heads with the tokens,
+        # the deadlock check, the first error, the run state and the counters.
+        # `record` collects the errors in the order they rank.
         m = Module()
         c = self.config
         m.submodules.decoder = decoder = Decoder(c)
         failed = Signal()
         halted = Signal()
         running = Signal()
-        record = []   # (condition, code, pc) in priority order
+        record = []   # (condition, code, pc) in priority order: the first error wins
 
-        # ---- engine queues ------------------------------------------------------
+        queues = self._queues(m)
+        instr, ok, decoder_stalled = self._issue(m, decoder, queues, running, halted, failed, record)
+        tokens, blocked = self._engines(m, queues, failed, record)
+        # For the formal proofs' invariants (docs/formal.md).
+        self.queues, self.tokens, self.failed = queues, tokens, failed
+        all_idle = Cat(*(getattr(self, f"{e.name.lower()}_idle") for e in queues)).all()
+        self._deadlock(m, queues, blocked, all_idle, running, halted | decoder_stalled,
+                       instr.payload.instr.pc, record)
+        record.append((self.fetch_error, C(ErrorCode.FETCH_ERROR.value, 4), self.fetch_error_pc))
+        self._first_error(m, record, running, failed)
+        self._run_state(m, queues, all_idle, running, halted, failed)
+        self._counters(m, running, blocked, instr.valid & instr.ready & ok)
+        return m
+
+    # ---- engine queues ------------------------------------------------------------------
+    def _queues(self, m):
+        """One command queue per engine: {Engine: FIFO of (word, pc)}."""
         queues = {}
         for e in self.engines:
-            q = fifo.SyncFIFOBuffered(width=INSTR_BITS + 32, depth=c.cmd_queue_depth)
+            q = fifo.SyncFIFOBuffered(width=INSTR_BITS + 32, depth=self.config.cmd_queue_depth)
             m.submodules[f"{e.name.lower()}_queue"] = q
             queues[e] = q
+        return queues
 
+    def _issue(self, m, decoder, queues, running, halted, failed, record):
+        """Decode the fetched instruction and send it to its engine's queue, in
+        program order; a HALT sets `halted`, a static error is recorded.
+        Returns (the registered instruction stream, its no-error flag, whether
+        it waits for a full queue)."""
         # The decoder, then a register slice: every decision below starts from
         # registers. Without the slice the loop expanders' body memories and pc
         # comparisons, then the decoder's range checks, ran into the error, halt
@@ -304,60 +352,79 @@ class Controller(wiring.Component):
             m.d.sync += halted.eq(1)
         decoder_stalled = accept & ok & ~dec.halt & ~target_ready
         record.append((accept & ~ok, dec.error, ins.pc))
+        return instr, ok, decoder_stalled
 
-        # ---- tokens ---------------------------------------------------------------
-        names = {n for pair in TOKEN_LINKS.values() for n in pair
-                 if all(_ENGINE_LETTER[x] in queues for x in n.split("2"))}
-        tokens = {name: Signal(self.token_bits, name=f"tokens_{name}") for name in sorted(names)}
+    # ---- tokens ---------------------------------------------------------------------------
+    def _engines(self, m, queues, failed, record):
+        """Each engine takes its queue's head once the tokens the head pops are
+        there; completions push tokens. Records each engine's error, then each
+        token counter's overflow. Returns (the token counters by name, whether
+        each engine's head waits for a token)."""
+        names, links = token_links(list(queues))
+        tokens = {name: Signal(self.token_bits, name=f"tokens_{name}") for name in names}
         inc = {name: [] for name in tokens}
         dec = {name: [] for name in tokens}
-        blocked, stalls, last_pc, pusher = {}, {}, {}, {}
+        blocked, last_pc, pusher = {}, {}, {}
         for e, q in queues.items():
             name = e.name.lower()
-            cmd, complete = getattr(self, f"{name}_cmd"), getattr(self, f"{name}_complete")
-            error = getattr(self, f"{name}_error")
+            complete, error = getattr(self, f"{name}_complete"), getattr(self, f"{name}_error")
             head = FetchedInstr(q.r_data)
             hdr = Header(head.word[:16])
-            link = head.word[VECTOR_LINK_BIT]
             pop_ok = Signal(name=f"{name}_pop_ok")
             taken = Signal(name=f"{name}_taken")
-            conds = []
-            for side in ("prev", "next"):
-                want = getattr(hdr.deps, f"pop_{side}")
-                pushed = complete.valid & getattr(complete.payload.deps, f"push_{side}")
-                for flag in (0, 1):
-                    pair = TOKEN_LINKS.get((e, side, flag))
-                    if pair is None or pair[0] not in tokens:
-                        continue
-                    other = TOKEN_LINKS.get((e, side, 1 - flag))
-                    shared = other is not None and other[0] in tokens
-                    mine = (link == flag) if shared else 1
-                    gives = (complete.payload.vector == flag) if shared else 1
-                    conds.append(~(want & mine) | (tokens[pair[1]] != 0))
-                    dec[pair[1]].append(taken & want & mine)
-                    inc[pair[0]].append(pushed & gives)
-                    pusher[pair[0]] = e
+            conds = self._token_links(e, links[e], hdr, head.word[VECTOR_LINK_BIT], complete, taken,
+                                      tokens, inc, dec, pusher)
             m.d.comb += pop_ok.eq(Cat(*conds).all() if conds else 1)
-            go = q.r_rdy & pop_ok & ~failed
-            if e == Engine.COMPUTE:
-                m.d.comb += cmd.payload.eq(_compute_command(c, head.word, m))
-            else:
-                m.d.comb += cmd.payload.eq(head.word)
-            m.d.comb += [cmd.valid.eq(go), q.r_en.eq(go & cmd.ready), taken.eq(go & cmd.ready)]
+            self._take(m, e, q, head, pop_ok, failed, taken)
             pc = Signal(32, name=f"{name}_pc")
             with m.If(taken):
                 m.d.sync += pc.eq(head.pc)
             # A SYNC completes in the cycle it is taken, before `pc` holds it.
             last_pc[e] = Mux(taken, head.pc, pc)
+            # A head waiting for a token (not for its engine to finish).
             blocked[e] = q.r_rdy & ~pop_ok
             if self.trace:
                 self._trace_engine(m, self.engine_trace[e.value], taken, head, hdr, blocked[e],
                                    complete.valid)
-            # A stall is a head waiting for a token (not for its engine to finish).
-            stalls[e] = blocked[e]
             record.append((error != ErrorCode.NONE, error, pc))
-        # A push onto a full counter is an error (the run stops); the counter
-        # keeps its value rather than wrap to zero.
+        for full, engine in self._token_counters(m, tokens, inc, dec, pusher):
+            record.append((full, C(ErrorCode.TOKEN_OVERFLOW.value, 4), last_pc[engine]))
+        return tokens, blocked
+
+    @staticmethod
+    def _token_links(e, links, hdr, link, complete, taken, tokens, inc, dec, pusher):
+        """The conditions under which engine `e`'s head has the tokens it pops
+        (one per token link of `links`, see `token_links`); adds its pops to
+        `dec` and its completions' pushes to `inc` (by counter name), and
+        itself as the pusher of the counters it pushes."""
+        conds = []
+        for side, flag, push_name, pop_name, shared in links:
+            want = getattr(hdr.deps, f"pop_{side}")
+            pushed = complete.valid & getattr(complete.payload.deps, f"push_{side}")
+            mine = (link == flag) if shared else 1
+            gives = (complete.payload.vector == flag) if shared else 1
+            conds.append(~(want & mine) | (tokens[pop_name] != 0))
+            dec[pop_name].append(taken & want & mine)
+            inc[push_name].append(pushed & gives)
+            pusher[push_name] = e
+        return conds
+
+    def _take(self, m, e, q, head, pop_ok, failed, taken):
+        """Offer engine `e` its queue's head once its tokens are there
+        (`pop_ok`) and no error stopped the run; `taken` when the engine
+        takes it."""
+        cmd = getattr(self, f"{e.name.lower()}_cmd")
+        go = q.r_rdy & pop_ok & ~failed
+        if e == Engine.COMPUTE:
+            m.d.comb += cmd.payload.eq(_compute_command(self.config, head.word, m))
+        else:
+            m.d.comb += cmd.payload.eq(head.word)
+        m.d.comb += [cmd.valid.eq(go), q.r_en.eq(go & cmd.ready), taken.eq(go & cmd.ready)]
+
+    def _token_counters(self, m, tokens, inc, dec, pusher):
+        """Count each token link's pushes and pops. A push onto a full counter
+        is an error (the run stops); the counter keeps its value rather than
+        wrap to zero. Returns [(overflow, the engine that pushed)]."""
         overflow = []
         for name, counter in tokens.items():
             pushed, popped = Cat(*inc[name]).any(), Cat(*dec[name]).any()
@@ -365,32 +432,34 @@ class Controller(wiring.Component):
             overflow.append((full, pusher[name]))
             with m.If(~full):
                 m.d.sync += counter.eq(counter + pushed - popped)
-        # For the formal proofs' invariants (docs/formal.md).
-        self.queues, self.tokens, self.failed = queues, tokens, failed
+        return overflow
 
-        for full, engine in overflow:
-            record.append((full, C(ErrorCode.TOKEN_OVERFLOW.value, 4), last_pc[engine]))
-
-        # ---- deadlock: nothing in flight, and every waiting head lacks a token ----
-        all_idle = Cat(*(getattr(self, f"{e.name.lower()}_idle") for e in queues)).all()
+    # ---- deadlock, errors, run state, counters ------------------------------------------------
+    @staticmethod
+    def _deadlock(m, queues, blocked, all_idle, running, fetch_stuck, pc, record):
+        """Record a deadlock: while running, nothing in flight, every waiting
+        head lacks a token, and the fetch is stuck (`fetch_stuck`: halted, or
+        waiting for a full queue)."""
         heads_stuck = Cat(*((queues[e].level == 0) | blocked[e] for e in queues)).all()
         any_waiting = Cat(*(queues[e].level != 0 for e in queues)).any()
-        fetch_stuck = halted | decoder_stalled
         deadlock = running & all_idle & heads_stuck & any_waiting & fetch_stuck
         # Two cycles in a row, from registers (the idle and token logic stays out
         # of the error path): a real deadlock never ends, so a cycle later is fine.
         deadlock_q, deadlock_qq = Signal(), Signal()
         m.d.sync += [deadlock_q.eq(deadlock), deadlock_qq.eq(deadlock_q)]
-        record.append((deadlock_q & deadlock_qq, C(ErrorCode.DEADLOCK.value, 4), ins.pc))
-        record.append((self.fetch_error, C(ErrorCode.FETCH_ERROR.value, 4), self.fetch_error_pc))
+        record.append((deadlock_q & deadlock_qq, C(ErrorCode.DEADLOCK.value, 4), pc))
 
-        # ---- first error wins ------------------------------------------------------
+    def _first_error(self, m, record, running, failed):
+        """The first error (in time; at once, in `record`'s order) stops the
+        run: `failed`, with its code and pc."""
         with m.If(running & ~failed):
             for i, (cond, code, pc) in enumerate(record):
                 with (m.If if i == 0 else m.Elif)(cond):
                     m.d.sync += [failed.eq(1), self.error.eq(code), self.error_pc.eq(pc)]
 
-        # ---- run state ---------------------------------------------------------------
+    def _run_state(self, m, queues, all_idle, running, halted, failed):
+        """``start`` begins a run; it is done once halted or failed with every
+        engine idle, the queues empty and the fetch stopped."""
         empty = Cat(*(q.level == 0 for q in queues.values())).all()
         finished = running & all_idle & empty & ~self.fetch_busy & (halted | failed)
         with m.If(self.start):
@@ -404,7 +473,10 @@ class Controller(wiring.Component):
             for q in queues.values():
                 m.d.comb += q.r_en.eq(1)
 
-        # ---- counters ---------------------------------------------------------------
+    def _counters(self, m, running, stalls, instructions):
+        """The performance counters (`mxu.hdl.regs.COUNTERS`), cleared by
+        ``start``; `stalls`: each engine's head waiting for a token."""
+        c = self.config
         events = {
             "cycles": running,
             "array_active": self.array_accept,
@@ -415,7 +487,7 @@ class Controller(wiring.Component):
             "vector_stall": running & stalls[Engine.VECTOR] if c.vpu else 0,
             "dma_read_bytes": self.dma_read_beat,
             "dma_write_bytes": self.dma_write_beat,
-            "instructions": instr.valid & instr.ready & ok,
+            "instructions": instructions,
         }
         step = {"dma_read_bytes": c.axi_data_bytes, "dma_write_bytes": c.axi_data_bytes}
         for i, name in enumerate(COUNTERS):
@@ -424,4 +496,3 @@ class Controller(wiring.Component):
                 m.d.sync += counter.eq(0)
             with m.Elif(events[name]):
                 m.d.sync += counter.eq(counter + step.get(name, 1))
-        return m

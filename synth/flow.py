@@ -7,7 +7,6 @@ WebAssembly, so place-and-route of a whole chip takes many minutes: the display
 says what is running and for how long.
 """
 
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from rich.live import Live
 from rich.spinner import Spinner
 from rich.text import Text
 
+from mxu.hdl.tools import find_tool
+
 __all__ = ["ToolError", "Phases", "tool_path", "run_tool"]
 
 
@@ -29,12 +30,7 @@ class ToolError(RuntimeError):
 
 def tool_path(name):
     """A yowasp tool from this environment's scripts, else from PATH."""
-    local = Path(sys.executable).parent / name
-    found = str(local) if local.exists() else shutil.which(name)
-    if not found:
-        raise ToolError(f"{name} is not installed; `pip install -e .[dev]` (or `make venv`) "
-                        f"brings it")
-    return found
+    return find_tool(name, ToolError)
 
 
 class Phases:

@@ -24,6 +24,7 @@ from chip_configs import VPU_SHAPES
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip, Pod, PodError
 from mxu.sim.runtime import pod as pod_module
+from mxu.sim.runtime import pod_chips
 from mxu.verif import golden
 
 SEED = 20261126
@@ -94,8 +95,8 @@ def no_work(monkeypatch):
 
     def refuse(*args, **kwargs):
         raise Started("the pod started working")
-    monkeypatch.setattr(pod_module.Pod, "_build_here", refuse)
-    monkeypatch.setattr(pod_module, "_start_ray", refuse)
+    monkeypatch.setattr(pod_chips.PodChips, "_build_here", refuse)
+    monkeypatch.setattr(pod_chips, "_start_ray", refuse)
     return Started
 
 

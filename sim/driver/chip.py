@@ -39,7 +39,8 @@ from ..backends.toolchain import require_simulator
 from ..backends.verilog import chip_verilog
 from .trace import decode_trace, trace_mask
 
-__all__ = ["SimulatedChip", "RunResult", "ChipError", "AXI_CHANNELS", "WAVE_WARN_BYTES", "MAX_THREADS"]
+__all__ = ["SimulatedChip", "RunResult", "ChipError", "AXI_CHANNELS", "WAVE_WARN_BYTES", "MAX_THREADS",
+           "check_flag", "check_integer", "build_model"]
 
 AXI_CHANNELS = ("aw", "w", "b", "ar", "r")
 WAVE_WARN_BYTES = 1 << 30
@@ -176,6 +177,16 @@ def _library(config, waves=None, fast_mac=False, trace=False, units=False, threa
     return lib
 
 
+def build_model(config, fast_mac=False):
+    """Build, or find in ~/.cache/mxu, the Verilated model that
+    ``SimulatedChip(config, fast_mac=fast_mac)`` loads, without making a chip
+    (which would allocate its whole external memory): a pod builds it in the
+    process that shows the progress, before its actors load it."""
+    # The arguments SimulatedChip.__init__ passes for these settings (and so
+    # the same build): only a fast-MAC model gates idle units.
+    _library(config, None, fast_mac, False, False, 1, fast_mac)
+
+
 class _NativeChip:
     """Owns one native chip instance; frees it when nothing refers to it any
     more. Memory views refer to it, so they never outlive the memory."""
@@ -199,13 +210,14 @@ class _NativeChip:
             self.lib.mxu_chip_free(handle)
 
 
-def check_bool(value, name):
+def check_flag(value, name):
+    """`value` as a bool, checked: True, False or a NumPy bool, nothing else."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, not {value!r}")
     return bool(value)
 
 
-def _integer(value, name, low=None, high=None):
+def check_integer(value, name, low=None, high=None):
     """`value` as an int, checked: NumPy integers are accepted, bools and
     floats are not."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -298,12 +310,12 @@ class SimulatedChip:
         if simulator != "verilator":
             raise ValueError(f"Chip runs on Verilator only (the cocotb testbenches cover "
                              f"{simulator!r}); got simulator={simulator!r}")
-        check_bool(fast_mac, "fast_mac")
+        check_flag(fast_mac, "fast_mac")
         timing = self._check_timing(mem_latency, mem_pause, seed)
         wave_format = _wave_format(waves)
-        self._window = (_integer(waves_from, "waves_from", 0),
-                        None if waves_cycles is None else _integer(waves_cycles, "waves_cycles", 1))
-        levels = 0 if waves_depth is None else _integer(waves_depth, "waves_depth", 1, 99)
+        self._window = (check_integer(waves_from, "waves_from", 0),
+                        None if waves_cycles is None else check_integer(waves_cycles, "waves_cycles", 1))
+        levels = 0 if waves_depth is None else check_integer(waves_depth, "waves_depth", 1, 99)
         if not isinstance(waves_scope, str) or not waves_scope:
             raise TypeError(f"waves_scope must be a hierarchy name such as 'TOP', not {waves_scope!r}")
         if waves_scope != "TOP" and waves_depth is None:
@@ -311,12 +323,12 @@ class SimulatedChip:
         self.simulator = simulator
         self.fast_mac = bool(fast_mac)
         self.waves = None if waves is None else str(waves)
-        self.trace = bool(check_bool(trace, "trace"))
-        self.trace_bucket = _integer(trace_bucket, "trace_bucket", 1)
-        self.profile_units = bool(check_bool(profile_units, "profile_units"))
-        self.threads = _integer(threads, "threads", 1, MAX_THREADS)
+        self.trace = bool(check_flag(trace, "trace"))
+        self.trace_bucket = check_integer(trace_bucket, "trace_bucket", 1)
+        self.profile_units = bool(check_flag(profile_units, "profile_units"))
+        self.threads = check_integer(threads, "threads", 1, MAX_THREADS)
         # Only the fast builds gate: an RTL chip's model is the same either way.
-        self.idle_gating = bool(check_bool(idle_gating, "idle_gating")) and self.fast_mac
+        self.idle_gating = bool(check_flag(idle_gating, "idle_gating")) and self.fast_mac
         self._lib = _library(self.config, wave_format, self.fast_mac, self.trace, self.profile_units,
                              self.threads, self.idle_gating)
         self._native = _NativeChip(self._lib, self.config)
@@ -338,8 +350,8 @@ class SimulatedChip:
     def _check_timing(latency, pause, seed):
         if not isinstance(latency, (tuple, list)) or len(latency) != 2:
             raise TypeError(f"mem_latency must be a pair (min, max) of cycles, not {latency!r}")
-        lo = _integer(latency[0], "mem_latency[0]", 0, _MAX_LATENCY)
-        hi = _integer(latency[1], "mem_latency[1]", lo, _MAX_LATENCY)
+        lo = check_integer(latency[0], "mem_latency[0]", 0, _MAX_LATENCY)
+        hi = check_integer(latency[1], "mem_latency[1]", lo, _MAX_LATENCY)
         pause = {} if pause is None else pause
         if not isinstance(pause, dict):
             raise TypeError(f"mem_pause must be a dict of channel: percent, not {pause!r}")
@@ -347,8 +359,8 @@ class SimulatedChip:
         if unknown:
             raise ValueError(f"mem_pause has unknown AXI channels {sorted(unknown)}; "
                              f"use {AXI_CHANNELS}")
-        pcts = [_integer(pause.get(ch, 0), f"mem_pause[{ch!r}]", 0, 99) for ch in AXI_CHANNELS]
-        return lo, hi, pcts, _integer(seed, "seed", 0, (1 << 64) - 1)
+        pcts = [check_integer(pause.get(ch, 0), f"mem_pause[{ch!r}]", 0, 99) for ch in AXI_CHANNELS]
+        return lo, hi, pcts, check_integer(seed, "seed", 0, (1 << 64) - 1)
 
     def _set_timing(self, lo, hi, pcts, seed):
         self._lib.mxu_chip_mem_params(self._handle, lo, hi, (_U32 * 5)(*pcts), seed)
@@ -362,8 +374,8 @@ class SimulatedChip:
         """Make every access to external bytes [lo, hi) answer SLVERR or DECERR."""
         if resp not in ("slverr", "decerr"):
             raise ValueError(f"resp must be 'slverr' or 'decerr', not {resp!r}")
-        lo = _integer(lo, "lo", 0)
-        hi = _integer(hi, "hi", lo)
+        lo = check_integer(lo, "lo", 0)
+        hi = check_integer(hi, "hi", lo)
         self._lib.mxu_chip_add_error(self._handle, lo, hi, {"slverr": 2, "decerr": 3}[resp])
 
     def clear_errors(self):
@@ -372,7 +384,7 @@ class SimulatedChip:
 
     def write_memory(self, addr, data, name="data"):
         """Copy bytes (or a NumPy array's bytes) to external address `addr`."""
-        addr = _integer(addr, "addr", 0)
+        addr = check_integer(addr, "addr", 0)
         data = _as_bytes(data, name)
         if addr + data.size > self.memory.size:
             raise ValueError(f"{name}: {data.size} bytes at 0x{addr:x} do not fit in the "
@@ -381,7 +393,7 @@ class SimulatedChip:
 
     def read_memory(self, addr, nbytes):
         """A copy of `nbytes` external bytes from `addr`."""
-        addr, nbytes = _integer(addr, "addr", 0), _integer(nbytes, "nbytes", 0)
+        addr, nbytes = check_integer(addr, "addr", 0), check_integer(nbytes, "nbytes", 0)
         if addr + nbytes > self.memory.size:
             raise ValueError(f"{nbytes} bytes at 0x{addr:x} lie beyond the "
                              f"{self.memory.size}-byte external memory")
@@ -448,7 +460,7 @@ class SimulatedChip:
         # does not fit cannot even be written.
         if base is None:
             base = (self.memory.size - len(code)) & ~0xFFFF
-        base = _integer(base, "base", 0)
+        base = check_integer(base, "base", 0)
         if base + len(code) > self.memory.size:
             raise ValueError(f"a {len(code)}-byte program at base 0x{base:x} does not fit in the "
                              f"{self.memory.size}-byte external memory")
@@ -484,13 +496,13 @@ class SimulatedChip:
         image = {}
         for addr, data in (memory_image or {}).items():
             key = f"memory_image[{addr!r}]"
-            image[_integer(addr, f"memory_image key {addr!r}", 0)] = _as_bytes(data, key)
+            image[check_integer(addr, f"memory_image key {addr!r}", 0)] = _as_bytes(data, key)
         for addr, data in image.items():
             if addr < base + len(code) and base < addr + data.size:
                 raise ValueError(f"memory_image[0x{addr:x}] ({data.size} bytes) overlaps the "
                                  f"program at 0x{base:x} ({len(code)} bytes); give another base")
         limit = 50_000_000 + 100 * len(code) if max_cycles is None else \
-            _integer(max_cycles, "max_cycles", 1)
+            check_integer(max_cycles, "max_cycles", 1)
         for addr, data in image.items():
             self.write_memory(addr, data, f"memory_image[0x{addr:x}]")
         if self._needs_reset or self.busy:
@@ -529,20 +541,20 @@ class SimulatedChip:
 
     def clock(self, cycles):
         """Clock exactly `cycles` cycles, whether the run has finished or not."""
-        self._lib.mxu_chip_clock(self._handle, _integer(cycles, "cycles", 0))
+        self._lib.mxu_chip_clock(self._handle, check_integer(cycles, "cycles", 0))
 
     def set_link_bandwidth(self, bytes_per_cycle):
         """Every link carries at most `bytes_per_cycle` bytes a cycle (a flit
         of ``config.link_flit_bytes`` leaves when that many have accrued)."""
         self._check_links(0)
-        bpc = _integer(bytes_per_cycle, "bytes_per_cycle", 1, 1 << 20)
+        bpc = check_integer(bytes_per_cycle, "bytes_per_cycle", 1, 1 << 20)
         self._lib.mxu_chip_link_setup(self._handle, self.config.links,
                                       self.config.link_flit_bytes, bpc)
 
     def _check_links(self, link):
         if not self.config.links:
             raise ValueError("this chip has no links (ChipConfig.links is 0)")
-        _integer(link, "link", 0, self.config.links - 1)
+        check_integer(link, "link", 0, self.config.links - 1)
 
     def link_take(self, link):
         """What link `link` sent since the last call: (cycles of its flits,

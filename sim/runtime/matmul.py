@@ -14,6 +14,7 @@ from ..compiler.epilogue import Epilogue
 from ..compiler.layerops import EPILOGUE_KINDS, layer_op
 from ..compiler.lower import lower_matmul
 from ..compiler.operands import Scatter
+from ..driver.chip import check_flag        # the runtime's callers check flags with it too
 from .tensor import DeviceTensor
 
 __all__ = ["MatmulCall", "prepare_matmul", "check_flag", "check_matmul_fits"]
@@ -32,12 +33,6 @@ def check_matmul_fits(config, M, K, N):
         raise ValueError(f"a {M}x{K} @ {K}x{N} matmul needs {need:,} bytes of external memory "
                          f"(bf16 A and B, fp32 C); the chip has {config.ext_mem_bytes:,} "
                          f"(ChipConfig.ext_mem_bytes)")
-
-
-def check_flag(value, name):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, not {value!r}")
-    return bool(value)
 
 
 def _out_dtype(out_dtype):

@@ -20,13 +20,14 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from amaranth.back import rtlil
 from amaranth.hdl import Signal, Value
+
+from mxu.hdl.tools import find_tool, scripts_dir
 
 __all__ = ["Proof", "Result", "run_proof", "ToolMissing", "design_rtlil", "SOLVERS"]
 
@@ -111,12 +112,7 @@ class Result:
 
 
 def _tool(name):
-    local = Path(sys.executable).parent / name
-    found = str(local) if local.exists() else shutil.which(name)
-    if not found:
-        raise ToolMissing(f"{name} is not installed; `pip install -e .[dev]` (or `make venv`) "
-                          f"brings it")
-    return found
+    return find_tool(name, ToolMissing)
 
 
 _CHECK_CELL = re.compile(r"^(\s*)cell \$check (\S+)$")
@@ -197,7 +193,7 @@ design.il
 
 def _env():
     env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PATH"] = str(scripts_dir()) + os.pathsep + env.get("PATH", "")
     return env
 
 

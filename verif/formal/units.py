@@ -16,7 +16,7 @@ from amaranth.lib.wiring import In
 
 from mxu.hdl.axi import AXI4LiteSignature, AxiResp
 from mxu.hdl.config import ChipConfig
-from mxu.hdl.isa import TOKEN_LINKS, VECTOR_LINK_BIT, Engine, ErrorCode
+from mxu.hdl.isa import VECTOR_LINK_BIT, Engine, ErrorCode
 from mxu.hdl.regs import COUNTERS, HOST_ADDR_BITS, REG, RegisterFile
 
 from .checkers import (DUT, ENV, AXI4LiteSubordinateChecker, Past, StreamChecker, attach,
@@ -299,26 +299,6 @@ def memory_harness(config, which):
 
 # ---- controller: dependency tokens ------------------------------------------------
 
-def _links(engines):
-    """For each engine, its (side, flag, push counter, pop counter, shared)."""
-    names = {n for pair in TOKEN_LINKS.values() for n in pair
-             if all(Engine[{"l": "LOAD", "c": "COMPUTE", "s": "STORE", "v": "VECTOR"}[x]]
-                    in engines for x in n.split("2"))}
-    links = {}
-    for e in engines:
-        rows = []
-        for side in ("prev", "next"):
-            for flag in (0, 1):
-                pair = TOKEN_LINKS.get((e, side, flag))
-                if pair is None or pair[0] not in names:
-                    continue
-                other = TOKEN_LINKS.get((e, side, 1 - flag))
-                shared = other is not None and other[0] in names
-                rows.append((side, flag, pair[0], pair[1], shared))
-        links[e] = rows
-    return sorted(names), links
-
-
 def controller_harness(config, token_bits=2):
     """`Controller`: ghost token counters, kept from what the engines report
     (completions with push flags) and what they take (commands with pop
@@ -340,11 +320,11 @@ def controller_harness(config, token_bits=2):
     The counters are `token_bits` wide (16 in the chip): their logic does not
     depend on the width, and 2 bits let the prover reach a full counter.
     """
-    from mxu.hdl.controller import Controller
+    from mxu.hdl.controller import Controller, token_links
     from mxu.hdl.fetch import FetchedInstr
     from mxu.hdl.isa import Header
     dut = Controller(config, token_bits=token_bits)
-    names, links = _links(dut.engines)
+    names, links = token_links(dut.engines)
     top = (1 << token_bits) - 1
 
     def extra(m, dut):

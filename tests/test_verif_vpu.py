@@ -92,6 +92,7 @@ def test_every_layer_op_names_its_golden_function():
     from mxu.verif import vpu
     for name, op in LAYER_OPS.items():
         assert callable(getattr(vpu, op.golden, None)), f"{name}: mxu.verif.vpu.{op.golden}"
+        assert callable(getattr(hostops, op.golden, None)), f"{name}: hostops.{op.golden}"
 
 
 def test_decoder_ops_in_vpu_form_against_float64():

@@ -349,7 +349,7 @@ def test_rope_loads_its_table_once():
     golden.assert_bits_equal(out.numpy(), want, "rope")
 
 
-@pytest.mark.parametrize("kind", ["silu_mul"])
+@pytest.mark.parametrize("kind", ["silu_mul", "gelu_tanh_mul"])
 def test_paired_gated_epilogues_are_bit_exact(chip, kind):
     """The paired ``f(gate) * up`` ops (SwiGLU's, GeGLU's with the tanh GELU):
     the matmul's N tiles alternate gate and up, output tile j is f(tile 2j)

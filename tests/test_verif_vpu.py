@@ -122,3 +122,23 @@ def test_decoder_ops_in_vpu_form_against_float64():
     special = vpu.silu_mul(np.float32([np.inf, -np.inf, np.nan]), np.float32([2, 2, 2]))
     assert special[0] == np.inf and special[1] == 0 and np.signbit(special[1])
     assert np.isnan(special[2])
+
+
+def test_gelu_tanh_mul_in_vpu_form_against_float64_and_the_host_form():
+    """GeGLU's tanh-GELU(gate) * up in the VPU's primitives against float64
+    and its host form, and its special values."""
+    from mxu.verif import vpu
+    rng = np.random.default_rng(6)
+    gate = np.concatenate([(4 * rng.standard_normal(4000)).astype(np.float32),
+                           np.float32([0, -0.0, 10, -10, 30, -30, 88, -88, 1e20, -1e20])])
+    up = np.float32(1.5) * np.ones_like(gate)
+    g = gate.astype(np.float64)
+    want = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3))) * 1.5
+    got = vpu.gelu_tanh_mul(gate, up)
+    assert np.all(np.abs(got - want) <= 1e-6 * np.maximum(1, np.abs(want)))
+    host = hostops.gelu_tanh_mul(gate, up)
+    assert np.all(np.abs(host - want) <= 1e-6 * np.maximum(1, np.abs(want)))
+    special = vpu.gelu_tanh_mul(np.float32([np.inf, -np.inf, np.nan]), np.float32([2, 2, 2]))
+    assert special[0] == np.inf and special[1] == 0 and np.signbit(special[1])
+    assert np.isnan(special[2])
+

@@ -13,7 +13,7 @@ from .golden import canonical, f32_bits
 
 __all__ = ["NumpyOps", "fadd", "fmul", "fmax", "fmin", "vpu_exp", "vpu_reciprocal", "vpu_rsqrt",
            "vpu_function", "vector_alu", "swap_pairs", "softmax", "layer_norm", "gelu", "scale",
-           "add", "rms_norm", "rope", "silu_mul"]
+           "add", "rms_norm", "rope", "silu_mul", "gelu_tanh_mul"]
 
 _U32 = np.uint32
 
@@ -345,3 +345,17 @@ def silu_mul(gate, up):
     g = fmax(_b(gate), _word(-np.finfo(np.float32).max))
     r = vpu_reciprocal(fadd(vpu_exp(fmul(g, _U32(0xBF800000))), _word(1.0)))
     return _v(fmul(fmul(g, r), _b(up)))
+
+
+def gelu_tanh_mul(gate, up):
+    """GeGLU's ``gelu(gate) * up`` with the tanh form of GELU, ``0.5 g (1 +
+    tanh(u))`` with ``u = sqrt(2/pi) (g + 0.044715 g^3)``, written as ``g *
+    sigmoid(2u)``: on ``g = max(gate, -FLT_MAX)`` (tanh-GELU(-inf) is -0, not
+    ``-inf * 0``), ``w = exp(((g * g) * K3 + K1) * g)``, ``(g *
+    reciprocal(w + 1)) * up`` with ``K1 = fp32(-2 sqrt(2/pi))`` and ``K3 =
+    fp32(-2 sqrt(2/pi) * 0.044715)``."""
+    k1 = _word(-2 * np.sqrt(2 / np.pi))
+    k3 = _word(-2 * np.sqrt(2 / np.pi) * 0.044715)
+    g = fmax(_b(gate), _word(-np.finfo(np.float32).max))
+    w = vpu_exp(fmul(fadd(fmul(fmul(g, g), k3), k1), g))
+    return _v(fmul(fmul(g, vpu_reciprocal(fadd(w, _word(1.0)))), _b(up)))

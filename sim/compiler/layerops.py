@@ -2,7 +2,7 @@
 registry (docs/compiler.md, "Layer ops").
 
 A transformer layer op -- softmax, LayerNorm, RMSNorm, GELU, SiLU(gate) *
-up, RoPE, a residual add, a transpose -- is known to
+up, GELU-tanh(gate) * up, RoPE, a residual add, a transpose -- is known to
 the compiler through one `LayerOp` registered here (`register`,
 `LAYER_OPS`): the operands it reads besides the matmul's result, the
 accumulator rows it works in, whether it needs a whole row (every N tile of
@@ -36,6 +36,7 @@ result tiles for each output tile: the matmul's N tiles alternate (tile 2j
 and 2j+1 make output tile j), so its output has half the matmul's columns.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -492,6 +493,26 @@ class _SiluMul(_PairedMul):
              _op(VpuOp.MUL, "g", "g", row="u"))
 
 
+# tanh-GELU's constants: ``gelu(g) = g * sigmoid(2u)``, ``2u = g * (K1 + K3 * g*g)``
+# with ``K1 = 2 sqrt(2/pi)``, ``K3 = 0.044715 * K1``; here negated (exp(-2u)).
+_GELU_TANH_K1 = float(np.float32(-2 * math.sqrt(2 / math.pi)))
+_GELU_TANH_K3 = float(np.float32(-2 * math.sqrt(2 / math.pi) * 0.044715))
+
+
+class _GeluTanhMul(_PairedMul):
+    """GeGLU's ``gelu(gate) * up`` with the tanh form of GELU, ``0.5 g (1 +
+    tanh(u))``, ``u = sqrt(2/pi) (g + 0.044715 g^3)``, which is ``g *
+    sigmoid(2u)``: ``g = max(gate, -FLT_MAX)``, ``w = exp(((g*g) * K3 + K1) *
+    g)``, ``(g * reciprocal(w + 1)) * up`` with ``K1 = -2 sqrt(2/pi)``,
+    ``K3 = K1 * 0.044715`` in fp32."""
+    steps = (_op(VpuOp.MAX, "g", "g", scalar=-_FLT_MAX), _op(VpuOp.MUL, "g", "w", row="g"),
+             _op(VpuOp.MUL, "w", "w", scalar=_GELU_TANH_K3),
+             _op(VpuOp.ADD, "w", "w", scalar=_GELU_TANH_K1), _op(VpuOp.MUL, "w", "w", row="g"),
+             _op(VpuOp.EXP, "w", "w"), _op(VpuOp.ADD, "w", "w", scalar=1.0),
+             _op(VpuOp.RECIP, "w", "w"), _op(VpuOp.MUL, "g", "g", row="w"),
+             _op(VpuOp.MUL, "g", "g", row="u"))
+
+
 # ---- RoPE --------------------------------------------------------------------------
 
 def emit_rope(emit, m, jobs, t1, t2):
@@ -578,6 +599,8 @@ register(_RmsNorm("add_rms_norm", "rms_norm", row_wise=True, buffers=2, params=1
 register(_Gelu("gelu", "gelu", row_wise=False, passes=23, min_group=4, producer=True,
                vector_regions=5, unfused=True))
 register(_SiluMul("silu_mul", "silu_mul", row_wise=False, paired=True, passes=7, min_group=2))
+register(_GeluTanhMul("gelu_tanh_mul", "gelu_tanh_mul", row_wise=False, paired=True, passes=10,
+                      min_group=2))
 register(_Rope("rope", "rope", row_wise=False, row_operand="table", passes=3, may_pair=True,
                may_transpose=True))
 register(_Transpose("transpose", "scale", row_wise=False, passes=1, scaled=True, transposes=True,

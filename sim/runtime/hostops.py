@@ -11,7 +11,8 @@ sum; `np.exp` and `np.sqrt` are NumPy's float32 functions.
 import numpy as np
 
 __all__ = ["tree_sum", "softmax", "layer_norm", "gelu", "erf", "scale", "add", "embed",
-           "mean_pool", "l2_normalize", "attention_mask", "rms_norm", "swap_pairs", "rope", "silu_mul"]
+           "mean_pool", "l2_normalize", "attention_mask", "rms_norm", "swap_pairs", "rope", "silu_mul",
+           "gelu_tanh_mul"]
 
 F32 = np.float32
 
@@ -149,3 +150,12 @@ def silu_mul(gate, up):
     g = np.asarray(gate, F32)
     with np.errstate(over="ignore"):
         return ((g / (F32(1) + np.exp(-g))) * np.asarray(up, F32)).astype(F32)
+
+
+def gelu_tanh_mul(gate, up):
+    """GeGLU with the tanh form of GELU: ``(0.5 * g * (1 + tanh(sqrt(2/pi) *
+    (g + 0.044715 * g**3)))) * up``."""
+    g = np.asarray(gate, F32)
+    with np.errstate(over="ignore"):
+        u = F32(np.sqrt(2 / np.pi)) * (g + F32(0.044715) * (g * g * g))
+    return ((F32(0.5) * g * (F32(1) + np.tanh(u))) * np.asarray(up, F32)).astype(F32)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from mxu.sim.runtime import hostops
+from mxu.hdl import hostops
 from mxu.sim.models.encoder import EncoderConfig, EncoderWeights
 from mxu.verif import vpu
 from mxu.verif.transformer import golden_forward, reference_forward

@@ -187,7 +187,7 @@ def vpu_rsqrt(x):
 
 # --- the layer operations in the VPU's primitives (docs/vpu.md, "Layer operations") --
 #
-# The same contract as `mxu.sim.runtime.hostops` (same names, same arguments),
+# The same contract as `mxu.hdl.hostops` (same names, same arguments),
 # but every step is one of the vector unit's operations: fp32 add, multiply and
 # max, `exp`, `reciprocal` and `rsqrt` of `mxu.hdl.vecmath`, and row reductions
 # in the `hostops.tree_sum` order. A forward with these functions is what the

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mxu.hdl import hostops
 from mxu.hdl.config import ChipConfig
 
-from ..runtime import hostops
 from ..runtime.chip import Chip
 from .encoder import (VECTOR_BACKENDS, Encoder, EncoderConfig, EncoderWeights,
                               LayerWeights, model_macs)

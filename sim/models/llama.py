@@ -163,12 +163,13 @@ def _field(reader, key):
 
 
 def read_gguf(path):
-    """(LlamaWeights float32, metadata dict) of a llama GGUF file. Quantized
-    tensors are dequantized with `gguf.quants.dequantize` (Q4_1, Q8_0, ...)."""
+    """(LlamaWeights float32, metadata dict) of a llama GGUF file (a path or
+    an open `gguf.GGUFReader`). Quantized tensors are dequantized with
+    `gguf.quants.dequantize` (Q4_1, Q8_0, ...)."""
     import gguf
     from gguf.quants import dequantize
 
-    reader = gguf.GGUFReader(str(path))
+    reader = path if isinstance(path, gguf.GGUFReader) else gguf.GGUFReader(str(path))
     config = LlamaConfig.from_gguf(reader)
     tensors = {t.name: t for t in reader.tensors}
 

@@ -16,7 +16,7 @@ import numpy as np
 
 __all__ = ["tree_sum", "softmax", "layer_norm", "gelu", "erf", "scale", "add", "embed",
            "mean_pool", "l2_normalize", "attention_mask", "rms_norm", "swap_pairs", "rope", "silu_mul",
-           "gelu_tanh_mul", "rope_tables"]
+           "gelu_tanh_mul", "head_rms_norm", "rope_tables"]
 
 F32 = np.float32
 
@@ -132,6 +132,15 @@ def rms_norm(x, gamma, eps):
     ms = tree_sum(x * x) / F32(x.shape[-1])
     inv = F32(1) / np.sqrt(ms + F32(eps))
     return ((x * inv) * np.asarray(gamma, F32)).astype(F32)
+
+
+def head_rms_norm(x, gamma, eps):
+    """QK-norm: `rms_norm` over each head of the last axis, the heads as wide
+    as `gamma` (one head's weights, the same for every head)."""
+    x = np.asarray(x, F32)
+    head = np.shape(gamma)[-1]
+    heads = x.reshape(x.shape[:-1] + (x.shape[-1] // head, head))
+    return rms_norm(heads, gamma, eps).reshape(x.shape)
 
 
 def swap_pairs(x):

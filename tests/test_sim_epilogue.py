@@ -389,3 +389,31 @@ def test_descriptor_flags_reject_bad_input(chip):
         chip.matmul(case.A, case.B, then="gelu", transpose=True,
                     out=chip.empty((case.N, case.M), bfloat16))
 
+
+def test_head_rms_norm_is_bit_exact(chip):
+    """QK-norm: RMSNorm over each head of the projection's rows, every head
+    with the same gamma (one head wide), over several M blocks: bit-exact to
+    the golden VPU form; a head that does not divide N is a clear error."""
+    cfg = chip.config
+    rng = np.random.default_rng(SEED + 17)
+    M, K, head, heads = 2 * cfg.acc_rows // 25 + 3, 3 * cfg.rows, 2 * cfg.cols, 3
+    a = golden.as_bf16(rng.standard_normal((M, K)).astype(np.float32))
+    b = golden.as_bf16(rng.standard_normal((K, heads * head)).astype(np.float32))
+    gamma = (1 + 0.1 * rng.standard_normal(head)).astype(np.float32)
+    params = chip.upload(gamma[None])
+    out, extra = chip.empty((M, heads * head)), chip.empty((M, heads * head), bfloat16)
+    with chip.record() as rec:
+        chip.matmul(chip.upload(a), chip.upload(b), out=out, out_bf16=extra,
+                    then="head_rms_norm", params=params, eps=1e-6)
+    ops = rec.calls[0].ops
+    assert len(ops) == 1 and ops[0].epilogue.kind == "head_rms_norm"
+    plan = compile_matmuls(cfg, ops).segments[0][0][1]
+    assert plan.blocks > 1, plan
+    assert races(cfg, compile_matmuls(cfg, ops).program) == []
+    want = vpu.head_rms_norm(golden.matmul(a, b, rows=cfg.rows), gamma, 1e-6, lanes=cfg.cols)
+    golden.assert_bits_equal(out.numpy(), want, "head_rms_norm")
+    golden.assert_bits_equal(_bits(extra), golden.fp32_to_bf16(golden.f32_bits(want)),
+                             "head_rms_norm bf16")
+    with pytest.raises(ValueError, match="must be a multiple of cols .* and divide the result"):
+        chip.matmul(chip.upload(a), chip.upload(b[:, :heads * head - cfg.cols]),
+                    then="head_rms_norm", params=params)

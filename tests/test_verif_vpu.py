@@ -142,3 +142,18 @@ def test_gelu_tanh_mul_in_vpu_form_against_float64_and_the_host_form():
     assert special[0] == np.inf and special[1] == 0 and np.signbit(special[1])
     assert np.isnan(special[2])
 
+
+def test_head_rms_norm_in_vpu_form_against_float64_and_the_host_form():
+    """QK-norm (RMSNorm over each head) in the VPU's primitives against
+    float64 per head, and against its host form."""
+    from mxu.verif import vpu
+    rng = np.random.default_rng(7)
+    x = (3 * rng.standard_normal((8, 4 * 32))).astype(np.float32)
+    g = (1 + 0.1 * rng.standard_normal(32)).astype(np.float32)
+    h64 = x.astype(np.float64).reshape(8, 4, 32)
+    want = (h64 / np.sqrt(np.mean(h64 * h64, axis=-1, keepdims=True) + 1e-6) * g).reshape(8, -1)
+    for lanes in (1, 16, 5):
+        got = vpu.head_rms_norm(x, g, 1e-6, lanes)
+        assert np.max(np.abs(got - want) / (np.abs(want) + 1e-3)) < 2e-6, lanes
+    host = hostops.head_rms_norm(x, g, 1e-6)
+    assert np.max(np.abs(host - want) / (np.abs(want) + 1e-3)) < 2e-6

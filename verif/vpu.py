@@ -13,7 +13,7 @@ from .golden import canonical, f32_bits
 
 __all__ = ["NumpyOps", "fadd", "fmul", "fmax", "fmin", "vpu_exp", "vpu_reciprocal", "vpu_rsqrt",
            "vpu_function", "vector_alu", "swap_pairs", "softmax", "layer_norm", "gelu", "scale",
-           "add", "rms_norm", "rope", "silu_mul", "gelu_tanh_mul"]
+           "add", "rms_norm", "head_rms_norm", "rope", "silu_mul", "gelu_tanh_mul"]
 
 _U32 = np.uint32
 
@@ -327,6 +327,15 @@ def rms_norm(x, gamma, eps, lanes=1):
     ms = fmul(_sum_rows(fmul(x, x), lanes), _word(1 / x.shape[-1]))
     inv = vpu_rsqrt(fadd(ms, _word(eps)))
     return _v(fmul(fmul(x, inv), _b(gamma)))
+
+
+def head_rms_norm(x, gamma, eps, lanes=1):
+    """QK-norm: `rms_norm` over each head of the last axis, the heads as wide
+    as `gamma` (one head's weights, the same for every head)."""
+    x = np.asarray(x, _F32)
+    head = np.shape(gamma)[-1]
+    heads = x.reshape(x.shape[:-1] + (x.shape[-1] // head, head))
+    return rms_norm(heads, gamma, eps, lanes).reshape(x.shape)
 
 
 def rope(x, cos, sin):

@@ -2,7 +2,7 @@
 registry (docs/compiler.md, "Layer ops").
 
 A transformer layer op -- softmax, LayerNorm, RMSNorm, GELU, SiLU(gate) *
-up, GELU-tanh(gate) * up, RoPE, a residual add, a transpose -- is known to
+up, GELU-tanh(gate) * up, QK-norm, RoPE, a residual add, a transpose -- is known to
 the compiler through one `LayerOp` registered here (`register`,
 `LAYER_OPS`): the operands it reads besides the matmul's result, the
 accumulator rows it works in, whether it needs a whole row (every N tile of
@@ -424,6 +424,36 @@ class _RmsNorm(_Norm):
         return {"other": ep.params}
 
 
+class _HeadRmsNorm(_Norm):
+    """QK-norm: RMSNorm over each head of the row, every head with the same
+    gamma (`params`: one row of head_dim, which must divide N and be a
+    multiple of cols; the heads' reductions in the tree order of a row of
+    head_dim)."""
+
+    def operands(self, M, N, cols, given):
+        shape = given.get("params")
+        return {"params": (1, shape[1] if shape is not None else N)}
+
+    def scratch(self, count, G, Mb):
+        return (("spare", count * Mb), ("sq", count * Mb))
+
+    def check(self, ep, cols, N):
+        head = ep.params.cols
+        if head % cols or N % head:
+            raise ValueError(f"a head_rms_norm's head ({head} wide, its gamma) must be a multiple "
+                             f"of cols ({cols}) and divide the result's {N} columns")
+
+    def emit(self, emit, g):
+        x, head = g.x, g.ep.params.cols
+        per, m = head // x.cols, x.m
+        gamma = Tiles(g.params, 1, head, x.cols)
+        for h in range(x.count // per):
+            xh = Tiles(x.tile(h * per), m, head, x.cols)
+            emit_rms_norm(emit, xh, gamma, g.ep.eps, xh, Tiles(g.at["sq"] + h * per * m, m, head,
+                                                               x.cols), g.at["spare"] + h * m)
+        return x, x
+
+
 # ---- GELU --------------------------------------------------------------------------
 
 class _Gelu(LayerOp):
@@ -596,6 +626,8 @@ register(_RmsNorm("rms_norm", "rms_norm", row_wise=True, buffers=2, params=1, pa
                   vector_regions=2, unfused=True))
 register(_RmsNorm("add_rms_norm", "rms_norm", row_wise=True, buffers=2, params=1,
                   row_operand="same", passes=8, outputs=("x", "norm")))
+register(_HeadRmsNorm("head_rms_norm", "head_rms_norm", row_wise=True, buffers=2, params=1,
+                      passes=7))
 register(_Gelu("gelu", "gelu", row_wise=False, passes=23, min_group=4, producer=True,
                vector_regions=5, unfused=True))
 register(_SiluMul("silu_mul", "silu_mul", row_wise=False, paired=True, passes=7, min_group=2))

@@ -129,9 +129,9 @@ def layer_programs(bus, prefill, batches, context):
     """One layer of SmolLM2's sizes (random weights, a 1024-token vocabulary)
     on the llm chip: each program's bytes and chip cycles (docs/compiler.md,
     "Loops")."""
-    from mxu.sim.models.causal_lm import MODELS
-    from mxu.sim.models.llama import LlamaConfig, LlamaWeights, read_gguf
-    cfg = read_gguf(MODELS["SmolLM2-135M-Instruct"]())[0].config
+    from mxu.sim.models.llama import LlamaConfig, LlamaWeights
+    from mxu.sim.models.registry import find_decoder, read_decoder
+    cfg = read_decoder(find_decoder("SmolLM2-135M-Instruct")[1])[0].config
     small = LlamaConfig(**{**cfg.__dict__, "layers": 1, "vocab": 1024})
     config = ChipConfig.preset("llm").replace(axi_data_bits=bus)
     lm = CausalLM.from_weights(LlamaWeights.random(small, seed=0),

@@ -77,7 +77,7 @@ def minilm_table(results):
     sys.path.insert(0, str(Path(__file__).parent))
     from transformer import LONG, SHORT
     from mxu.sim.models.sentence import load_minilm
-    from mxu.sim.runtime import hostops
+    from mxu.hdl import hostops
     from mxu.verif.transformer import golden_forward, reference_forward
 
     weights, tokenizer, _ = load_minilm()

@@ -347,3 +347,73 @@ def test_rope_loads_its_table_once():
     r = golden.matmul(a, b, rows=cfg.rows)
     want = vpu.rope(r, np.tile(cos, (1, N // P)), np.tile(sin, (1, N // P)))
     golden.assert_bits_equal(out.numpy(), want, "rope")
+
+
+@pytest.mark.parametrize("kind", ["silu_mul", "gelu_tanh_mul"])
+def test_paired_gated_epilogues_are_bit_exact(chip, kind):
+    """The paired ``f(gate) * up`` ops (SwiGLU's, GeGLU's with the tanh GELU):
+    the matmul's N tiles alternate gate and up, output tile j is f(tile 2j)
+    * tile 2j+1; several M blocks and groups, bit-exact to the golden VPU
+    form, with the fp32 result and its bf16 copy, race-free."""
+    cfg = chip.config
+    rng = np.random.default_rng(SEED + 13)
+    M, K, T = 2 * cfg.rows + 3, 3 * cfg.rows, 6
+    a = golden.as_bf16(rng.standard_normal((M, K)).astype(np.float32))
+    b = golden.as_bf16((3 * rng.standard_normal((K, 2 * T * cfg.cols)) / math.sqrt(K))
+                       .astype(np.float32))
+    out, extra = chip.empty((M, T * cfg.cols)), chip.empty((M, T * cfg.cols), bfloat16)
+    with chip.record() as rec:
+        chip.matmul(chip.upload(a), chip.upload(b), out=out, out_bf16=extra, then=kind)
+    ops = rec.calls[0].ops
+    assert len(ops) == 1 and ops[0].epilogue.kind == kind
+    assert races(cfg, compile_matmuls(cfg, ops).program) == []
+    r = golden.matmul(a, b, rows=cfg.rows).reshape(M, T, 2, cfg.cols)
+    gate, up = r[:, :, 0].reshape(M, -1), r[:, :, 1].reshape(M, -1)
+    want = getattr(vpu, kind)(gate, up)
+    golden.assert_bits_equal(out.numpy(), want, kind)
+    golden.assert_bits_equal(_bits(extra), golden.fp32_to_bf16(golden.f32_bits(want)), kind)
+
+
+def test_descriptor_flags_reject_bad_input(chip):
+    """What a kind may do is its descriptor's: a paired op needs N to be a
+    multiple of 2 * cols, only RoPE may ask to be paired, only RoPE and the
+    transpose write a transposed result."""
+    cfg = chip.config
+    case = Case(chip, 8, 2 * cfg.rows, 3 * cfg.cols, SEED)
+    with pytest.raises(ValueError, match=r"paired silu_mul epilogue needs N \(\d+\) to be "
+                                         r"a multiple of 2 \* cols"):
+        chip.matmul(case.A, case.B, then="silu_mul")
+    with pytest.raises(ValueError, match=r"a gelu epilogue takes no paired=True \(only \['rope'\]"):
+        chip.matmul(case.A, case.B, then="gelu", paired=True)
+    with pytest.raises(ValueError, match="a gelu epilogue cannot write its result transposed"):
+        chip.matmul(case.A, case.B, then="gelu", transpose=True,
+                    out=chip.empty((case.N, case.M), bfloat16))
+
+
+def test_head_rms_norm_is_bit_exact(chip):
+    """QK-norm: RMSNorm over each head of the projection's rows, every head
+    with the same gamma (one head wide), over several M blocks: bit-exact to
+    the golden VPU form; a head that does not divide N is a clear error."""
+    cfg = chip.config
+    rng = np.random.default_rng(SEED + 17)
+    M, K, head, heads = 2 * cfg.acc_rows // 25 + 3, 3 * cfg.rows, 2 * cfg.cols, 3
+    a = golden.as_bf16(rng.standard_normal((M, K)).astype(np.float32))
+    b = golden.as_bf16(rng.standard_normal((K, heads * head)).astype(np.float32))
+    gamma = (1 + 0.1 * rng.standard_normal(head)).astype(np.float32)
+    params = chip.upload(gamma[None])
+    out, extra = chip.empty((M, heads * head)), chip.empty((M, heads * head), bfloat16)
+    with chip.record() as rec:
+        chip.matmul(chip.upload(a), chip.upload(b), out=out, out_bf16=extra,
+                    then="head_rms_norm", params=params, eps=1e-6)
+    ops = rec.calls[0].ops
+    assert len(ops) == 1 and ops[0].epilogue.kind == "head_rms_norm"
+    plan = compile_matmuls(cfg, ops).segments[0][0][1]
+    assert plan.blocks > 1, plan
+    assert races(cfg, compile_matmuls(cfg, ops).program) == []
+    want = vpu.head_rms_norm(golden.matmul(a, b, rows=cfg.rows), gamma, 1e-6, lanes=cfg.cols)
+    golden.assert_bits_equal(out.numpy(), want, "head_rms_norm")
+    golden.assert_bits_equal(_bits(extra), golden.fp32_to_bf16(golden.f32_bits(want)),
+                             "head_rms_norm bf16")
+    with pytest.raises(ValueError, match="must be a multiple of cols .* and divide the result"):
+        chip.matmul(chip.upload(a), chip.upload(b[:, :heads * head - cfg.cols]),
+                    then="head_rms_norm", params=params)

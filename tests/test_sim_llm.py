@@ -138,9 +138,8 @@ def test_a_cache_that_does_not_fit_is_a_clear_error():
 
 @pytest.fixture(scope="module")
 def smollm2_files():
-    from mxu.sim.models.causal_lm import _smollm2_path
-    from mxu.sim.models.llama import read_gguf
-    return read_gguf(_smollm2_path())
+    from mxu.sim.models.registry import find_decoder, read_decoder
+    return read_decoder(find_decoder("SmolLM2-135M-Instruct")[1])
 
 
 def test_tokenizer_gives_llama_cpps_ids(smollm2_files):

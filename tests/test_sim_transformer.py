@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 
 from chip_configs import SHAPES, VPU_SHAPES
-from mxu.hdl import ChipConfig
+from mxu.hdl import ChipConfig, hostops
 from mxu.sim import Chip
 from mxu.sim.models import SentenceEncoder
 from mxu.sim.models.sentence import bucket_length
-from mxu.sim.runtime import hostops
 from mxu.sim.models.encoder import Encoder, EncoderConfig, EncoderWeights
 from mxu.verif import golden
 from mxu.verif.transformer import golden_forward, reference_forward

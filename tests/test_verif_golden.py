@@ -1,6 +1,9 @@
 """The golden model against an independent exact-arithmetic oracle and against the
 statements of docs/numerics.md."""
 
+import ast
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -83,3 +86,63 @@ def test_matmul_rejects_bad_shapes():
         golden.matmul(np.zeros((2, 3), np.float32), np.zeros((4, 2), np.float32))
     with pytest.raises(ValueError, match="2-D"):
         golden.matmul(np.zeros(3, np.float32), np.zeros((3, 2), np.float32))
+
+
+# The modules of verif/ that may import mxu.sim: they drive the chip or
+# report on it; none of them is a golden model.
+DRIVES_THE_CHIP = {
+    "cli.py": "the `mxu verif` commands, which run the chip",
+    "programs.py": "the testbenches' chip programs, built with mxu.sim's Program",
+    "formal/prove.py": "prints its results with mxu.sim's report table",
+}
+
+
+def _sim_imports(path):
+    """Lines of `path` that import mxu.sim (absolute, or relative from verif/)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level >= 2:       # from ..sim (mxu.verif's sibling), from ...sim
+                base = "mxu." + base
+            names = [base] + ([f"{base}.{a.name}" for a in node.names] if base == "mxu" else [])
+        else:
+            continue
+        if any(n == "mxu.sim" or n.startswith("mxu.sim.") for n in names):
+            found.append(node.lineno)
+    return found
+
+
+def test_golden_models_do_not_import_the_runtime():
+    """The references stay independent: no module of verif/ imports mxu.sim
+    except the listed ones, which drive the chip (the golden models take
+    what they share with the runtime from mxu.hdl, e.g. `hdl/hostops.py`)."""
+    root = Path(__file__).resolve().parents[1] / "verif"
+    offenders = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        lines = _sim_imports(path)
+        if lines and rel not in DRIVES_THE_CHIP:
+            offenders[rel] = lines
+    assert not offenders, f"verif/ modules importing mxu.sim (file: lines): {offenders}"
+    for rel in DRIVES_THE_CHIP:
+        assert _sim_imports(root / rel), f"verif/{rel} no longer imports mxu.sim: drop it from the list"
+    assert _sim_imports(_Source("from mxu.sim.runtime import hostops\n")) == [1]
+    assert _sim_imports(_Source("from ..sim import Chip\n")) == [1]
+    assert _sim_imports(_Source("from mxu import sim\n")) == [1]
+    assert _sim_imports(_Source("from mxu.hdl import hostops\n")) == []
+
+
+class _Source:
+    """A stand-in for a path holding `text` (the scan's own check)."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def read_text(self):
+        return self.text
+
+    def __str__(self):
+        return "<planted>"

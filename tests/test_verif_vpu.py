@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from mxu.sim.runtime import hostops
+from mxu.hdl import hostops
 from mxu.sim.models.encoder import EncoderConfig, EncoderWeights
 from mxu.verif import vpu
 from mxu.verif.transformer import golden_forward, reference_forward
@@ -92,6 +92,7 @@ def test_every_layer_op_names_its_golden_function():
     from mxu.verif import vpu
     for name, op in LAYER_OPS.items():
         assert callable(getattr(vpu, op.golden, None)), f"{name}: mxu.verif.vpu.{op.golden}"
+        assert callable(getattr(hostops, op.golden, None)), f"{name}: hostops.{op.golden}"
 
 
 def test_decoder_ops_in_vpu_form_against_float64():
@@ -121,3 +122,38 @@ def test_decoder_ops_in_vpu_form_against_float64():
     special = vpu.silu_mul(np.float32([np.inf, -np.inf, np.nan]), np.float32([2, 2, 2]))
     assert special[0] == np.inf and special[1] == 0 and np.signbit(special[1])
     assert np.isnan(special[2])
+
+
+def test_gelu_tanh_mul_in_vpu_form_against_float64_and_the_host_form():
+    """GeGLU's tanh-GELU(gate) * up in the VPU's primitives against float64
+    and its host form, and its special values."""
+    from mxu.verif import vpu
+    rng = np.random.default_rng(6)
+    gate = np.concatenate([(4 * rng.standard_normal(4000)).astype(np.float32),
+                           np.float32([0, -0.0, 10, -10, 30, -30, 88, -88, 1e20, -1e20])])
+    up = np.float32(1.5) * np.ones_like(gate)
+    g = gate.astype(np.float64)
+    want = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3))) * 1.5
+    got = vpu.gelu_tanh_mul(gate, up)
+    assert np.all(np.abs(got - want) <= 1e-6 * np.maximum(1, np.abs(want)))
+    host = hostops.gelu_tanh_mul(gate, up)
+    assert np.all(np.abs(host - want) <= 1e-6 * np.maximum(1, np.abs(want)))
+    special = vpu.gelu_tanh_mul(np.float32([np.inf, -np.inf, np.nan]), np.float32([2, 2, 2]))
+    assert special[0] == np.inf and special[1] == 0 and np.signbit(special[1])
+    assert np.isnan(special[2])
+
+
+def test_head_rms_norm_in_vpu_form_against_float64_and_the_host_form():
+    """QK-norm (RMSNorm over each head) in the VPU's primitives against
+    float64 per head, and against its host form."""
+    from mxu.verif import vpu
+    rng = np.random.default_rng(7)
+    x = (3 * rng.standard_normal((8, 4 * 32))).astype(np.float32)
+    g = (1 + 0.1 * rng.standard_normal(32)).astype(np.float32)
+    h64 = x.astype(np.float64).reshape(8, 4, 32)
+    want = (h64 / np.sqrt(np.mean(h64 * h64, axis=-1, keepdims=True) + 1e-6) * g).reshape(8, -1)
+    for lanes in (1, 16, 5):
+        got = vpu.head_rms_norm(x, g, 1e-6, lanes)
+        assert np.max(np.abs(got - want) / (np.abs(want) + 1e-3)) < 2e-6, lanes
+    host = hostops.head_rms_norm(x, g, 1e-6)
+    assert np.max(np.abs(host - want) / (np.abs(want) + 1e-3)) < 2e-6

@@ -13,16 +13,15 @@ its logits bit for bit.
 
 `reference_logits` is the accuracy reference: the same model in float32
 throughout (float32 weights as dequantized, no bf16 rounding, NumPy matmuls,
-the host forms of `mxu.sim.runtime.hostops`), one whole sequence, causal.
+the host forms of `mxu.hdl.hostops`), one whole sequence, causal.
 """
 
 import math
 
 import numpy as np
 
+from mxu.hdl import hostops
 from mxu.hdl.dtypes import bfloat16
-from mxu.sim.models.llama import rope_tables
-from mxu.sim.runtime import hostops
 
 from . import golden, vpu
 
@@ -102,7 +101,7 @@ class GoldenLlama:
             raise ValueError("a sequence appears twice in one batch")
         starts = [self.lengths.get(key, 0) for key in keys]
         positions = np.concatenate([s + np.arange(len(t)) for s, (_, t) in zip(starts, batch)])
-        cos, sin = rope_tables(c, positions)
+        cos, sin = hostops.rope_tables(c.head_dim, c.rope_theta, positions)
         x = w.embed[ids].astype(np.float32)
         xn = _bf16(self._norm(x, w.layers[0].attn_norm))
         for i, lw in enumerate(w.layers):
@@ -167,7 +166,7 @@ def reference_logits(weights, ids):
     c, w = weights.config, weights
     ids = np.asarray(ids, np.int64)
     n, d = len(ids), c.head_dim
-    cos, sin = rope_tables(c, np.arange(n))
+    cos, sin = hostops.rope_tables(c.head_dim, c.rope_theta, np.arange(n))
     mask = np.tril(np.ones((n, n), bool))
     x = w.embed[ids].astype(np.float32)
     for lw in w.layers:

@@ -3,7 +3,7 @@
 `golden_forward` is the same encoder forward as `mxu.sim.models.encoder`, written
 again in plain NumPy: every matmul is `golden.matmul` (the chip's numerics), every
 bf16 rounding is where the chip rounds, and the host operations are the very
-same functions (`mxu.sim.runtime.hostops`). A forward on the chip must equal it
+same functions (`mxu.hdl.hostops`). A forward on the chip must equal it
 bit for bit.
 
 `reference_forward` is the accuracy reference: the same model with float32
@@ -20,8 +20,8 @@ import types
 
 import numpy as np
 
+from mxu.hdl import hostops
 from mxu.hdl.dtypes import bfloat16
-from mxu.sim.runtime import hostops
 
 from . import golden, vpu
 

@@ -13,7 +13,7 @@ from .golden import canonical, f32_bits
 
 __all__ = ["NumpyOps", "fadd", "fmul", "fmax", "fmin", "vpu_exp", "vpu_reciprocal", "vpu_rsqrt",
            "vpu_function", "vector_alu", "swap_pairs", "softmax", "layer_norm", "gelu", "scale",
-           "add", "rms_norm", "rope", "silu_mul"]
+           "add", "rms_norm", "head_rms_norm", "rope", "silu_mul", "gelu_tanh_mul"]
 
 _U32 = np.uint32
 
@@ -187,7 +187,7 @@ def vpu_rsqrt(x):
 
 # --- the layer operations in the VPU's primitives (docs/vpu.md, "Layer operations") --
 #
-# The same contract as `mxu.sim.runtime.hostops` (same names, same arguments),
+# The same contract as `mxu.hdl.hostops` (same names, same arguments),
 # but every step is one of the vector unit's operations: fp32 add, multiply and
 # max, `exp`, `reciprocal` and `rsqrt` of `mxu.hdl.vecmath`, and row reductions
 # in the `hostops.tree_sum` order. A forward with these functions is what the
@@ -329,6 +329,15 @@ def rms_norm(x, gamma, eps, lanes=1):
     return _v(fmul(fmul(x, inv), _b(gamma)))
 
 
+def head_rms_norm(x, gamma, eps, lanes=1):
+    """QK-norm: `rms_norm` over each head of the last axis, the heads as wide
+    as `gamma` (one head's weights, the same for every head)."""
+    x = np.asarray(x, _F32)
+    head = np.shape(gamma)[-1]
+    heads = x.reshape(x.shape[:-1] + (x.shape[-1] // head, head))
+    return rms_norm(heads, gamma, eps, lanes).reshape(x.shape)
+
+
 def rope(x, cos, sin):
     """Rotary position embedding on adjacent pairs (2i, 2i+1) of the last axis
     (llama.cpp's "normal" rope): ``x * cos + swap(x) * sin`` with
@@ -345,3 +354,17 @@ def silu_mul(gate, up):
     g = fmax(_b(gate), _word(-np.finfo(np.float32).max))
     r = vpu_reciprocal(fadd(vpu_exp(fmul(g, _U32(0xBF800000))), _word(1.0)))
     return _v(fmul(fmul(g, r), _b(up)))
+
+
+def gelu_tanh_mul(gate, up):
+    """GeGLU's ``gelu(gate) * up`` with the tanh form of GELU, ``0.5 g (1 +
+    tanh(u))`` with ``u = sqrt(2/pi) (g + 0.044715 g^3)``, written as ``g *
+    sigmoid(2u)``: on ``g = max(gate, -FLT_MAX)`` (tanh-GELU(-inf) is -0, not
+    ``-inf * 0``), ``w = exp(((g * g) * K3 + K1) * g)``, ``(g *
+    reciprocal(w + 1)) * up`` with ``K1 = fp32(-2 sqrt(2/pi))`` and ``K3 =
+    fp32(-2 sqrt(2/pi) * 0.044715)``."""
+    k1 = _word(-2 * np.sqrt(2 / np.pi))
+    k3 = _word(-2 * np.sqrt(2 / np.pi) * 0.044715)
+    g = fmax(_b(gate), _word(-np.finfo(np.float32).max))
+    w = vpu_exp(fmul(fadd(fmul(fmul(g, g), k3), k1), g))
+    return _v(fmul(fmul(g, vpu_reciprocal(fadd(w, _word(1.0)))), _b(up)))

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 from mxu.hdl.isa import Opcode, VpuOp, field_value
 
-from .layerops import (EPILOGUE_KINDS, LAYER_OPS, emit_rms_norm, emit_rope, emit_silu_mul,
-                       layer_op)
+from .layerops import EPILOGUE_KINDS, LAYER_OPS, Group, layer_op
 from .operands import Operand, Scatter
 from .program import Program
 from .vector import Tiles, VectorEmitter, flag_instruction, tile_moves
@@ -28,12 +27,12 @@ __all__ = ["EPILOGUE_KINDS", "Epilogue", "epilogue_operands", "epilogue_scratch"
 
 
 
-def epilogue_operands(kind, M, N, cols, bias=True, other_cols=None):
+def epilogue_operands(kind, M, N, cols, given):
     """{operand name: (rows, cols)} an epilogue of `kind` on an M x N result
-    reads (fp32); `bias`: whether a softmax has its bias row (without one N
-    must be a multiple of `cols`: the bias masks a partial tile's spare
-    lanes); `other_cols`: the width of a RoPE table."""
-    return layer_op(kind).operands(M, N, cols, other_cols, masked=bias)
+    reads (fp32), `given` the shapes of the operands the caller gave (a
+    softmax without a bias row needs N to be a multiple of `cols`: the bias
+    masks a partial tile's spare lanes; a RoPE table's width is its own)."""
+    return layer_op(kind).operands(M, N, cols, given)
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ class Epilogue:
 
     @property
     def transposed(self):
-        return self.kind == "transpose" or self.transpose
+        return self.desc.transposes or self.transpose
 
     @property
     def reads(self):
@@ -102,16 +101,19 @@ class Epilogue:
         if self.kind not in LAYER_OPS:
             raise ValueError(f"Epilogue kind must be one of {EPILOGUE_KINDS}, not {self.kind!r}")
         c = config.cols
+        if self.paired and not self.desc.may_pair:
+            raise ValueError(f"a {self.kind} epilogue takes no paired=True (only "
+                             f"{[k for k, o in LAYER_OPS.items() if o.may_pair]} do; "
+                             f"{[k for k, o in LAYER_OPS.items() if o.paired]} always are)")
         if self.is_paired and N % (2 * c):
             raise ValueError(f"a paired {self.kind} epilogue needs N ({N}) to be a multiple of "
                              f"2 * cols ({2 * c}): tiles alternate between its two operands")
-        if self.paired and self.kind != "rope":
-            raise ValueError("only a rope epilogue takes paired=True (silu_mul always is)")
-        if self.transpose and self.kind not in ("rope", "transpose"):
+        if self.transpose and not (self.desc.may_transpose or self.desc.transposes):
             raise ValueError(f"a {self.kind} epilogue cannot write its result transposed")
         width = self.out_cols(N) if width is None else width
-        other_cols = self.other.cols if self.kind == "rope" and self.other is not None else None
-        want = epilogue_operands(self.kind, M, width, c, self.other is not None, other_cols)
+        given = {name: (o.rows, o.cols) for name, o in (("other", self.other),
+                                                        ("params", self.params)) if o is not None}
+        want = epilogue_operands(self.kind, M, width, c, given)
         for name in ("other", "params"):
             operand = getattr(self, name)
             if (operand is None) != (name not in want):
@@ -122,14 +124,7 @@ class Epilogue:
                 if (operand.rows, operand.cols) != want[name] or operand.dtype != "fp32":
                     raise ValueError(f"{name} must be {want[name][0]}x{want[name][1]} fp32, not "
                                      f"{operand.rows}x{operand.cols} {operand.dtype}")
-        if self.kind == "rope":
-            period = self.other.cols // 2
-            if self.other.cols % 2 or period % c or (not self.is_paired and period % 2):
-                raise ValueError(f"a rope table must be 2P wide with P a multiple of cols ({c}), "
-                                 f"not {self.other.cols}")
-            if not self.is_paired and c % 2:
-                raise ValueError(f"RoPE by the vector unit's lane swap needs an even number of "
-                                 f"columns, not {c}: fold it into the weights (paired=True)")
+        self.desc.check(self, c, width)
         if self.extra is not None:
             if self.transposed:
                 raise ValueError("a transposed epilogue has no extra output")
@@ -160,22 +155,7 @@ def epilogue_param_rows(kind, count, M):
 def epilogue_param_loads(ep, base, cols):
     """The LOADs (as keyword dicts) of an epilogue's parameter rows (softmax
     bias, LayerNorm gamma/beta/ones, RMSNorm gamma) into accumulator rows from `base`."""
-    desc = ep.desc
-    if ep.kind == "masked_softmax":
-        return tile_moves(ep.other, 0, ep.other.rows, Tiles(base, ep.other.rows, ep.other.cols, cols))
-    if ep.kind == "softmax" and ep.other is not None:
-        count = ep.other.cols // cols
-        return [dict(acc_row=base, ext_addr=ep.other.addr, rows=count, row_bytes=4 * cols,
-                     ext_stride=4 * cols)]
-    if desc.params and ep.params is not None:
-        count = -(-ep.params.cols // cols)
-        loads = []
-        for i in range(desc.params):
-            row = Operand(ep.params.addr + i * ep.params.stride, 1, ep.params.cols,
-                          ep.params.stride, "fp32")
-            loads += tile_moves(row, 0, 1, Tiles(base + i * count, 1, row.cols, cols))
-        return loads
-    return []
+    return ep.desc.param_loads(ep, base, cols)
 
 
 def transpose_vmem_rows(config, G, Mb):
@@ -210,39 +190,9 @@ def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=
     layout, _ = epilogue_scratch(ep.kind, count, x.count, x.m)
     at = {name: scratch + off for name, (off, _) in layout.items()}
     emit = VectorEmitter(prog, config).begin(**first)
-    outs = (x, x)
-    if ep.scale != 1.0 and ep.kind in ("softmax", "masked_softmax", "transpose"):
+    if ep.scale != 1.0 and ep.desc.scaled:
         emit.map(VpuOp.MUL, x, x, scalar=ep.scale)     # x * 1 is x: no pass
-    if ep.kind == "softmax":
-        bias = Tiles(params, 1, x.n, x.cols) if ep.other is not None else None
-        emit.softmax(x, bias, x, x.like(at["scratch"]), at["spare"])
-    elif ep.kind == "masked_softmax":
-        # The mask's rows of this group: row m0 + i of tile t at params + t*M + m0 + i.
-        M = ep.other.rows
-        for t in range(x.count):
-            emit.op(VpuOp.ADD, x.tile(t), x.m, x.tile(t), b_row=params + t * M + m0)
-        emit.softmax(x, None, x, x.like(at["scratch"]), at["spare"])
-    elif ep.kind == "gelu":
-        emit.gelu(x, x, [x.like(at["scratch"] + i * (x.rows + 1) + 1) for i in range(4)], split=2)
-    elif ep.kind == "silu_mul":
-        pairs = [(x.tile(t), x.tile(t + 1)) for t, _ in out_tiles(ep, x.count)]
-        emit_silu_mul(emit, x, pairs, at["scratch"])
-    elif ep.kind == "rope":
-        _emit_rope(emit, ep, x, residual, at, j0)
-    elif ep.kind in ("rms_norm", "add_rms_norm"):
-        if ep.kind == "add_rms_norm":
-            emit.map(VpuOp.ADD, x, x, b_row=residual)
-            outs = (x, x.like(at["sq"]))
-            if on_sum is not None:
-                on_sum(emit)
-        gamma = Tiles(params, 1, x.n, x.cols)
-        emit_rms_norm(emit, x, gamma, ep.eps, outs[1], x.like(at["sq"]), at["spare"])
-    elif ep.kind in ("layer_norm", "add_layer_norm"):
-        if ep.kind == "add_layer_norm":
-            emit.map(VpuOp.ADD, x, x, b_row=residual)
-        gamma, beta, ones = (Tiles(params + i * count, 1, x.n, x.cols) for i in range(3))
-        # x - mean overwrites x: the same values as a separate matrix, in fewer rows.
-        emit.layer_norm(x, gamma, beta, ep.eps, x, (x, x.like(at["sq"])), at["spare"], ones)
+    outs = ep.desc.emit(emit, Group(ep, x, params, at, residual, j0, m0, on_sum))
     if ep.transposed and vmem is not None:
         E, blocks = config.vmem_row_elems, -(-x.m // config.vmem_row_elems)
         for t, k in out_tiles(ep, x.count):
@@ -250,20 +200,6 @@ def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=
                 emit.op(VpuOp.PASS, x.tile(t) + blk * E, min(E, x.m - blk * E),
                         vmem + (k * blocks + blk) * config.cols, to_vmem=True, transpose=True)
     return emit, outs
-
-
-def _emit_rope(emit, ep, x, table, at, j0):
-    """RoPE on the group's output tiles: the cos and sin tiles of output
-    tile j are tiles ``j mod (P / cols)`` and ``P / cols + that`` of the
-    table (P: the table's period)."""
-    period = ep.other.cols // 2 // x.cols
-    jobs = []
-    for t, k in out_tiles(ep, x.count):
-        j = (j0 // 2 if ep.is_paired else j0) + k
-        u = j % period
-        swapped = x.tile(t + 1) if ep.is_paired else None
-        jobs.append((x.tile(t), swapped, table + u * x.m, table + (period + u) * x.m, x.tile(t)))
-    emit_rope(emit, x.m, jobs, at["t1"], at["t2"])
 
 
 def is_vector(word):

@@ -229,13 +229,8 @@ OPERANDS = ("other", "a", "b")    # a consumer's hand-offs, in the order they ar
 def _operand(op, name):
     if name == "other":
         ep = op.epilogue
-        return ep.other if ep is not None and ep.kind == "add_layer_norm" else None
+        return ep.other if ep is not None and ep.desc.handoff_other else None
     return getattr(op, name)
-
-
-# The epilogues whose result a later matmul may take from VMEM: one output
-# computed in the group's own tiles, not paired, not scattered.
-PRODUCER_KINDS = ("softmax", "layer_norm", "add_layer_norm", "gelu", "transpose", "copy")
 
 
 def _producer_ok(op, out, operand):
@@ -243,7 +238,7 @@ def _producer_ok(op, out, operand):
             and out.dtype == ("fp32" if operand == "other" else "bf16")
             and (operand == "b" or not op.transposed)
             and not isinstance(op.c, Scatter)
-            and (op.epilogue is None or (op.epilogue.kind in PRODUCER_KINDS
+            and (op.epilogue is None or (op.epilogue.desc.producer
                                          and not op.epilogue.is_paired)))
 
 

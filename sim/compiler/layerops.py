@@ -1,17 +1,22 @@
-"""The layer ops the vector unit runs, one descriptor each (docs/compiler.md,
-"Layer ops").
+"""The layer ops the vector unit runs, one descriptor each, and their
+registry (docs/compiler.md, "Layer ops").
 
 A transformer layer op -- softmax, LayerNorm, RMSNorm, GELU, SiLU(gate) *
-up, RoPE, a residual add, a transpose -- is known to the compiler through
-one `LayerOp` here: the operands it reads besides the matmul's result, the
+up, GELU-tanh(gate) * up, QK-norm, RoPE, a residual add, a transpose -- is known to
+the compiler through one `LayerOp` registered here (`register`,
+`LAYER_OPS`): the operands it reads besides the matmul's result, the
 accumulator rows it works in, whether it needs a whole row (every N tile of
 an M block in one group), how many output buffers a fused segment gives it,
 about how many vector passes a row costs, the VECTORs it emits on a group
-of tiles, and the name of its golden function (of the golden VPU form, docs/vpu.md: the same
-fp32 sequence in NumPy, which the tests hold the chip to bit for bit).
-Adding an op means adding one descriptor to `LAYER_OPS`; the planner
-(`plan.py`), the segment compiler (`matmul.py`, `epilogue.py`) and the
-runtime read everything from it.
+of tiles (`emit`) and, if it has one, its unfused form on tensors in
+external memory (`vector_form` and the `VectorOp` hooks), and the name of
+its contract: the function of that name in the golden VPU form
+(`mxu.verif.vpu`, docs/vpu.md: the same fp32 sequence in NumPy, which the
+tests hold the chip to bit for bit) and in `mxu.hdl.hostops` (its host
+form). The planner (`plan.py`), the segment compiler (`matmul.py`,
+`epilogue.py`), the lowering (`lower.py`), the `VectorOp` compiler
+(`vectorop.py`) and the runtime dispatch through it: adding an op is its
+descriptor here, its golden function and its host function.
 
 Operands an op reads, besides the result ``r`` (an M x N fp32 matrix in
 accumulator tiles):
@@ -31,15 +36,18 @@ result tiles for each output tile: the matmul's N tiles alternate (tile 2j
 and 2j+1 make output tile j), so its output has half the matmul's columns.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from mxu.hdl.isa import VpuOp
 
-from .vector import Tiles
+from .operands import Operand
+from .vector import Tiles, move_tiles, tile_moves
 
-__all__ = ["LayerOp", "LAYER_OPS", "layer_op", "EPILOGUE_KINDS", "VECTOR_KINDS", "COPY"]
+__all__ = ["LayerOp", "Group", "LAYER_OPS", "layer_op", "register", "EPILOGUE_KINDS",
+           "VECTOR_KINDS", "COPY"]
 
 _FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -49,11 +57,40 @@ COPY = "copy"
 
 
 @dataclass(frozen=True)
+class Group:
+    """One group of a fused epilogue as its op's emitter sees it.
+
+    ep : the `Epilogue`; x : the group's result `Tiles` (updated in place; its
+    first tile is the op's tile `j0`, its first row the result's row `m0`);
+    params : the accumulator row of the op's parameter rows (`param_loads`);
+    at : {region: accumulator row} of its working rows (`scratch`);
+    residual : the accumulator row of the group's row operand;
+    on_sum : called with the emitter when an op with two outputs has its
+    first one final (its STOREs may go while the rest runs), or None.
+    """
+    ep: object
+    x: Tiles
+    params: int
+    at: dict
+    residual: int
+    j0: int = 0
+    m0: int = 0
+    on_sum: object = None
+
+    @property
+    def count(self):
+        """The op's N tiles (a row-wise op's group is every one of them)."""
+        return -(-self.x.n // self.x.cols)
+
+
+@dataclass(frozen=True)
 class LayerOp:
     """What the compiler knows of one layer op kind (see the module docstring).
 
     name : the ``then=`` / `Epilogue` kind.
-    golden : the golden VPU form's function that is its contract (docs/vpu.md).
+    golden : the function of the golden VPU form (`mxu.verif.vpu`) that is
+        its contract on the chip, and of the same name in `mxu.hdl.hostops`
+        its host form (docs/vpu.md).
     row_wise : a row's result needs the whole row (groups are every N tile).
     buffers : output buffers a fused segment of this kind cycles through.
     params : parameter rows per N tile (0: none).
@@ -61,13 +98,26 @@ class LayerOp:
     row_operand : None, "same" (``other`` is M x N) or "table" (M x 2P: a
         period P of cos, then of sin; output column n uses column n mod P).
     paired : output tile j is made of result tiles 2j and 2j+1.
+    may_pair : an `Epilogue` of this kind may ask to be paired (RoPE folded
+        into the weights).
     passes : vector passes per row of a tile, about (for cycle estimates).
     outputs : where each output is stored from: "x" the group's tiles,
         "norm" the normalised copy in the op's scratch (add_rms_norm).
     min_group : the fewest N tiles a group takes (wide groups: fewer,
         longer VECTORs); 0 for row-wise ops.
+    scaled : the result is multiplied by the op's ``scale`` first (one pass
+        when it is not 1).
+    transposes : its result is always written transposed; may_transpose :
+        it may be (``transpose=True``).
+    producer : its result, in the group's own tiles, may be handed to a
+        later matmul from VMEM (docs/compiler.md, "Hand-offs").
+    handoff_other : its row operand may come from VMEM (a residual).
     vector_regions : matrices of the chunk's shape a `VectorOp` of this kind
         works in (0: it has no VectorOp form, only the fused one).
+    vector_grouped : a `VectorOp`'s rows share their parameter row by groups
+        of ``group`` rows (chunks divide the group).
+    unfused : the fused op has an unfused form (the matmul to fp32, then
+        `vector_form`) for when its buffers do not fit.
     """
     name: str
     golden: str
@@ -76,53 +126,37 @@ class LayerOp:
     params: int = 0
     row_operand: str = None
     paired: bool = False
+    may_pair: bool = False
     passes: int = 1
     outputs: tuple = ("x", "x")
     min_group: int = 1
     per_row: bool = False
+    scaled: bool = False
+    transposes: bool = False
+    may_transpose: bool = False
+    producer: bool = False
+    handoff_other: bool = False
     vector_regions: int = 0
+    vector_grouped: bool = False
+    unfused: bool = False
 
+    # ---- the rows it needs ------------------------------------------------------
     def param_rows(self, count, M):
         """Accumulator rows of its parameters for an M x (count tiles) result."""
         return self.params * count * (M if self.per_row else 1)
 
-    # ---- the rows it needs ------------------------------------------------------
     def scratch(self, count, G, Mb):
         """[(region, rows)] of the vector unit's working rows for groups of G
         tiles of Mb rows (count: the op's N tiles)."""
-        return {
-            "softmax": (("spare", Mb), ("scratch", count * Mb)),
-            "masked_softmax": (("spare", Mb), ("scratch", count * Mb)),
-            "layer_norm": (("spare", Mb), ("sq", count * Mb)),
-            "add_layer_norm": (("spare", Mb), ("sq", count * Mb)),
-            "rms_norm": (("spare", Mb), ("sq", count * Mb)),
-            "add_rms_norm": (("spare", Mb), ("sq", count * Mb)),
-            "gelu": (("scratch", 4 * G * Mb + 4),),
-            "silu_mul": (("scratch", G * Mb),),
-            "rope": (("t1", G * Mb), ("t2", G * Mb)),
-        }.get(self.name, ())
+        return ()
 
-    def operands(self, M, N, cols, other_cols=None, masked=True):
+    def operands(self, M, N, cols, given):
         """{operand: (rows, cols)} it reads for an M x N result (for a paired
-        op, N is the output's width); `other_cols` the width of a table;
-        `masked`: whether a softmax has its bias row."""
-        width = -(-N // cols) * cols
-        if self.name == "softmax":
-            if not masked:
-                if N % cols:
-                    raise ValueError(f"a softmax without a bias row (other) needs N ({N}) to be "
-                                     f"a multiple of the chip's cols ({cols})")
-                return {}
-            return {"other": (1, width)}
-        if self.name == "masked_softmax":
-            return {"other": (M, width)}
-        if self.name == "rope":
-            return {"other": (M, other_cols if other_cols is not None else 2 * width)}
-        table = {"layer_norm": {"params": (3, N)},
-                 "add_layer_norm": {"other": (M, N), "params": (3, N)},
-                 "rms_norm": {"params": (1, N)},
-                 "add_rms_norm": {"other": (M, N), "params": (1, N)}}
-        return table.get(self.name, {})
+        op, N is the output's width), "other" and/or "params". `given`:
+        {operand: (rows, cols), or None when it is no matrix} of those the
+        caller gave (a shape the op takes from its operand: a table's
+        period; whether a softmax has its bias row)."""
+        return {}
 
     def row_tiles(self, count, other_cols, cols):
         """Accumulator rows per M row of one row-operand buffer, in tiles."""
@@ -132,28 +166,73 @@ class LayerOp:
             return count
         return -(-other_cols // cols)
 
+    def check(self, ep, cols, N):
+        """Checks of an `Epilogue` of this kind on a result N wide (its
+        output's width) beyond its operands' shapes."""
 
-_OPS = [
-    LayerOp("softmax", "softmax", row_wise=True, params=1, passes=10, vector_regions=2),
-    LayerOp("masked_softmax", "softmax", row_wise=True, params=1, per_row=True, passes=10),
-    LayerOp("layer_norm", "layer_norm", row_wise=True, buffers=2, params=3, passes=12,
-            vector_regions=3),
-    LayerOp("add_layer_norm", "layer_norm", row_wise=True, buffers=2, params=3,
-            row_operand="same", passes=13, vector_regions=4),
-    LayerOp("rms_norm", "rms_norm", row_wise=True, buffers=2, params=1, passes=7,
-            vector_regions=2),
-    LayerOp("add_rms_norm", "rms_norm", row_wise=True, buffers=2, params=1, row_operand="same",
-            passes=8, outputs=("x", "norm")),
-    LayerOp("gelu", "gelu", row_wise=False, passes=23, min_group=4, vector_regions=5),
-    LayerOp("silu_mul", "silu_mul", row_wise=False, paired=True, passes=7, min_group=2),
-    LayerOp("rope", "rope", row_wise=False, row_operand="table", passes=3),
-    LayerOp("transpose", "scale", row_wise=False, passes=1),
-    LayerOp(COPY, "scale", row_wise=False, passes=0, vector_regions=1),
-]
-LAYER_OPS = {op.name: op for op in _OPS}
-EPILOGUE_KINDS = tuple(name for name in LAYER_OPS if name != COPY)
-# The kinds a `VectorOp` runs on tensors in external memory (vector.py).
-VECTOR_KINDS = tuple(name for name, op in LAYER_OPS.items() if op.vector_regions)
+    # ---- the fused form -----------------------------------------------------------
+    def param_loads(self, ep, base, cols):
+        """The LOADs (keyword dicts) of its parameter rows into accumulator
+        rows from `base`: `params` rows of ``ep.params``, a row per tile each."""
+        if not self.params or ep.params is None:
+            return []
+        count = -(-ep.params.cols // cols)
+        loads = []
+        for i in range(self.params):
+            row = Operand(ep.params.addr + i * ep.params.stride, 1, ep.params.cols,
+                          ep.params.stride, "fp32")
+            loads += tile_moves(row, 0, 1, Tiles(base + i * count, 1, row.cols, cols))
+        return loads
+
+    def emit(self, emit, g):
+        """Its VECTORs on the `Group` g (after the scale). Returns the `Tiles`
+        each output is stored from: (c, extra)."""
+        return g.x, g.x
+
+    # ---- the unfused form: a `VectorOp` on tensors in external memory -------------
+    def vector_operands(self, R, n, cols, group):
+        """{"other" / "params": (name in messages, (rows, cols))} a `VectorOp`
+        of this kind reads for an (R, n) x."""
+        return {}
+
+    def vector_loads(self, prog, op, r0, m, params, scratch):
+        """The LOADs of a `VectorOp` chunk's parameters and row operand
+        (rows r0 .. r0+m-1); returns their instruction indices."""
+        return []
+
+    def emit_vector(self, emit, op, x, params, scratch, spare):
+        """A `VectorOp` chunk's VECTORs on `x` in place (after the scale):
+        `params` the one-row matrix its parameters start at, `scratch` four
+        matrices of x's shape, `spare` m spare rows."""
+
+    def unfused_scratch(self, ep, width):
+        """The scratch operands ``(rows, cols, dtype, fill)`` its unfused form
+        needs besides the fp32 result."""
+        return []
+
+    def vector_form(self, ep, r, c, scratch):
+        """The `VectorOp` fields (a dict) that apply it to the fp32 result `r`
+        into `c` (and ``ep.extra``); `scratch` the `unfused_scratch` operands."""
+        fp32 = c.dtype == "fp32"
+        return dict(kind=self.name, x=r, out=c if fp32 else None, out_bf16=ep.extra if fp32 else c,
+                    group=r.rows, scale=ep.scale, eps=ep.eps, **self.vector_reads(ep, scratch))
+
+    def vector_reads(self, ep, scratch):
+        """The `VectorOp`'s other and params of its unfused form."""
+        return {}
+
+
+# ---- the registry ------------------------------------------------------------------
+
+LAYER_OPS = {}
+
+
+def register(op):
+    """Add the `LayerOp` `op` to `LAYER_OPS` (its name must be new); returns it."""
+    if op.name in LAYER_OPS:
+        raise ValueError(f"layer op {op.name!r} is registered twice")
+    LAYER_OPS[op.name] = op
+    return op
 
 
 def layer_op(kind):
@@ -164,7 +243,141 @@ def layer_op(kind):
         raise ValueError(f"layer op kind must be one of {EPILOGUE_KINDS}, not {kind!r}") from None
 
 
-# ---- the VECTORs of the new kinds (the older ones live in vector.VectorEmitter) ----------
+def _bias_width(N, cols):
+    return -(-N // cols) * cols
+
+
+# ---- softmax -----------------------------------------------------------------------
+
+class _Softmax(LayerOp):
+    """``softmax(r * scale + bias)``: one bias row (0 or -inf, -inf past N)
+    for every row, or none when nothing is masked and N is a multiple of cols."""
+
+    def scratch(self, count, G, Mb):
+        return (("spare", Mb), ("scratch", count * Mb))
+
+    def operands(self, M, N, cols, given):
+        if "other" not in given:
+            if N % cols:
+                raise ValueError(f"a softmax without a bias row (other) needs N ({N}) to be "
+                                 f"a multiple of the chip's cols ({cols})")
+            return {}
+        return {"other": (1, _bias_width(N, cols))}
+
+    def param_loads(self, ep, base, cols):
+        if ep.other is None:
+            return []
+        return [dict(acc_row=base, ext_addr=ep.other.addr, rows=ep.other.cols // cols,
+                     row_bytes=4 * cols, ext_stride=4 * cols)]
+
+    def emit(self, emit, g):
+        x = g.x
+        bias = Tiles(g.params, 1, x.n, x.cols) if g.ep.other is not None else None
+        emit.softmax(x, bias, x, x.like(g.at["scratch"]), g.at["spare"])
+        return x, x
+
+    def vector_operands(self, R, n, cols, group):
+        if R % group:
+            raise ValueError(f"group ({group}) must divide the {R} rows")
+        return {"other": ("bias", (R // group, _bias_width(n, cols)))}
+
+    def vector_loads(self, prog, op, r0, m, params, scratch):
+        count = params.count
+        prog.load(acc_row=params.base, ext_addr=op.other.addr + (r0 // op.group) * op.other.stride,
+                  rows=count, row_bytes=4 * params.cols, ext_stride=4 * params.cols)
+        return [len(prog.words) - 1]
+
+    def emit_vector(self, emit, op, x, params, scratch, spare):
+        emit.softmax(x, Tiles(params.base, 1, op.x.cols, x.cols), x, scratch[0], spare)
+
+    def unfused_scratch(self, ep, width):
+        # An unmasked softmax's VectorOp takes a bias all the same: a row of zeros.
+        return [(1, width, "fp32", 0.0)] if ep.other is None else []
+
+    def vector_reads(self, ep, scratch):
+        return {"other": scratch[0] if ep.other is None else ep.other}
+
+
+class _MaskedSoftmax(_Softmax):
+    """A causal softmax: a bias row per result row, the whole mask the op's
+    parameters (loaded once however many groups read it)."""
+
+    def operands(self, M, N, cols, given):
+        return {"other": (M, _bias_width(N, cols))}
+
+    def param_loads(self, ep, base, cols):
+        return tile_moves(ep.other, 0, ep.other.rows,
+                          Tiles(base, ep.other.rows, ep.other.cols, cols))
+
+    def emit(self, emit, g):
+        # The mask's rows of this group: row m0 + i of tile t at params + t*M + m0 + i.
+        x, M = g.x, g.ep.other.rows
+        for t in range(x.count):
+            emit.op(VpuOp.ADD, x.tile(t), x.m, x.tile(t), b_row=g.params + t * M + g.m0)
+        emit.softmax(x, None, x, x.like(g.at["scratch"]), g.at["spare"])
+        return x, x
+
+    def vector_form(self, ep, r, c, scratch):
+        # The VectorOp softmax with a bias row per row.
+        return dict(super().vector_form(ep, r, c, scratch), kind="softmax", group=1)
+
+
+# ---- the norms -----------------------------------------------------------------------
+
+class _Norm(LayerOp):
+    """A row norm: `params` parameter rows of N, and with a row operand (a
+    residual, M x N) the norm of ``r + other``; m spare rows and a matrix of
+    squares to work in."""
+
+    def scratch(self, count, G, Mb):
+        return (("spare", Mb), ("sq", count * Mb))
+
+    def operands(self, M, N, cols, given):
+        return dict({"params": (self.params, N)},
+                    **({"other": (M, N)} if self.row_operand else {}))
+
+
+class _LayerNorm(_Norm):
+    """LayerNorm (`params`: gamma, beta and a row of ones, 3 x N); with a row
+    operand, of ``r + other``."""
+
+    def emit(self, emit, g):
+        x = g.x
+        if self.row_operand:
+            emit.map(VpuOp.ADD, x, x, b_row=g.residual)
+        gamma, beta, ones = (Tiles(g.params + i * g.count, 1, x.n, x.cols) for i in range(3))
+        # x - mean overwrites x: the same values as a separate matrix, in fewer rows.
+        emit.layer_norm(x, gamma, beta, g.ep.eps, x, (x, x.like(g.at["sq"])), g.at["spare"], ones)
+        return x, x
+
+    def vector_operands(self, R, n, cols, group):
+        if self.row_operand:
+            return {"other": ("y", (R, n)), "params": ("layer_norm_params", (3, n))}
+        return {"other": ("layer_norm_params", (3, n))}
+
+    def vector_loads(self, prog, op, r0, m, params, scratch):
+        pair = op.params if self.row_operand else op.other
+        count, loads = params.count, []
+        for i in range(3):
+            row = Operand(pair.addr + i * pair.stride, 1, pair.cols, pair.stride, "fp32")
+            loads += move_tiles(prog, "load", row, 0, 1, params.like(params.base + i * count), {})
+        if self.row_operand:
+            loads += move_tiles(prog, "load", op.other, r0, m, scratch[2], {})
+        return loads
+
+    def emit_vector(self, emit, op, x, params, scratch, spare):
+        if self.row_operand:
+            emit.map(VpuOp.ADD, x, x, b_row=scratch[2].base)
+        gamma, beta, ones = (params.like(params.base + i * params.count) for i in range(3))
+        emit.layer_norm(x, gamma, beta, op.eps, x, scratch[:2], spare, ones)
+
+    def vector_reads(self, ep, scratch):
+        if self.row_operand:
+            return {"other": ep.other, "params": ep.params}
+        return {"other": ep.params}
+
+
+# ---- RMSNorm -----------------------------------------------------------------------
 
 def emit_rms_norm(emit, x, gamma, eps, dst, sq, row):
     """RMSNorm of `x` (a `Tiles`) into `dst` (may be x, or sq): ``ss =
@@ -182,28 +395,155 @@ def emit_rms_norm(emit, x, gamma, eps, dst, sq, row):
     return emit.per_tile(VpuOp.MUL, dst, gamma, dst, broadcast=True)
 
 
-def emit_silu_mul(emit, x, pairs, scratch):
-    """``silu(gate) * up`` for each (gate row, up row) in `pairs` (accumulator
-    rows of tiles of x.m rows), into the gate's rows: ``g = max(gate,
-    -FLT_MAX)``, ``((g * reciprocal(exp(g * -1) + 1)) * up``. Pass by pass
+class _RmsNorm(_Norm):
+    """RMSNorm (`params`: gamma); with a row operand (add_rms_norm), c gets
+    ``r + other`` and the extra output its RMSNorm."""
+
+    def emit(self, emit, g):
+        x = g.x
+        outs = (x, x)
+        if self.row_operand:
+            emit.map(VpuOp.ADD, x, x, b_row=g.residual)
+            outs = (x, x.like(g.at["sq"]))
+            if g.on_sum is not None:
+                g.on_sum(emit)
+        gamma = Tiles(g.params, 1, x.n, x.cols)
+        emit_rms_norm(emit, x, gamma, g.ep.eps, outs[1], x.like(g.at["sq"]), g.at["spare"])
+        return outs
+
+    def vector_operands(self, R, n, cols, group):
+        return {"other": ("rms_norm_params", (1, n))}
+
+    def vector_loads(self, prog, op, r0, m, params, scratch):
+        return move_tiles(prog, "load", op.other, 0, 1, params, {})
+
+    def emit_vector(self, emit, op, x, params, scratch, spare):
+        emit_rms_norm(emit, x, params, op.eps, x, scratch[0], spare)
+
+    def vector_reads(self, ep, scratch):
+        return {"other": ep.params}
+
+
+class _HeadRmsNorm(_Norm):
+    """QK-norm: RMSNorm over each head of the row, every head with the same
+    gamma (`params`: one row of head_dim, which must divide N and be a
+    multiple of cols; the heads' reductions in the tree order of a row of
+    head_dim)."""
+
+    def operands(self, M, N, cols, given):
+        shape = given.get("params")
+        return {"params": (1, shape[1] if shape is not None else N)}
+
+    def scratch(self, count, G, Mb):
+        return (("spare", count * Mb), ("sq", count * Mb))
+
+    def check(self, ep, cols, N):
+        head = ep.params.cols
+        if head % cols or N % head:
+            raise ValueError(f"a head_rms_norm's head ({head} wide, its gamma) must be a multiple "
+                             f"of cols ({cols}) and divide the result's {N} columns")
+
+    def emit(self, emit, g):
+        x, head = g.x, g.ep.params.cols
+        per, m = head // x.cols, x.m
+        gamma = Tiles(g.params, 1, head, x.cols)
+        for h in range(x.count // per):
+            xh = Tiles(x.tile(h * per), m, head, x.cols)
+            emit_rms_norm(emit, xh, gamma, g.ep.eps, xh, Tiles(g.at["sq"] + h * per * m, m, head,
+                                                               x.cols), g.at["spare"] + h * m)
+        return x, x
+
+
+# ---- GELU --------------------------------------------------------------------------
+
+class _Gelu(LayerOp):
+    """GELU, the erf form (docs/vpu.md)."""
+
+    def scratch(self, count, G, Mb):
+        return (("scratch", 4 * G * Mb + 4),)
+
+    def emit(self, emit, g):
+        x = g.x
+        emit.gelu(x, x, [x.like(g.at["scratch"] + i * (x.rows + 1) + 1) for i in range(4)],
+                  split=2)
+        return x, x
+
+    def emit_vector(self, emit, op, x, params, scratch, spare):
+        emit.gelu(x, x, scratch)
+
+
+# ---- paired element ops: f(gate) * up ----------------------------------------------
+
+def emit_paired(emit, m, pairs, scratch, steps):
+    """``f(gate) * up`` for each (gate row, up row) in `pairs` (accumulator
+    rows of tiles of m rows), into the gate's rows, `steps` the sequence:
+    functions ``(gate, up, work)`` that each emit one VECTOR. Pass by pass
     over every pair, so that the passes of different pairs overlap in the
-    pipeline (`scratch`: x.m rows per pair)."""
-    m = x.m
+    pipeline (`scratch`: m working rows per pair)."""
     work = [scratch + i * m for i in range(len(pairs))]
-    steps = [
-        lambda g, u, w: emit.op(VpuOp.MAX, g, m, g, scalar=-_FLT_MAX),
-        lambda g, u, w: emit.op(VpuOp.MUL, g, m, w, scalar=-1.0),
-        lambda g, u, w: emit.op(VpuOp.EXP, w, m, w),
-        lambda g, u, w: emit.op(VpuOp.ADD, w, m, w, scalar=1.0),
-        lambda g, u, w: emit.op(VpuOp.RECIP, w, m, w),
-        lambda g, u, w: emit.op(VpuOp.MUL, g, m, g, b_row=w),
-        lambda g, u, w: emit.op(VpuOp.MUL, g, m, g, b_row=u),
-    ]
     for step in steps:
         for (g, u), w in zip(pairs, work):
-            step(g, u, w)
+            step(emit, m, g, u, w)
     return emit
 
+
+class _PairedMul(LayerOp):
+    """A paired element op ``f(gate) * up``: the matmul's N tiles alternate
+    gate, up (tile 2j and 2j+1 make output tile j). `steps` is its sequence
+    (`emit_paired`)."""
+    steps = ()
+
+    def scratch(self, count, G, Mb):
+        return (("scratch", G * Mb),)
+
+    def emit(self, emit, g):
+        x = g.x
+        pairs = [(x.tile(2 * k), x.tile(2 * k + 1)) for k in range(x.count // 2)]
+        emit_paired(emit, x.m, pairs, g.at["scratch"], self.steps)
+        return x, x
+
+
+def _op(vpu_op, src, dst, **b):
+    """One step of a paired sequence: ``dst = src <op> b``, each of "g", "u"
+    or "w" (the pair's gate, up and working rows); b a scalar or a row name."""
+    def step(emit, m, g, u, w):
+        rows = dict(g=g, u=u, w=w)
+        operand = {"b_row": rows[b["row"]]} if "row" in b else (
+            {"scalar": b["scalar"]} if "scalar" in b else {})
+        emit.op(vpu_op, rows[src], m, rows[dst], **operand)
+    return step
+
+
+class _SiluMul(_PairedMul):
+    """SwiGLU's ``silu(gate) * up``: ``g = max(gate, -FLT_MAX)``,
+    ``((g * reciprocal(exp(g * -1) + 1)) * up``."""
+    steps = (_op(VpuOp.MAX, "g", "g", scalar=-_FLT_MAX), _op(VpuOp.MUL, "g", "w", scalar=-1.0),
+             _op(VpuOp.EXP, "w", "w"), _op(VpuOp.ADD, "w", "w", scalar=1.0),
+             _op(VpuOp.RECIP, "w", "w"), _op(VpuOp.MUL, "g", "g", row="w"),
+             _op(VpuOp.MUL, "g", "g", row="u"))
+
+
+# tanh-GELU's constants: ``gelu(g) = g * sigmoid(2u)``, ``2u = g * (K1 + K3 * g*g)``
+# with ``K1 = 2 sqrt(2/pi)``, ``K3 = 0.044715 * K1``; here negated (exp(-2u)).
+_GELU_TANH_K1 = float(np.float32(-2 * math.sqrt(2 / math.pi)))
+_GELU_TANH_K3 = float(np.float32(-2 * math.sqrt(2 / math.pi) * 0.044715))
+
+
+class _GeluTanhMul(_PairedMul):
+    """GeGLU's ``gelu(gate) * up`` with the tanh form of GELU, ``0.5 g (1 +
+    tanh(u))``, ``u = sqrt(2/pi) (g + 0.044715 g^3)``, which is ``g *
+    sigmoid(2u)``: ``g = max(gate, -FLT_MAX)``, ``w = exp(((g*g) * K3 + K1) *
+    g)``, ``(g * reciprocal(w + 1)) * up`` with ``K1 = -2 sqrt(2/pi)``,
+    ``K3 = K1 * 0.044715`` in fp32."""
+    steps = (_op(VpuOp.MAX, "g", "g", scalar=-_FLT_MAX), _op(VpuOp.MUL, "g", "w", row="g"),
+             _op(VpuOp.MUL, "w", "w", scalar=_GELU_TANH_K3),
+             _op(VpuOp.ADD, "w", "w", scalar=_GELU_TANH_K1), _op(VpuOp.MUL, "w", "w", row="g"),
+             _op(VpuOp.EXP, "w", "w"), _op(VpuOp.ADD, "w", "w", scalar=1.0),
+             _op(VpuOp.RECIP, "w", "w"), _op(VpuOp.MUL, "g", "g", row="w"),
+             _op(VpuOp.MUL, "g", "g", row="u"))
+
+
+# ---- RoPE --------------------------------------------------------------------------
 
 def emit_rope(emit, m, jobs, t1, t2):
     """RoPE ``x * cos + swap(x) * sin`` for each job (x row, x' row or None,
@@ -221,3 +561,85 @@ def emit_rope(emit, m, jobs, t1, t2):
     for i, (xr, xs, cos, sin, dst) in enumerate(jobs):
         emit.op(VpuOp.ADD, t1 + i * m, m, dst, b_row=t2 + i * m)
     return emit
+
+
+class _Rope(LayerOp):
+    """RoPE ``r * cos + swap(r) * sin``, `other` the rows' cos|sin table;
+    paired when the swapped copy comes from the matmul (folded weights)."""
+
+    def scratch(self, count, G, Mb):
+        return (("t1", G * Mb), ("t2", G * Mb))
+
+    def operands(self, M, N, cols, given):
+        shape = given.get("other")
+        width = shape[1] if shape is not None else 2 * _bias_width(N, cols)
+        return {"other": (M, width)}
+
+    def check(self, ep, cols, N):
+        period = ep.other.cols // 2
+        if ep.other.cols % 2 or period % cols or (not ep.is_paired and period % 2):
+            raise ValueError(f"a rope table must be 2P wide with P a multiple of cols ({cols}), "
+                             f"not {ep.other.cols}")
+        if not ep.is_paired and cols % 2:
+            raise ValueError(f"RoPE by the vector unit's lane swap needs an even number of "
+                             f"columns, not {cols}: fold it into the weights (paired=True)")
+
+    def emit(self, emit, g):
+        """The cos and sin tiles of output tile j are tiles ``j mod (P /
+        cols)`` and ``P / cols + that`` of the table (P: its period)."""
+        ep, x = g.ep, g.x
+        period = ep.other.cols // 2 // x.cols
+        step = 2 if ep.is_paired else 1
+        jobs = []
+        for k in range(x.count // step):
+            t = step * k
+            u = ((g.j0 // step) + k) % period
+            swapped = x.tile(t + 1) if ep.is_paired else None
+            jobs.append((x.tile(t), swapped, g.residual + u * x.m,
+                         g.residual + (period + u) * x.m, x.tile(t)))
+        emit_rope(emit, x.m, jobs, g.at["t1"], g.at["t2"])
+        return x, x
+
+
+# ---- a transpose, a copy -----------------------------------------------------------
+
+class _Transpose(LayerOp):
+    """The bf16 ``(r * scale).T`` (N x M), through the vector unit's
+    transpose path."""
+
+    def vector_form(self, ep, r, c, scratch):
+        return dict(kind=COPY, x=r, out_t=c, scale=ep.scale)
+
+
+# ---- the kinds -----------------------------------------------------------------------
+
+register(_Softmax("softmax", "softmax", row_wise=True, params=1, passes=10, scaled=True,
+                  producer=True, vector_regions=2, vector_grouped=True, unfused=True))
+register(_MaskedSoftmax("masked_softmax", "softmax", row_wise=True, params=1, per_row=True,
+                        passes=10, scaled=True, unfused=True))
+register(_LayerNorm("layer_norm", "layer_norm", row_wise=True, buffers=2, params=3, passes=12,
+                    producer=True, vector_regions=3, unfused=True))
+register(_LayerNorm("add_layer_norm", "layer_norm", row_wise=True, buffers=2, params=3,
+                    row_operand="same", passes=13, producer=True, handoff_other=True,
+                    vector_regions=4, unfused=True))
+register(_RmsNorm("rms_norm", "rms_norm", row_wise=True, buffers=2, params=1, passes=7,
+                  vector_regions=2, unfused=True))
+register(_RmsNorm("add_rms_norm", "rms_norm", row_wise=True, buffers=2, params=1,
+                  row_operand="same", passes=8, outputs=("x", "norm")))
+register(_HeadRmsNorm("head_rms_norm", "head_rms_norm", row_wise=True, buffers=2, params=1,
+                      passes=7))
+register(_Gelu("gelu", "gelu", row_wise=False, passes=23, min_group=4, producer=True,
+               vector_regions=5, unfused=True))
+register(_SiluMul("silu_mul", "silu_mul", row_wise=False, paired=True, passes=7, min_group=2))
+register(_GeluTanhMul("gelu_tanh_mul", "gelu_tanh_mul", row_wise=False, paired=True, passes=10,
+                      min_group=2))
+register(_Rope("rope", "rope", row_wise=False, row_operand="table", passes=3, may_pair=True,
+               may_transpose=True))
+register(_Transpose("transpose", "scale", row_wise=False, passes=1, scaled=True, transposes=True,
+                    producer=True, unfused=True))
+register(LayerOp(COPY, "scale", row_wise=False, passes=0, scaled=True, producer=True,
+                 vector_regions=1))
+
+EPILOGUE_KINDS = tuple(name for name in LAYER_OPS if name != COPY)
+# The kinds a `VectorOp` runs on tensors in external memory (vectorop.py).
+VECTOR_KINDS = tuple(name for name, op in LAYER_OPS.items() if op.vector_regions)

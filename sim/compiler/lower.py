@@ -22,14 +22,9 @@ from dataclasses import dataclass, field, replace
 
 from .operands import MatmulOp
 from .plan import max_k_tiles, plan_op
-from .vector import VectorOp
+from .vectorop import VectorOp
 
 __all__ = ["Lowering", "lower_matmul", "cols_of", "rows_of"]
-
-# Kinds that have a `VectorOp` form, for when the fused op does not fit.
-_UNFUSED = {"softmax", "masked_softmax", "layer_norm", "add_layer_norm", "gelu", "transpose",
-            "rms_norm"}
-
 
 def cols_of(x, k0, k1):
     """Columns k0 .. k1-1 of operand `x`."""
@@ -99,35 +94,22 @@ def _lower_fused(config, a, b, c, bias, ep):
     op.check(config)
     if plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args()):
         return Lowering([], lambda scratch: [op])
-    if ep.kind not in _UNFUSED or ep.transposed and ep.kind != "transpose":
+    desc = ep.desc
+    if not desc.unfused or ep.transpose and not desc.transposes:
         raise ValueError(f"a {op.M}x{op.K} @ {op.K}x{op.N} matmul with a {ep.kind} epilogue does "
                          f"not fit the chip's buffers ({config.acc_rows} accumulator rows, "
                          f"{config.vmem_rows} VMEM rows), and {ep.kind} has no unfused form: "
                          f"split its rows")
     M, N = op.M, op.N
     width = -(-N // config.cols) * config.cols
-    # An unmasked softmax's VectorOp takes a bias all the same: a row of zeros.
-    zeros = ep.kind == "softmax" and ep.other is None
     # The matmul into an fp32 scratch r (split over K if need be: r is its
-    # own partial sum), then the layer op on r.
-    scratch = [(M, N, "fp32", None)] + ([(1, width, "fp32", 0.0)] if zeros else [])
+    # own partial sum), then the layer op's `VectorOp` form on r.
+    scratch = [(M, N, "fp32", None)] + desc.unfused_scratch(ep, width)
 
     def build(ops_scratch):
         r = ops_scratch[0]
         ops = lower_matmul(config, a, b, r, bias).build([])
-        if ep.kind == "transpose":
-            vector = VectorOp("copy", r, out_t=c, scale=ep.scale)
-        else:
-            fp32 = c.dtype == "fp32"
-            bf = ep.extra if fp32 else c
-            other = ops_scratch[1] if zeros else (
-                ep.params if ep.kind in ("layer_norm", "rms_norm") else ep.other)
-            # A causal mask is the VectorOp softmax's bias with a row per row.
-            masked = ep.kind == "masked_softmax"
-            vector = VectorOp("softmax" if masked else ep.kind, r, out=c if fp32 else None,
-                              out_bf16=bf, other=other,
-                              params=ep.params if ep.kind == "add_layer_norm" else None,
-                              group=1 if masked else M, scale=ep.scale, eps=ep.eps)
+        vector = VectorOp(**desc.vector_form(ep, r, c, ops_scratch[1:]))
         vector.check(config)
         return ops + [vector]
 

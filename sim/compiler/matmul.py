@@ -43,7 +43,7 @@ from .plan import RING_SLOTS, ceil_div, plan_op
 from .program import Program
 from .epilogue import FusedGroups, Pending, epilogue_param_loads, is_vector
 from .handoff import plan_handoffs
-from .vector import VectorOp, emit_vector_op
+from .vectorop import VectorOp, emit_vector_op
 
 __all__ = ["CompiledProgram", "compile_matmuls", "plan_segments"]
 

@@ -1,24 +1,24 @@
-"""The vector unit's layer programs: softmax, LayerNorm and GELU as VECTOR
-instructions on matrices kept in the accumulator (docs/vpu.md).
+"""The vector unit's emitting primitives: matrices kept in the accumulator
+(`Tiles`), and `VectorEmitter`, which appends VECTOR instructions over whole
+tiles -- element ops, row reductions, and the shared sequences of softmax,
+LayerNorm and GELU (docs/vpu.md).
 
 A matrix of ``m`` rows and ``n`` fp32 columns lives in the accumulator as
 `Tiles`: ``ceil(n / cols)`` tiles of ``cols`` columns, tile ``t`` in rows
 ``base + t*m .. base + t*m + m - 1`` -- the layout of a MATMUL's output when
-its N tiles are written one after another. Each op below is the sequence of
-the golden VPU form of the layer (docs/vpu.md) emitted as VECTORs over
-whole tiles. Row reductions follow that module's tree order with ``lanes =
-cols``: tiles ``T/2 .. T-1`` are added onto tiles ``0 .. T/2-1`` (``T`` the
-padded power of two; a missing tile is the pad, +0 or -inf, given as a
-scalar operand) until one tile is left, which RSUM or RMAX reduces in the row
-(its lanes padded to a power of two in the hardware's tree).
+its N tiles are written one after another. Each sequence below is the golden
+VPU form of its layer op (docs/vpu.md) emitted as VECTORs over whole tiles.
+Row reductions follow that module's tree order with ``lanes = cols``: tiles
+``T/2 .. T-1`` are added onto tiles ``0 .. T/2-1`` (``T`` the padded power
+of two; a missing tile is the pad, +0 or -inf, given as a scalar operand)
+until one tile is left, which RSUM or RMAX reduces in the row (its lanes
+padded to a power of two in the hardware's tree).
 
 The emitters do not place tokens: `VectorEmitter.begin` and `VectorEmitter.end`
 put dependency flags on the first and the last instruction of a call.
 
-`VectorOp` is a layer op on tensors in external memory, as the runtime records
-it beside its matmuls; `emit_vector_op` compiles it in chunks of rows: LOAD
-the chunk's tiles into the accumulator, run the VECTORs, STORE the results,
-then a barrier (docs/vpu.md, "Layer programs").
+Which sequence a layer op runs, fused or on tensors in external memory, is
+its descriptor's (`layerops.py`); this module knows no op kinds.
 """
 
 from dataclasses import dataclass
@@ -27,10 +27,7 @@ import numpy as np
 
 from mxu.hdl.isa import VpuOp
 
-from .operands import Operand
-
-__all__ = ["Tiles", "VectorEmitter", "VectorOp", "emit_vector_op", "tile_moves",
-           "flag_instruction"]
+__all__ = ["Tiles", "VectorEmitter", "tile_moves", "move_tiles", "flag_instruction"]
 
 
 _NEG_INF = float("-inf")
@@ -232,175 +229,6 @@ def _gelu_passes():
 _GELU_PASSES = _gelu_passes()
 
 
-@dataclass(frozen=True)
-class VectorOp:
-    """A layer op on the vector unit, on fp32 ``(R, n)`` tensors in external memory.
-
-    kind : "softmax" (``softmax(x * scale, mask)``, the multiply skipped when
-        scale is 1; `other` holds the bias rows,
-        0 or -inf, ``count*cols`` wide with -inf past n, row ``i // group`` for x
-        row i), "layer_norm" (`other`: gamma, beta and ones, three rows),
-        "rms_norm" (`other`: gamma, one row), "add_layer_norm"
-        (``layer_norm(x + y)``: `other` is y, `params` gamma and beta), "gelu",
-        "copy" (``x * scale``, x itself when scale is 1: with `out_bf16` a bf16
-        copy, with `out_t` also the bf16 transpose).
-    out : fp32 result (may be x), or None; out_bf16 : its bf16 copy, or None.
-    out_t : "copy" only: ``x.T`` in bf16 (n, R).
-    """
-    kind: str
-    x: Operand
-    out: Operand = None
-    out_bf16: Operand = None
-    out_t: Operand = None
-    other: Operand = None
-    params: Operand = None
-    group: int = 1
-    scale: float = 1.0
-    eps: float = 0.0
-
-    @property
-    def rows(self):
-        return self.x.rows
-
-    def check(self, config):
-        from .layerops import VECTOR_KINDS
-        if self.kind not in VECTOR_KINDS:
-            raise ValueError(f"VectorOp kind must be one of {VECTOR_KINDS}, not {self.kind!r}")
-        for name in ("x", "out", "out_bf16", "out_t", "other", "params"):
-            operand = getattr(self, name)
-            if operand is not None:
-                operand.check(name, config.ext_mem_bytes)
-        if self.x.dtype != "fp32" or (self.out is not None and self.out.dtype != "fp32"):
-            raise ValueError("a VectorOp's x and out are fp32")
-        if self.out is None and self.out_bf16 is None and self.out_t is None:
-            raise ValueError("a VectorOp needs an output")
-
-
-def _regions(kind):
-    from .layerops import LAYER_OPS
-    return LAYER_OPS[kind].vector_regions
-
-
-def _chunk_rows(config, op, count):
-    """Rows per chunk: the op's (m, n) regions, m spare rows and the parameter
-    rows fit the accumulator (and a transpose's blocks VMEM); for softmax a
-    divisor of the bias group, for a transpose a multiple of vmem_row_elems."""
-    c = config
-    limit = max(1, (c.acc_rows - 3 * count - 8) // (count * _regions(op.kind) + 1))
-    if op.kind == "softmax":
-        return max(d for d in range(1, min(op.group, limit) + 1) if op.group % d == 0)
-    if op.out_t is not None:
-        E = c.vmem_row_elems
-        limit = min(limit, c.vmem_rows // (count * c.cols) * E)
-        if limit < E:
-            raise ValueError(f"a transpose of {op.x.cols} columns does not fit this chip")
-        limit -= limit % E
-    return min(limit, op.rows)
-
-
-def _move_tiles(prog, kind, operand, r0, m, tiles, first_deps, *, to_bf16=False, **flags):
-    """LOAD ("load") or STORE ("store") rows r0 .. r0+m-1 of `operand` as `tiles`
-    (its columns cut into tiles of cols); `first_deps` on the first instruction."""
-    emitted = []
-    for t, move in enumerate(tile_moves(operand, r0, m, tiles)):
-        args = dict(move, **(first_deps if t == 0 else {}))
-        if kind == "load":
-            prog.load(**args)
-        else:
-            prog.store(to_bf16=to_bf16, **args, **flags)
-        emitted.append(len(prog.words) - 1)
-    return emitted
-
-
-def emit_vector_op(config, op, prog):
-    """Append `op`'s chunks to `prog`; each chunk ends with a barrier (all its
-    stores done before anything after it loads)."""
-    op.check(config)
-    c = config
-    count = -(-op.x.cols // c.cols)
-    m = _chunk_rows(c, op, count)
-    for r0 in range(0, op.rows, m):
-        _emit_chunk(c, op, prog, r0, min(m, op.rows - r0), count, m)
-
-
-def _emit_chunk(c, op, prog, r0, m, count, m_max):
-    x = Tiles(0, m, op.x.cols, c.cols)
-    region = count * m_max
-    scratch = [x.like(region * (i + 1)) for i in range(4)]
-    spare = region * _regions(op.kind)
-    params = Tiles(spare + m_max, 1, op.x.cols, c.cols)
-    loads = _move_tiles(prog, "load", op.x, r0, m, x, {})
-    if op.kind == "softmax":
-        bias = Tiles(params.base, 1, count * c.cols, c.cols)
-        prog.load(acc_row=bias.base, ext_addr=op.other.addr + (r0 // op.group) * op.other.stride,
-                  rows=count, row_bytes=4 * c.cols, ext_stride=4 * c.cols)
-        loads.append(len(prog.words) - 1)
-    elif op.kind in ("layer_norm", "add_layer_norm"):
-        pair = op.other if op.kind == "layer_norm" else op.params
-        for i in range(3):
-            row = Operand(pair.addr + i * pair.stride, 1, pair.cols, pair.stride, "fp32")
-            loads += _move_tiles(prog, "load", row, 0, 1, params.like(params.base + i * count), {})
-        if op.kind == "add_layer_norm":
-            loads += _move_tiles(prog, "load", op.other, r0, m, scratch[2], {})
-    elif op.kind == "rms_norm":
-        loads += _move_tiles(prog, "load", op.other, 0, 1, params, {})
-    flag_instruction(prog, loads[-1], push_next=True)
-    prog.sync("compute", pop_prev=True, push_next=True, vector=True)
-    emit = VectorEmitter(prog, c).begin(pop_prev=True)
-    result = x
-    if op.scale != 1.0 and op.kind in ("softmax", "copy"):
-        emit.map(VpuOp.MUL, x, x, scalar=op.scale)     # x * 1 is x: no pass
-    if op.kind == "softmax":
-        emit.softmax(x, Tiles(params.base, 1, op.x.cols, c.cols), x, scratch[0], spare)
-    elif op.kind in ("layer_norm", "add_layer_norm"):
-        if op.kind == "add_layer_norm":
-            emit.map(VpuOp.ADD, x, x, b_row=scratch[2].base)
-        gamma, beta, ones = (params.like(params.base + i * count) for i in range(3))
-        emit.layer_norm(x, gamma, beta, op.eps, x, scratch[:2], spare, ones)
-    elif op.kind == "gelu":
-        emit.gelu(x, x, scratch)
-    elif op.kind == "rms_norm":
-        from .layerops import emit_rms_norm
-        emit_rms_norm(emit, x, params, op.eps, x, scratch[0], spare)
-    if op.out_t is not None:
-        _transpose(emit, op, x, m)
-    if emit.emitted:
-        emit.end(push_next=True)
-    else:                                   # a plain copy: the tokens pass through
-        prog.sync("vector", pop_prev=True, push_next=True)
-    first = dict(pop_prev=True, vector=True)
-    for target, bf16 in ((op.out, False), (op.out_bf16, True)):
-        if target is not None:
-            _move_tiles(prog, "store", target, r0, m, result, first, to_bf16=bf16)
-            first = {}
-    if op.out_t is not None:
-        blocks = -(-m // c.vmem_row_elems)
-        for t in range(count):
-            for blk in range(blocks):
-                width = min(c.vmem_row_elems, m - blk * c.vmem_row_elems)
-                rows = min(c.cols, op.x.cols - t * c.cols)
-                prog.store(vmem_row=(t * blocks + blk) * c.cols, rows=rows, row_bytes=2 * width,
-                           ext_addr=op.out_t.addr + t * c.cols * op.out_t.stride
-                           + 2 * (r0 + blk * c.vmem_row_elems),
-                           ext_stride=op.out_t.stride, **first)
-                first = {}
-    prog.sync("store", push_prev=True)
-    prog.sync("compute", pop_next=True, push_prev=True)
-    prog.sync("load", pop_next=True)
-
-
-def _transpose(emit, op, x, m):
-    """VECTOR transposes of every (vmem_row_elems x cols) block of the chunk to
-    VMEM: tile t's block b lands in VMEM rows (t*blocks + b)*cols."""
-    c = emit.config
-    blocks = -(-m // c.vmem_row_elems)
-    for t in range(x.count):
-        for blk in range(blocks):
-            height = min(c.vmem_row_elems, m - blk * c.vmem_row_elems)
-            emit.op(VpuOp.PASS, x.tile(t) + blk * c.vmem_row_elems, height,
-                    (t * blocks + blk) * c.cols, to_vmem=True, transpose=True)
-
-
 def flag_instruction(prog, index, **deps):
     """Set dependency flags on instruction `index` of `prog`."""
     from mxu.hdl.isa import Deps
@@ -418,3 +246,18 @@ def tile_moves(operand, r0, m, tiles):
                  rows=m, row_bytes=min(cols, operand.cols - t * cols) * elem,
                  ext_stride=operand.stride)
             for t in range(tiles.count)]
+
+
+def move_tiles(prog, kind, operand, r0, m, tiles, first_deps, *, to_bf16=False, **flags):
+    """LOAD ("load") or STORE ("store") rows r0 .. r0+m-1 of `operand` as `tiles`
+    (its columns cut into tiles of cols); `first_deps` on the first
+    instruction. Returns the indices of the instructions emitted."""
+    emitted = []
+    for t, move in enumerate(tile_moves(operand, r0, m, tiles)):
+        args = dict(move, **(first_deps if t == 0 else {}))
+        if kind == "load":
+            prog.load(**args)
+        else:
+            prog.store(to_bf16=to_bf16, **args, **flags)
+        emitted.append(len(prog.words) - 1)
+    return emitted

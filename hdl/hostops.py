@@ -1,17 +1,22 @@
-"""The operations a transformer layer runs on the host, one function each, each a
-fixed sequence of NumPy float32 operations (docs/transformer.md).
+"""The layer operations' host form: one function each, each a fixed sequence
+of NumPy float32 operations (docs/transformer.md), and the rotary tables.
 
-The chip runs every matmul; these run in between. The golden transformer
-(`verif/transformer.py`) calls the same functions, so a whole forward on the
-chip is bit-exact against it. Reductions use `tree_sum`, a fixed pairwise tree
-over the last axis, so that the result does not depend on how NumPy happens to
-sum; `np.exp` and `np.sqrt` are NumPy's float32 functions.
+This is arithmetic both sides state, as the number formats are: the runtime
+(`mxu.sim`) runs these on the host between the chip's matmuls, and the golden
+models (`mxu.verif`) call the same functions, so a whole forward on the chip
+is bit-exact against them; neither side imports the other. Each function is
+also the host form of the layer op of its name (`mxu.sim.compiler.layerops`,
+whose chip form is `mxu.verif.vpu`'s function of the same name). Reductions
+use `tree_sum`, a fixed pairwise tree over the last axis, so that the result
+does not depend on how NumPy happens to sum; `np.exp` and `np.sqrt` are
+NumPy's float32 functions.
 """
 
 import numpy as np
 
 __all__ = ["tree_sum", "softmax", "layer_norm", "gelu", "erf", "scale", "add", "embed",
-           "mean_pool", "l2_normalize", "attention_mask", "rms_norm", "swap_pairs", "rope", "silu_mul"]
+           "mean_pool", "l2_normalize", "attention_mask", "rms_norm", "swap_pairs", "rope", "silu_mul",
+           "gelu_tanh_mul", "head_rms_norm", "rope_tables"]
 
 F32 = np.float32
 
@@ -129,6 +134,15 @@ def rms_norm(x, gamma, eps):
     return ((x * inv) * np.asarray(gamma, F32)).astype(F32)
 
 
+def head_rms_norm(x, gamma, eps):
+    """QK-norm: `rms_norm` over each head of the last axis, the heads as wide
+    as `gamma` (one head's weights, the same for every head)."""
+    x = np.asarray(x, F32)
+    head = np.shape(gamma)[-1]
+    heads = x.reshape(x.shape[:-1] + (x.shape[-1] // head, head))
+    return rms_norm(heads, gamma, eps).reshape(x.shape)
+
+
 def swap_pairs(x):
     """Adjacent pairs (2i, 2i+1) of the last axis as (-x[2i+1], x[2i])."""
     x = np.asarray(x, F32)
@@ -144,8 +158,29 @@ def rope(x, cos, sin):
     return (x * np.asarray(cos, F32) + swap_pairs(x) * np.asarray(sin, F32)).astype(F32)
 
 
+def rope_tables(head_dim, theta, positions):
+    """(cos, sin), each (len(positions), head_dim) float32, of the rotary
+    embedding of llama.cpp's "normal" form: pair i = (2i, 2i+1) of a head turns
+    by ``pos * theta**(-2i / head_dim)``; both lanes of a pair hold its value.
+    The angles and their cosines are computed in float64 and rounded once."""
+    d = head_dim
+    inv = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    angles = np.asarray(positions, np.float64)[:, None] * inv[None, :]
+    pairs = lambda f: np.repeat(f(angles), 2, axis=1).astype(np.float32)
+    return pairs(np.cos), pairs(np.sin)
+
+
 def silu_mul(gate, up):
     """SwiGLU: ``(gate / (1 + exp(-gate))) * up``."""
     g = np.asarray(gate, F32)
     with np.errstate(over="ignore"):
         return ((g / (F32(1) + np.exp(-g))) * np.asarray(up, F32)).astype(F32)
+
+
+def gelu_tanh_mul(gate, up):
+    """GeGLU with the tanh form of GELU: ``(0.5 * g * (1 + tanh(sqrt(2/pi) *
+    (g + 0.044715 * g**3)))) * up``."""
+    g = np.asarray(gate, F32)
+    with np.errstate(over="ignore"):
+        u = F32(np.sqrt(2 / np.pi)) * (g + F32(0.044715) * (g * g * g))
+    return ((F32(0.5) * g * (F32(1) + np.tanh(u))) * np.asarray(up, F32)).astype(F32)

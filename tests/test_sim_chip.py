@@ -9,6 +9,7 @@ from chip_configs import SHAPES, TINY
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip
 from mxu.verif import golden
+from mxu.verif.programs import loadw_bound_program
 
 SEED = 20261122
 
@@ -173,6 +174,29 @@ def test_double_buffering_keeps_the_array_busy():
     assert stats["ideal_cycles"] == 128 * 384 * 384 / 256
     assert stats.utilization >= 0.95, stats
     assert stats["array_active_cycles"] == 128 * (384 // 16) * (384 // 16)
+
+
+@pytest.mark.parametrize("width", [1, 2])
+def test_loadw_takes_the_weight_load_cycles(width):
+    """M = 1 tiles whose weights are in VMEM already: each further tile costs
+    exactly ``ceil(rows / weight_rows_per_cycle)`` cycles, its LOADW's beats
+    (docs/array.md, section 4), and the results are bit-exact."""
+    config = TINY.replace(weight_rows_per_cycle=width)
+    chip = Chip(config)
+    tiles = 8
+
+    def cycles(repeat):
+        program, image, expected = loadw_bound_program(config, np.random.default_rng(SEED + width),
+                                                       tiles, repeat)
+        result = chip.run(program, image)
+        assert result.ok, result.error
+        out = result.memory[0x20_0000:0x20_0000 + tiles * config.acc_row_bytes]
+        golden.assert_bits_equal(out.view(np.float32).reshape(tiles, config.cols), expected,
+                                 f"LOADW-bound program, {width} weight rows a cycle", seed=SEED)
+        return result.counters["cycles"]
+
+    extra = cycles(4) - cycles(1)
+    assert extra == 3 * tiles * config.weight_load_cycles, (extra, config.weight_load_cycles)
 
 
 def test_fpga_preset_chip():

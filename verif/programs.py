@@ -9,7 +9,7 @@ from mxu.verif import golden
 
 __all__ = ["every_instruction", "loop_program", "random_program", "random_image", "bf16_bits",
            "error_programs", "run_both", "vector_program", "vector_error_programs", "fp32_operands",
-           "EVERY_INSTRUCTION_OUTPUTS", "LOOP_OUTPUTS"]
+           "EVERY_INSTRUCTION_OUTPUTS", "LOOP_OUTPUTS", "loadw_bound_program"]
 
 # External byte ranges `every_instruction` writes.
 EVERY_INSTRUCTION_OUTPUTS = [(0x1000, 0x1080), (0x2000, 0x2030), (0x3000, 0x3030)]
@@ -325,3 +325,38 @@ def _with_field(word, name, value):
         layout = struct_layout(field.shape) or layout
     mask = ((1 << field.width) - 1) << offset
     return (word & ~mask) | (value << offset)
+
+
+def loadw_bound_program(config, rng, tiles, repeat, out_addr=0x20_0000):
+    """(program, image, expected): M = 1 matmuls whose weights are in VMEM
+    already, so that the weight path bounds every tile. One LOAD brings
+    `tiles` weight tiles and an activation row into VMEM, then `repeat` LOOPs
+    of `tiles` LOADW + MATMUL pairs (seed zero, accumulator row t for tile t);
+    the `tiles` result rows are stored at `out_addr` (`expected`: their fp32
+    values, from the golden model)."""
+    rows, elems = config.rows, config.vmem_row_elems
+    W = rng.standard_normal((tiles * rows, config.cols)).astype(golden.bf16)
+    a = rng.standard_normal((1, rows)).astype(golden.bf16)
+    w_addr, a_addr = 0x0, 0x10_0000
+    act_row = tiles * rows
+    image = {w_addr: np.pad(W.view(np.uint16), ((0, 0), (0, elems - config.cols))),
+             a_addr: np.pad(a.view(np.uint16), ((0, 0), (0, elems - rows)))}
+    p = Program()
+    p.load(vmem_row=0, ext_addr=w_addr, rows=tiles * rows, row_bytes=config.vmem_row_bytes)
+    p.load(vmem_row=act_row, ext_addr=a_addr, rows=1, row_bytes=config.vmem_row_bytes,
+           push_next=True)
+    p.sync("compute", pop_prev=True)
+
+    def pair(t):
+        return (Program().loadw(vmem_row=t * rows, k_rows=rows)
+                .matmul(act_row=act_row, m_rows=1, out_row=t, new_weights=True))
+    for _ in range(repeat):
+        p.loop_between(tiles, pair(0), pair(1))
+    p.sync("compute", push_next=True)
+    p.store(acc_row=0, ext_addr=out_addr, rows=tiles, row_bytes=config.acc_row_bytes,
+            pop_prev=True)
+    p.halt()
+    expected = np.concatenate([
+        golden.matmul(a.astype(np.float32), W[t * rows:(t + 1) * rows].astype(np.float32),
+                      rows=rows) for t in range(tiles)])
+    return p, image, expected

@@ -327,17 +327,23 @@ def _with_field(word, name, value):
     return (word & ~mask) | (value << offset)
 
 
-def loadw_bound_program(config, rng, tiles, repeat, out_addr=0x20_0000):
-    """(program, image, expected): M = 1 matmuls whose weights are in VMEM
+def loadw_bound_program(config, rng, tiles, used):
+    """(program, image, out_addr, expected): M = 1 matmuls whose weights are in VMEM
     already, so that the weight path bounds every tile. One LOAD brings
-    `tiles` weight tiles and an activation row into VMEM, then `repeat` LOOPs
-    of `tiles` LOADW + MATMUL pairs (seed zero, accumulator row t for tile t);
-    the `tiles` result rows are stored at `out_addr` (`expected`: their fp32
-    values, from the golden model)."""
+    `tiles` weight tiles and an activation row into VMEM, then `used` (<=
+    `tiles`) LOADW + MATMUL pairs in one LOOP (seed zero, accumulator row t
+    for tile t); `tiles` accumulator rows are stored at `out_addr`, of which
+    the first `used` are results (`expected`: their fp32 values, from the
+    golden model). Only the LOOP's count depends on `used`. The LOOP issues
+    one instruction every two cycles, a pair every four: the weight path is
+    the bound when a tile takes more (`weight_load_cycles` > 4). Everything
+    lies in the first bytes of external memory, after each other."""
     rows, elems = config.rows, config.vmem_row_elems
     W = rng.standard_normal((tiles * rows, config.cols)).astype(golden.bf16)
     a = rng.standard_normal((1, rows)).astype(golden.bf16)
-    w_addr, a_addr = 0x0, 0x10_0000
+    w_addr = 0x0
+    a_addr = -(-tiles * rows * config.vmem_row_bytes // 4096) * 4096
+    out_addr = a_addr + 4096
     act_row = tiles * rows
     image = {w_addr: np.pad(W.view(np.uint16), ((0, 0), (0, elems - config.cols))),
              a_addr: np.pad(a.view(np.uint16), ((0, 0), (0, elems - rows)))}
@@ -350,13 +356,12 @@ def loadw_bound_program(config, rng, tiles, repeat, out_addr=0x20_0000):
     def pair(t):
         return (Program().loadw(vmem_row=t * rows, k_rows=rows)
                 .matmul(act_row=act_row, m_rows=1, out_row=t, new_weights=True))
-    for _ in range(repeat):
-        p.loop_between(tiles, pair(0), pair(1))
+    p.loop_between(used, pair(0), pair(1))
     p.sync("compute", push_next=True)
     p.store(acc_row=0, ext_addr=out_addr, rows=tiles, row_bytes=config.acc_row_bytes,
             pop_prev=True)
     p.halt()
     expected = np.concatenate([
         golden.matmul(a.astype(np.float32), W[t * rows:(t + 1) * rows].astype(np.float32),
-                      rows=rows) for t in range(tiles)])
-    return p, image, expected
+                      rows=rows) for t in range(used)])
+    return p, image, out_addr, expected

@@ -192,10 +192,11 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
 
     def hide_for(Mb):
         """Tiles a group needs so that a tile's next K step finds its partial
-        sums written: a step lasts about max(Mb, weight_load_cycles) cycles (a
-        short tile waits for its weights, which enter `weight_rows_per_cycle`
-        rows a cycle)."""
-        step = max(Mb, config.weight_load_cycles)
+        sums written: a step lasts about max(Mb, weight_load_cycles, w_beats)
+        cycles (a short tile waits for its weights, which enter the array
+        `weight_rows_per_cycle` rows a cycle and come over the bus in
+        `w_beats` beats)."""
+        step = max(Mb, config.weight_load_cycles, w_beats)
         return min(NT, MAX_GROUP, 1 << (ceil_div(latency, step) - 1).bit_length())
 
     # Start from the largest block whose activations can fit at all.

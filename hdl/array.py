@@ -253,9 +253,7 @@ class SystolicArray(wiring.Component):
         switch_taps = _chain(m, en, switch_in, (rows - 1) * stages, "switch_skew")
         switch_at_row = [switch_taps[r * stages] for r in range(rows)]
 
-        narrow = self.weight_rows == 1 and stages < STAGGER_FROM
-        scheme = _RowFreeWeights if narrow else _StaggeredWeights
-        weights = scheme(self, m, en, switch_in, switch_at_row)
+        weights = self._weight_scheme()(self, m, en, switch_in, switch_at_row)
         m.d.comb += self.weights_ready.eq(weights.ready)
 
         if self.datapath_module is None:
@@ -278,6 +276,14 @@ class SystolicArray(wiring.Component):
         m.d.sync += in_flight.eq(in_flight + take - done)
         m.d.comb += self.busy.eq(in_flight != 0)
         return m
+
+    def _weight_scheme(self):
+        """The class of the weight path (docs/array.md, section 4): rows
+        written as they free up for one row a beat at ``mac_stages`` <= 2,
+        staggered otherwise."""
+        if self.weight_rows == 1 and self.mac_stages < STAGGER_FROM:
+            return _RowFreeWeights
+        return _StaggeredWeights
 
     def _grid(self, m, en, take, switch_taps, weights):
         """The PEs, the skew and de-skew registers and the weight bus."""

@@ -435,14 +435,15 @@ CUT_MAC = ("cutpoint top.dut.pe_*.mac.round", "flatten", "opt_clean")
 CUT_COMPUTE = ("cutpoint top.dut.array.pe_*.mac.round", "flatten", "opt_clean")
 
 
-def array_harness(rows, cols, mac_stages, weight_rows=1):
+def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
     """`SystolicArray` (`weight_rows` weight rows a beat): at every PE, a shadow
     weight that holds a row not yet switched in is never overwritten
     (``no_overwrite``), and a switch always takes a loaded shadow row
     (``switch_loaded``: the tile switched in was staged completely); the
-    stream rules on its ports, and one result per accepted activation beat."""
+    stream rules on its ports, and one result per accepted activation beat.
+    `array`: a `SystolicArray` subclass to check instead (a mutant)."""
     from mxu.hdl.array import SystolicArray
-    dut = SystolicArray(rows, cols, mac_stages, weight_rows=weight_rows)
+    dut = (array or SystolicArray)(rows, cols, mac_stages, weight_rows=weight_rows)
 
     def extra(m, dut):
         for name in ("act", "seed", "weight"):

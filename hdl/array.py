@@ -25,14 +25,29 @@ from .mac import MAC_STAGES
 from .numerics import BF16, FP32
 from .pe import PE_SIGNATURE, ProcessingElement
 
-__all__ = ["SystolicArray", "ActivationBeat", "array_latency", "default_weight_queue_depth",
-           "bubble_free_rows", "datapath_signature"]
+__all__ = ["SystolicArray", "ActivationBeat", "WeightBeat", "array_latency",
+           "default_weight_queue_depth", "bubble_free_rows", "datapath_signature",
+           "weight_load_cycles"]
 
 
 def ActivationBeat(rows):
     """Layout of one activation beat: ``data`` (`rows` bf16, element k feeds PE
     row k) and ``first`` (this row starts a new weight tile)."""
     return data.StructLayout({"data": data.ArrayLayout(BF16, rows), "first": 1})
+
+
+def WeightBeat(cols, weight_rows=1):
+    """Layout of one weight beat: `weight_rows` rows of `cols` bf16, row i of the
+    beat in elements ``i*cols ... i*cols + cols-1`` (with one row a beat, the
+    row itself). Beat b of a tile carries its rows ``b*weight_rows + i``; rows
+    past the tile's last in its last beat are ignored."""
+    return data.ArrayLayout(BF16, weight_rows * cols)
+
+
+def weight_load_cycles(rows, weight_rows=1):
+    """Weight beats of one tile, ``ceil(rows / weight_rows)``: the cycles in which
+    a tile enters the array through its weight port."""
+    return -(-rows // weight_rows)
 
 
 def array_latency(rows, cols, mac_stages):
@@ -46,29 +61,33 @@ def array_latency(rows, cols, mac_stages):
     return rows * mac_stages + cols - 1
 
 
-def default_weight_queue_depth(rows, mac_stages):
-    """Depth (in weight rows) of the queue in front of the shadow registers.
+def default_weight_queue_depth(rows, mac_stages, weight_rows=1):
+    """Depth (in weight beats) of the queue in front of the shadow registers.
 
-    With ``mac_stages == 1`` the tile-switch wave moves down one row per cycle,
-    as fast as weight rows arrive, and two entries suffice for back-to-back tiles.
-    With more stages a queue of `rows` entries holds the next tile while the
-    current one is written, which keeps tiles of ``M >= rows`` bubble-free
-    (docs/array.md).
+    With one row a beat and ``mac_stages == 1`` the tile-switch wave moves down
+    one row per cycle, as fast as weight rows arrive, and two entries suffice
+    for back-to-back tiles. Otherwise a queue of one tile's beats holds the
+    next tile while the current one is written, which keeps tiles of
+    `bubble_free_rows` rows bubble-free (docs/array.md).
     """
-    return 2 if mac_stages == 1 else max(2, rows)
+    if weight_rows == 1 and mac_stages == 1:
+        return 2
+    return max(2, weight_load_cycles(rows, weight_rows))
 
 
-def bubble_free_rows(rows, mac_stages):
-    """The smallest tile height M that streams back to back with no bubble:
-    `rows` at every depth, since the weight queue writes one row per cycle and
-    ``mac_stages >= 3`` stagger the weights (docs/array.md, section 4)."""
+def bubble_free_rows(rows, mac_stages, weight_rows=1):
+    """The smallest tile height M that streams back to back with no bubble: a
+    tile's weight beats, ``ceil(rows / weight_rows)``, at every depth, since the
+    queue takes one beat per cycle and wide ports and ``mac_stages >= 3``
+    stagger the weights (docs/array.md, section 4)."""
     _check_positive("rows", rows)
     if mac_stages not in MAC_STAGES:
         raise ValueError(f"mac_stages must be one of {MAC_STAGES}, not {mac_stages!r}")
-    return rows
+    _check_positive("weight_rows", weight_rows)
+    return weight_load_cycles(rows, weight_rows)
 
 
-def datapath_signature(rows, cols):
+def datapath_signature(rows, cols, weight_rows=1):
     """The ports of the array's datapath as one module (``SystolicArray(...,
     datapath_module=name)``): the PE grid with its activation skew, seed skew,
     output de-skew and weight bus.
@@ -78,9 +97,11 @@ def datapath_signature(rows, cols):
     docs/numerics.md, ``seed[j] + act[0]*W[0, j] + ... + act[rows-1]*W[rows-1, j]``
     (each step rounded), with ``result_valid`` set, exactly `array_latency` ``en``
     cycles later; everything holds while ``en`` is low. ``W`` is the tile of
-    the last beat taken with ``first`` set: ``first`` claims the next `rows` rows
-    taken on ``weight`` (``weight_take``), in order, row k of the tile first
-    (zeros before the first such beat). `rst` empties everything.
+    the last beat taken with ``first`` set: ``first`` claims the next tile
+    taken on ``weight`` (``weight_take``: one `WeightBeat` of `weight_rows`
+    rows, ``ceil(rows / weight_rows)`` beats a tile, row k of the tile first,
+    rows past the last of a tile's last beat ignored; zeros before the first
+    such beat). `rst` empties everything.
     """
     return wiring.Signature({
         "en": In(1),
@@ -89,7 +110,7 @@ def datapath_signature(rows, cols):
         "act": In(data.ArrayLayout(BF16, rows)),
         "seed": In(data.ArrayLayout(FP32, cols)),
         "weight_take": In(1),
-        "weight": In(data.ArrayLayout(BF16, cols)),
+        "weight": In(WeightBeat(cols, weight_rows)),
         "result": Out(data.ArrayLayout(FP32, cols)),
         "result_valid": Out(1),
     })
@@ -109,8 +130,8 @@ class SystolicArray(wiring.Component):
     order k = 0, 1, ..., rows-1, each product and each sum rounded to nearest-even
     (docs/numerics.md). One beat per cycle in, one per cycle out.
 
-    Weights: a tile W (``rows x cols``) arrives on ``weight`` as `rows` beats, row
-    k = 0 first. It waits in a queue and then in the PEs' shadow registers until
+    Weights: a tile W (``rows x cols``) arrives on ``weight`` as
+    ``ceil(rows / weight_rows)`` beats of `weight_rows` rows, row k = 0 first. It waits in a queue and then in the PEs' shadow registers until
     an activation beat with ``first`` set is accepted; from that beat on, every
     activation beat uses W, until the next beat with ``first`` set. The next tile
     may be streamed in while the current one computes. Before the first tile the
@@ -124,10 +145,13 @@ class SystolicArray(wiring.Component):
         PE columns: output columns N of one weight tile (>= 1).
     mac_stages : int
         Pipeline depth of each PE's multiply-add, 1 to 7.
+    weight_rows : int
+        Weight rows per beat of ``weight`` (>= 1; `ChipConfig.weight_rows_per_cycle`
+        on the chip): a tile loads in ``ceil(rows / weight_rows)`` cycles.
     weight_queue_depth : int or None
-        Weight rows the queue in front of the shadow registers holds (>= 1);
+        Weight beats the queue in front of the shadow registers holds (>= 1);
         None picks `default_weight_queue_depth`, which keeps back-to-back tiles
-        of ``M >= rows`` rows bubble-free at every depth.
+        of `bubble_free_rows` rows bubble-free at every depth.
     pe_module : str or None
         None (default): the PEs are elaborated as Amaranth submodules. A Verilog
         module name: every PE becomes an ``Instance`` of that module, which the
@@ -149,8 +173,9 @@ class SystolicArray(wiring.Component):
     seed : In(stream.Signature(ArrayLayout(FP32, cols)))
         Partial-sum seeds, in lockstep with ``act``: a beat is taken from both
         streams in the same cycle, never from one alone.
-    weight : In(stream.Signature(ArrayLayout(BF16, cols)))
-        Weight rows, `rows` beats per tile, k = 0 first.
+    weight : In(stream.Signature(WeightBeat(cols, weight_rows)))
+        Weight rows, `weight_rows` a beat, ``ceil(rows / weight_rows)`` beats per
+        tile, k = 0 first.
     result : Out(stream.Signature(ArrayLayout(FP32, cols)))
         One fp32 row per accepted activation beat, in order. While ``valid`` is
         high and ``ready`` low the whole array stalls (global clock enable);
@@ -167,14 +192,15 @@ class SystolicArray(wiring.Component):
         `array_latency` (rows, cols, mac_stages).
     """
 
-    def __init__(self, rows, cols, mac_stages=2, *, weight_queue_depth=None, pe_module=None,
-                 datapath_module=None):
+    def __init__(self, rows, cols, mac_stages=2, *, weight_rows=1, weight_queue_depth=None,
+                 pe_module=None, datapath_module=None):
         _check_positive("rows", rows)
         _check_positive("cols", cols)
         if mac_stages not in MAC_STAGES:
             raise ValueError(f"mac_stages must be one of {MAC_STAGES}, not {mac_stages!r}")
+        _check_positive("weight_rows", weight_rows)
         if weight_queue_depth is None:
-            weight_queue_depth = default_weight_queue_depth(rows, mac_stages)
+            weight_queue_depth = default_weight_queue_depth(rows, mac_stages, weight_rows)
         _check_positive("weight_queue_depth", weight_queue_depth)
         check_module_name(pe_module, "pe_module")
         check_module_name(datapath_module, "datapath_module")
@@ -183,12 +209,13 @@ class SystolicArray(wiring.Component):
         self.rows = rows
         self.cols = cols
         self.mac_stages = mac_stages
+        self.weight_rows = weight_rows
         self.weight_queue_depth = weight_queue_depth
         self.latency = array_latency(rows, cols, mac_stages)
         super().__init__({
             "act": In(stream.Signature(ActivationBeat(rows))),
             "seed": In(stream.Signature(data.ArrayLayout(FP32, cols))),
-            "weight": In(stream.Signature(data.ArrayLayout(BF16, cols))),
+            "weight": In(stream.Signature(WeightBeat(cols, weight_rows))),
             "result": Out(stream.Signature(data.ArrayLayout(FP32, cols))),
             "weights_ready": Out(1),
             "busy": Out(1),
@@ -226,15 +253,14 @@ class SystolicArray(wiring.Component):
         switch_taps = _chain(m, en, switch_in, (rows - 1) * stages, "switch_skew")
         switch_at_row = [switch_taps[r * stages] for r in range(rows)]
 
-        scheme = _StaggeredWeights if stages >= STAGGER_FROM else _RowFreeWeights
-        weights = scheme(self, m, en, switch_in, switch_at_row)
+        weights = self._weight_scheme()(self, m, en, switch_in, switch_at_row)
         m.d.comb += self.weights_ready.eq(weights.ready)
 
         if self.datapath_module is None:
             self._grid(m, en, take, switch_taps, weights)
         else:
             dp = black_box(m, "datapath", self.datapath_module,
-                           datapath_signature(rows, self.cols), clocked=True)
+                           datapath_signature(rows, self.cols, self.weight_rows), clocked=True)
             m.d.comb += [
                 dp.en.eq(en), dp.take.eq(take), dp.first.eq(first),
                 dp.act.eq(act.payload.data), dp.seed.eq(seed.payload),
@@ -250,6 +276,14 @@ class SystolicArray(wiring.Component):
         m.d.sync += in_flight.eq(in_flight + take - done)
         m.d.comb += self.busy.eq(in_flight != 0)
         return m
+
+    def _weight_scheme(self):
+        """The class of the weight path (docs/array.md, section 4): rows
+        written as they free up for one row a beat at ``mac_stages`` <= 2,
+        staggered otherwise."""
+        if self.weight_rows == 1 and self.mac_stages < STAGGER_FROM:
+            return _RowFreeWeights
+        return _StaggeredWeights
 
     def _grid(self, m, en, take, switch_taps, weights):
         """The PEs, the skew and de-skew registers and the weight bus."""
@@ -310,16 +344,18 @@ def _chain(m, en, value, length, name):
     return taps
 
 
-# From this MAC depth on, the weights use `_StaggeredWeights` (docs/array.md, section 4).
+# From this MAC depth on, and with more than one weight row a beat at every
+# depth, the weights use `_StaggeredWeights` (docs/array.md, section 4).
 STAGGER_FROM = 3
 
 
 class _WeightQueue:
-    """The queue in front of the shadow registers (`weight_queue_depth` rows)."""
+    """The queue in front of the shadow registers (`weight_queue_depth` beats)."""
 
     def __init__(self, array, m):
         self.rows, self.cols, self.stages = array.rows, array.cols, array.mac_stages
-        m.submodules.weight_queue = self.queue = SyncFIFO(width=16 * self.cols,
+        self.lanes = array.weight_rows
+        m.submodules.weight_queue = self.queue = SyncFIFO(width=16 * self.cols * self.lanes,
                                                           depth=array.weight_queue_depth)
         m.d.comb += [
             self.queue.w_data.eq(array.weight.payload),
@@ -383,54 +419,64 @@ class _RowFreeWeights(_WeightQueue):
 
 class _StaggeredWeights(_WeightQueue):
     """Weights for ``mac_stages`` >= 3, whose switch wave crosses a row in
-    ``L = mac_stages`` cycles, slower than the queue could write rows.
+    ``L = mac_stages`` cycles, slower than the queue could write rows, and for
+    weight beats of ``w = weight_rows`` > 1 rows at every depth, which arrive
+    faster than the wave moves.
 
-    A tile leaves the queue in row order, one row per cycle at most, starting
-    with row 0 once the previous tile has switched in at row 0. Row k reaches
-    its shadow registers ``k*(L-1)`` cycles after it left the queue (one shared
-    delay line with a tap per row), so if row 0 left at D, row k is written no
-    earlier than ``D + k*L``: after the previous tile's wave has passed row k.
-    The tile is ready once its last row has left the queue, so its own wave,
-    which starts after that, reaches row k after the write. Tiles of M >= rows
-    activation rows therefore stream with no bubble at any depth (docs/array.md).
+    A tile leaves the queue in beat order, one beat (rows ``b*w ... b*w + w-1``)
+    per cycle at most, starting with beat 0 once the previous tile has switched
+    in at row 0. Row k reaches its shadow registers ``d_k = k*L - k//w`` cycles
+    after its beat left the queue (one shared delay line per lane, a tap per
+    row), so if beat 0 left at D, row k (beat k//w, which left at D + k//w or
+    later) is written no earlier than ``D + k*L``: after the previous tile's wave
+    has passed row k. The tile is ready once its last beat has left the queue,
+    so its own wave, which starts after that, reaches row k after the write.
+    Tiles of ``ceil(rows / w)`` activation rows or more therefore stream with
+    no bubble at any depth (docs/array.md).
 
     Attributes: as `_RowFreeWeights`."""
 
     def __init__(self, array, m, en, switch_in, switch_at_row):
         super().__init__(array, m)
-        rows, cols, queue = self.rows, self.cols, self.queue
-        row = Signal(range(rows))      # the tile row the queue's head holds
-        pending0 = Signal()            # shadow row 0 holds a row 0 not yet switched in
-        loaded = Signal()              # a whole tile has left the queue, not yet claimed
+        rows, cols, lanes, queue = self.rows, self.cols, self.lanes, self.queue
+        beats = weight_load_cycles(rows, lanes)
+        beat = Signal(range(beats), name="row" if lanes == 1 else "beat")   # the queue head's beat
+        pending0 = Signal()             # shadow row 0 holds a row 0 not yet switched in
+        loaded = Signal()               # a whole tile has left the queue, not yet claimed
         drain = Signal()
         m.d.comb += [
-            drain.eq(en & queue.r_rdy & ((row != 0) | ~pending0 | switch_at_row[0])),
+            drain.eq(en & queue.r_rdy & ((beat != 0) | ~pending0 | switch_at_row[0])),
             queue.r_en.eq(drain),
         ]
-        # A switch and the next tile's first row can meet in one cycle: the
+        # A switch and the next tile's first beat can meet in one cycle: the
         # setting statements come last and win.
         with m.If(switch_in):
             m.d.sync += loaded.eq(0)
         with m.If(en & switch_at_row[0]):
             m.d.sync += pending0.eq(0)
         with m.If(drain):
-            m.d.sync += row.eq(Mux(row == rows - 1, 0, row + 1))
-            with m.If(row == 0):
+            m.d.sync += beat.eq(Mux(beat == beats - 1, 0, beat + 1))
+            with m.If(beat == 0):
                 m.d.sync += pending0.eq(1)
-            with m.If(row == rows - 1):
+            with m.If(beat == beats - 1):
                 m.d.sync += loaded.eq(1)
         self.ready = loaded
 
-        # One delay line per column: column c is skewed by c like the
-        # activations, row k taps it k*(L-1) cycles further down.
-        step = self.stages - 1
-        length = cols - 1 + (rows - 1) * step
-        self._row = _chain(m, en, row, length, "wbus_row")
+        # Row k's delay behind its beat, and per lane the longest of its rows.
+        self._delay = [k * self.stages - k // lanes for k in range(rows)]
+        longest = [max(self._delay[lane::lanes]) for lane in range(min(lanes, rows))]
+        # One delay line per lane and column: column c is skewed by c like the
+        # activations, row k taps its lane's line d_k cycles further down.
+        length = cols - 1 + max(longest)
+        self._beat = _chain(m, en, beat, length, "wbus_row" if lanes == 1 else "wbus_beat")
         self._valid = _chain(m, en, drain, length, "wbus_valid")
-        self._data = [_chain(m, en, queue.r_data[16 * c:16 * (c + 1)], c + (rows - 1) * step,
-                             f"wbus_data_{c}") for c in range(cols)]
-        self._step = step
+        width = 16 * cols
+        self._data = [[_chain(m, en, queue.r_data[width * lane + 16 * c:width * lane + 16 * (c + 1)],
+                              c + longest[lane],
+                              f"wbus_data_{c}" if lanes == 1 else f"wbus_data_{lane}_{c}")
+                       for c in range(cols)] for lane in range(len(longest))]
 
     def port(self, r, c):
-        tap = c + r * self._step
-        return self._data[c][tap], self._valid[tap] & (self._row[tap] == r)
+        tap = c + self._delay[r]
+        return (self._data[r % self.lanes][c][tap],
+                self._valid[tap] & (self._beat[tap] == r // self.lanes))

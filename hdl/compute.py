@@ -4,7 +4,8 @@ It takes instructions whose tokens the controller has already popped, and runs
 two independent streams so that the next tile's weights load while the current
 tile computes (docs/architecture.md):
 
-* the weight loader reads LOADW's VMEM rows and feeds the array's weight port;
+* the weight loader reads LOADW's VMEM rows, ``config.weight_rows_per_cycle``
+  lanes of them, and feeds the array's weight port a beat of one row per lane;
 * the activation streamer reads MATMUL's activation rows (VMEM) and seed rows
   (accumulator), and the result writer puts the array's results into the
   accumulator and reports the MATMUL complete after its last row is written.
@@ -21,7 +22,7 @@ from .accmem import acc_row_layout
 from .array import SystolicArray, array_latency
 from .blackbox import black_box, check_module_name
 from .isa import ErrorCode, Opcode, Pushes, SeedMode
-from .vmem import ReadPortSignature, WritePortSignature, _addr_shape, vmem_row_layout
+from .vmem import ReadPortSignature, WritePortSignature, _addr_shape, lane_port_names, vmem_row_layout
 
 __all__ = ["ComputeCommand", "ComputeEngine", "pending_entry_layout", "pending_rows_depth",
            "pending_rows_signature"]
@@ -185,6 +186,10 @@ class ComputeEngine(wiring.Component):
         No instruction in progress and nothing in flight.
     act_read, weight_read : Out(ReadPortSignature) to VMEM
         ``act_read`` must be always ready; ``weight_read`` may be refused.
+    weight_read1, ... : Out(ReadPortSignature) to VMEM
+        The weight loader's further lanes (``config.weight_rows_per_cycle`` in
+        all, `lane_port_names`): lane i reads the LOADW's rows ``k = i mod
+        lanes``, each lane at its own pace, and may be refused.
     seed_read : Out(ReadPortSignature) to the accumulator, always ready.
     result_write : Out(WritePortSignature) to the accumulator, always ready.
     array_accept : Out(1)
@@ -201,16 +206,18 @@ class ComputeEngine(wiring.Component):
         self.pending_module = pending_module
         c = config
         vaddr, aaddr = _addr_shape(c.vmem_rows), _addr_shape(c.acc_rows)
-        self.array = SystolicArray(c.rows, c.cols, c.mac_stages, pe_module=pe_module,
+        self.array = SystolicArray(c.rows, c.cols, c.mac_stages,
+                                   weight_rows=c.weight_rows_per_cycle, pe_module=pe_module,
                                    datapath_module=datapath_module)
         self.pending_depth = pending_rows_depth(c)
+        self.weight_reads = lane_port_names("weight_read", c.weight_rows_per_cycle)
         super().__init__({
             "cmd": In(stream.Signature(ComputeCommand(c))),
             "complete": Out(stream.Signature(Pushes, always_ready=True)),
             "error": Out(ErrorCode),
             "idle": Out(1),
             "act_read": Out(ReadPortSignature(vaddr, vmem_row_layout(c), always_ready=True)),
-            "weight_read": Out(ReadPortSignature(vaddr, vmem_row_layout(c))),
+            **{name: Out(ReadPortSignature(vaddr, vmem_row_layout(c))) for name in self.weight_reads},
             "seed_read": Out(ReadPortSignature(aaddr, acc_row_layout(c), always_ready=True)),
             "result_write": Out(WritePortSignature(aaddr, acc_row_layout(c), always_ready=True)),
             "array_accept": Out(1),
@@ -271,39 +278,65 @@ class ComputeEngine(wiring.Component):
 
     # ---- weights: VMEM rows -> array.weight, zero rows past k_rows ----------------
     def _weight_loader(self, m, loadw_q, array):
+        """One lane per weight row of a beat: lane i reads the LOADW's rows
+        ``k = b*lanes + i`` (zero rows past k_rows and past the tile) into a skid
+        buffer of its own, at its own pace (a lane waits while the activations
+        read its bank), and the array takes a beat once every lane has its row.
+        The LOADW leaves the queue when its last lane issues its last row."""
         c = self.config
+        lanes = c.weight_rows_per_cycle
+        beats = c.weight_load_cycles
         cmd = ComputeCommand(c)(loadw_q.r_data)
-        k = Signal(range(c.rows + 1))
-        busy = Signal()
-        m.submodules.wskid = skid = fifo.SyncFIFO(width=16 * c.cols, depth=self.SKID_DEPTH)
-        inflight = Signal()     # a read (or a zero row) was issued last cycle
-        inflight_zero = Signal()
-        room = skid.level + inflight < self.SKID_DEPTH
-        real = k < cmd.count
-        port = self.weight_read
-        issue = Signal()
+        busy, ready_rows, finishing, issues = [], [], [], []
+        skids = []
+        for lane, name in enumerate(self.weight_reads):
+            tag = f"{lane}" if lanes > 1 else ""
+            b = Signal(range(beats), name=f"wbeat{tag}" if lanes > 1 else "k")
+            # This lane issued the LOADW's last row (one lane: the LOADW is done then).
+            done = Signal(name=f"wdone{tag}") if lanes > 1 else C(0, 1)
+            skid = fifo.SyncFIFO(width=16 * c.cols, depth=self.SKID_DEPTH)
+            m.submodules[f"wskid{tag}"] = skid
+            inflight = Signal(name=f"inflight{tag}")  # a read (or a zero row) was issued last cycle
+            inflight_zero = Signal(name=f"inflight_zero{tag}")
+            room = skid.level + inflight < self.SKID_DEPTH
+            k = b * lanes + lane if lanes > 1 else b
+            real = k < cmd.count
+            port = getattr(self, name)
+            issue = Signal(name=f"issue{tag}")
+            m.d.comb += [
+                port.req.payload.eq(cmd.vmem_row + k),
+                port.req.valid.eq(loadw_q.r_rdy & ~done & room & real),
+                issue.eq(loadw_q.r_rdy & ~done & room & Mux(real, port.req.ready, 1)),
+            ]
+            m.d.sync += [inflight.eq(issue), inflight_zero.eq(issue & ~real)]
+            last = b == beats - 1
+            with m.If(issue):
+                m.d.sync += b.eq(Mux(last, 0, b + 1))
+            finishing.append(done | (issue & last))
+            issues.append((issue, last, done))
+            row = port.resp.payload.as_value()[:16 * c.cols]
+            m.d.comb += [skid.w_en.eq(inflight), skid.w_data.eq(Mux(inflight_zero, 0, row))]
+            busy.append(inflight | skid.r_rdy)
+            ready_rows.append(skid.r_rdy)
+            skids.append(skid)
+        # The LOADW is done when every lane has issued its last row.
+        complete = Cat(*finishing).all()
+        with m.If(complete):
+            m.d.comb += [loadw_q.r_en.eq(1), self.loadw_done.eq(1)]
+        for issue, last, done in issues:
+            if lanes > 1:
+                with m.If(complete):
+                    m.d.sync += done.eq(0)
+                with m.Elif(issue & last):
+                    m.d.sync += done.eq(1)
+        take = array.weight.valid & array.weight.ready
         m.d.comb += [
-            port.req.payload.eq(cmd.vmem_row + k),
-            port.req.valid.eq(loadw_q.r_rdy & room & real),
-            issue.eq(loadw_q.r_rdy & room & Mux(real, port.req.ready, 1)),
-            busy.eq(inflight),
+            array.weight.valid.eq(Cat(*ready_rows).all()),
+            array.weight.payload.eq(Cat(*(skid.r_data for skid in skids))),
         ]
-        m.d.sync += [inflight.eq(issue), inflight_zero.eq(issue & ~real)]
-        with m.If(issue):
-            with m.If(k == c.rows - 1):
-                m.d.sync += k.eq(0)
-                m.d.comb += [loadw_q.r_en.eq(1), self.loadw_done.eq(1)]
-            with m.Else():
-                m.d.sync += k.eq(k + 1)
-        row = port.resp.payload.as_value()[:16 * c.cols]
-        m.d.comb += [
-            skid.w_en.eq(inflight),
-            skid.w_data.eq(Mux(inflight_zero, 0, row)),
-            array.weight.valid.eq(skid.r_rdy),
-            array.weight.payload.eq(skid.r_data),
-            skid.r_en.eq(array.weight.ready),
-        ]
-        return busy | skid.r_rdy
+        for skid in skids:
+            m.d.comb += skid.r_en.eq(take)
+        return Cat(*busy).any()
 
     # ---- activations and seeds: VMEM/accumulator rows -> array.act/seed ----------
     def _activation_streamer(self, m, matmul_q, array):

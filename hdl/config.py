@@ -71,6 +71,12 @@ class ChipConfig:
         Flits each link's receive buffer holds, and so the credits its
         sender starts with (a power of two, 2 to 65536). To keep a link busy
         it must cover the round trip: 2 x latency x bandwidth / flit bytes.
+    weight_rows_per_cycle : int
+        Weight rows the array's weight port takes per cycle (a power of two, at
+        most `vmem_banks`: the rows of one beat are read from distinct VMEM
+        banks in one cycle). A tile then loads in `weight_load_cycles` =
+        ``ceil(rows / weight_rows_per_cycle)`` cycles; 1 is the narrow port
+        (docs/array.md, section 4).
     """
 
     rows: int = 16
@@ -90,6 +96,7 @@ class ChipConfig:
     vpu: bool = False
     links: int = 0
     link_credits: int = 64
+    weight_rows_per_cycle: int = 2
 
     def __post_init__(self):
         # NumPy integers are integers too; store them as int so that equal
@@ -154,6 +161,10 @@ class ChipConfig:
         if not _is_pow2(self.link_credits) or not 2 <= self.link_credits <= 1 << 16:
             raise ValueError(f"ChipConfig.link_credits must be a power of two from 2 to 65536, "
                              f"not {self.link_credits!r}")
+        if not _is_pow2(self.weight_rows_per_cycle) or self.weight_rows_per_cycle > self.vmem_banks:
+            raise ValueError(
+                f"ChipConfig.weight_rows_per_cycle must be a power of two no larger than "
+                f"vmem_banks ({self.vmem_banks}), not {self.weight_rows_per_cycle!r}")
         if self.links and self.ext_mem_bytes > self.link_window_base:
             raise ValueError(
                 f"ChipConfig.ext_mem_bytes ({self.ext_mem_bytes}) overlaps the links' address "
@@ -164,6 +175,12 @@ class ChipConfig:
     def vmem_row_elems(self):
         """bf16 elements in one VMEM row: an activation row or a weight row."""
         return max(self.rows, self.cols)
+
+    @property
+    def weight_load_cycles(self):
+        """Cycles (weight-port beats) in which one weight tile enters the
+        array: ``ceil(rows / weight_rows_per_cycle)``."""
+        return -(-self.rows // self.weight_rows_per_cycle)
 
     @property
     def vmem_row_bytes(self):
@@ -249,6 +266,10 @@ _PRESETS = {
     # the chip (docs/synth.md, "The timing guard"), so the chip's worst path
     # is in the control. VMEM: 8192 rows of 4 bf16; accumulator: 3072 rows
     # of 4 fp32; 72 of the 208 DP16KD block RAMs.
+    # One weight row a cycle: its 64-bit bus brings a 4x4 bf16 tile in 4
+    # cycles, what a narrow port takes, and a second lane's delay lines would
+    # add flip-flops to a chip that fills the part (docs/array.md, section 4).
     "fpga": ChipConfig(rows=4, cols=4, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
-                       acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20),
+                       acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20,
+                       weight_rows_per_cycle=1),
 }

@@ -191,7 +191,8 @@ class _ChipCore(wiring.Component):
         # On-chip memories: the compute engine's ports, the load DMA's writes and
         # the store DMA's reads. The unused DMA ports stay unconnected (idle).
         wiring.connect(m, compute.act_read, vmem.array_read)
-        wiring.connect(m, compute.weight_read, vmem.weight_read)
+        for name in compute.weight_reads:
+            wiring.connect(m, getattr(compute, name), getattr(vmem, name))
         wiring.connect(m, compute.seed_read, acc.array_read)
         wiring.connect(m, compute.result_write, acc.array_write)
         wiring.connect(m, load_dma.vmem_write, vmem.dma_write)

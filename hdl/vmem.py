@@ -12,9 +12,9 @@ Banking
 -------
 Every bank is one simple-dual-port RAM (one write port, one synchronous read
 port): the DMA write and an array read never conflict, whatever their rows. The
-two *read* requestors (array, DMA store) share a bank's read port, and the
-higher-priority one (the array) always wins: the array read port is
-``always_ready``. Both stream consecutive rows, so they sit on the same bank at
+*read* requestors (array activations, the weight lanes, DMA store) share a
+bank's read port, and the higher-priority one always wins: the array read port
+is ``always_ready``; the weight lanes never meet each other on a bank. Both stream consecutive rows, so they sit on the same bank at
 most every other cycle, while the DMA needs a VMEM row only every
 ``vmem_row_bytes / axi_data_bytes`` (>= 2 for the default) cycles; its prefetch
 absorbs the lost cycles. See ``docs/memory.md`` for the full argument.
@@ -27,7 +27,7 @@ from amaranth.lib.wiring import In, Out
 from .numerics import BF16
 
 __all__ = ["ReadPortSignature", "WritePortSignature", "RowWrite", "BankedRowMemory", "Vmem",
-           "vmem_row_layout"]
+           "vmem_row_layout", "lane_port_names"]
 
 
 def _addr_shape(depth):
@@ -178,6 +178,12 @@ class BankedRowMemory(wiring.Component):
         return m
 
 
+def lane_port_names(base, lanes):
+    """Names of a port's `lanes` lanes: `base` for lane 0, ``base + str(i)``
+    for lane i >= 1 (``weight_read``, ``weight_read1``, ...)."""
+    return [base] + [f"{base}{i}" for i in range(1, lanes)]
+
+
 def vmem_row_layout(config):
     """A VMEM row: ``config.vmem_row_elems`` bf16, element 0 in the low bits."""
     return data.ArrayLayout(BF16, config.vmem_row_elems)
@@ -191,23 +197,32 @@ class Vmem(wiring.Component):
     ----------
     config : ChipConfig
     weight_port : bool
-        Add ``weight_read``, a second array-side read port (below ``array_read`` in
-        priority), so that the next weight tile loads while activations stream.
+        Add the weight read ports (below ``array_read`` in priority), so that
+        the next weight tile loads while activations stream.
 
     Interface
     ---------
     array_read : In(ReadPortSignature(addr, row, always_ready=True))
         The array's activation/weight read port; never refused.
-    weight_read : In(ReadPortSignature(addr, row)), if `weight_port`
-        The array's weight read port; waits while ``array_read`` uses its bank.
+    weight_read, weight_read1, ... : In(ReadPortSignature(addr, row)), if `weight_port`
+        The array's weight read ports, one per lane of the weight port
+        (``config.weight_rows_per_cycle``; `lane_port_names`); each waits while
+        ``array_read`` uses its bank. Lane i reads the rows ``i mod lanes`` of a
+        LOADW: lanes never share a bank (docs/memory.md).
     dma_read : In(ReadPortSignature(addr, row))
         The DMA's read port for stores; waits while the array reads the same bank.
     dma_write : In(WritePortSignature(addr, row))
         The DMA's write port for loads; first in priority, so never refused
         (``ready`` is kept in the signature for uniformity with the accumulator
         memory).
+    dma_write1, ... : In(WritePortSignature(addr, row)), with
+        ``config.weight_rows_per_cycle`` > 1
+        More DMA write ports, one per further lane, next in priority: the
+        rows r, r+1, ..., r+lanes-1 written in one cycle are in distinct banks,
+        so none is refused; a port whose bank an earlier port writes waits.
+        For a weight expander that writes several rows a cycle.
     vector_write : In(WritePortSignature(addr, row)), with ``config.vpu``
-        The vector engine's bf16 result rows; waits while the DMA writes its bank.
+        The vector engine's bf16 result rows; waits while a DMA port writes its bank.
     """
 
     def __init__(self, config, *, weight_port=False):
@@ -215,13 +230,17 @@ class Vmem(wiring.Component):
         self.weight_port = weight_port
         self.addr_shape = _addr_shape(config.vmem_rows)
         row = vmem_row_layout(config)
+        lanes = config.weight_rows_per_cycle
+        self.weight_reads = lane_port_names("weight_read", lanes) if weight_port else []
+        self.dma_writes = lane_port_names("dma_write", lanes)
         members = {
             "array_read": In(ReadPortSignature(self.addr_shape, row, always_ready=True)),
             "dma_read": In(ReadPortSignature(self.addr_shape, row)),
-            "dma_write": In(WritePortSignature(self.addr_shape, row)),
         }
-        if weight_port:
-            members["weight_read"] = In(ReadPortSignature(self.addr_shape, row))
+        for name in self.weight_reads:
+            members[name] = In(ReadPortSignature(self.addr_shape, row))
+        for name in self.dma_writes:
+            members[name] = In(WritePortSignature(self.addr_shape, row))
         if config.vpu:
             members["vector_write"] = In(WritePortSignature(self.addr_shape, row))
         super().__init__(members)
@@ -229,20 +248,22 @@ class Vmem(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c = self.config
-        # Read priority: array activations, then weights, then the DMA.
-        reads = [True, False, False] if self.weight_port else [True, False]
+        # Read priority: array activations, then the weight lanes, then the DMA.
+        reads = [True] + [False] * (len(self.weight_reads) + 1)
+        writes = len(self.dma_writes) + c.vpu
         m.submodules.mem = mem = BankedRowMemory(width=16 * c.vmem_row_elems, depth=c.vmem_rows,
                                                  banks=c.vmem_banks, read_ports=reads,
-                                                 write_ports=[False] * (1 + c.vpu))
+                                                 write_ports=[False] * writes)
         _connect_read(m, self.array_read, mem.read[0])
-        if self.weight_port:
-            _connect_read(m, self.weight_read, mem.read[1])
+        for i, name in enumerate(self.weight_reads):
+            _connect_read(m, getattr(self, name), mem.read[1 + i])
         _connect_read(m, self.dma_read, mem.read[-1])
-        # The DMA's port stays refusable so that the DMA's code is the same for
+        # The DMA's ports stay refusable so that the DMA's code is the same for
         # VMEM and the accumulator memory (and the vector engine may write too).
-        _connect_write(m, self.dma_write, mem.write[0])
+        for i, name in enumerate(self.dma_writes):
+            _connect_write(m, getattr(self, name), mem.write[i])
         if c.vpu:
-            _connect_write(m, self.vector_write, mem.write[1])
+            _connect_write(m, self.vector_write, mem.write[-1])
         return m
 
 

@@ -236,7 +236,9 @@ def run_export(args):
     if args.unit == "chip":
         top, shared_pe = MxuChip(config, pe_module=pe_name), True
     elif args.unit == "array":
-        top, shared_pe = SystolicArray(config.rows, config.cols, stages, pe_module=pe_name), True
+        top, shared_pe = SystolicArray(config.rows, config.cols, stages,
+                                       weight_rows=config.weight_rows_per_cycle,
+                                       pe_module=pe_name), True
     elif args.unit == "pe":
         top, shared_pe = ProcessingElement(stages), False
     else:

@@ -155,7 +155,8 @@ def design(unit, config, *, target):
     pe_name = pe_module_name(stages)
     prelude = pe_module_verilog(stages)
     if unit == "array":
-        inner = SystolicArray(config.rows, config.cols, stages, pe_module=pe_name)
+        inner = SystolicArray(config.rows, config.cols, stages,
+                              weight_rows=config.weight_rows_per_cycle, pe_module=pe_name)
     else:
         vpu_prelude, modules = _vpu_modules() if config.vpu else ("", None)
         prelude += vpu_prelude

@@ -14,7 +14,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mxu.hdl.array import SystolicArray, array_latency, bubble_free_rows, default_weight_queue_depth
+from mxu.hdl.array import (SystolicArray, array_latency, bubble_free_rows, default_weight_queue_depth,
+                           weight_load_cycles)
 from mxu.hdl.mac import MAC_STAGES
 from mxu.hdl.pe import ProcessingElement
 from mxu.sim.backends.array import pack_streams, run_amaranth, run_streams, simulate_array
@@ -90,6 +91,7 @@ def check(C, A, W, S, rows, cols, what, seed):
     (dict(rows=2, cols=2, weight_queue_depth=0),
      "weight_queue_depth must be a positive integer, not 0"),
     (dict(rows=2, cols=2, pe_module="a b"), "pe_module must be a Verilog module name, not 'a b'"),
+    (dict(rows=2, cols=2, weight_rows=0), "weight_rows must be a positive integer, not 0"),
 ])
 def test_constructor_errors(kwargs, message):
     with pytest.raises(ValueError) as info:
@@ -123,6 +125,11 @@ def test_interface_and_latency():
     assert default_weight_queue_depth(16, 2) == 16
     assert default_weight_queue_depth(16, 1) == 2
     assert default_weight_queue_depth(1, 3) == 2
+    # A wide port: beats of two rows, a tile's beats in the queue.
+    wide = unelaborated(SystolicArray(3, 5, 2, weight_rows=2))
+    assert wide.signature.members["weight"].signature.members["payload"].shape.size == 2 * 5 * 16
+    assert default_weight_queue_depth(16, 2, 2) == 8 and default_weight_queue_depth(16, 1, 2) == 8
+    assert bubble_free_rows(16, 2, 2) == 8 and bubble_free_rows(3, 7, 2) == 2
 
 
 def _ok(rows=2, cols=3, m=2):
@@ -213,6 +220,34 @@ def test_amaranth_bubble_bound_is_tight(stages):
     C, cycles = simulate_array(A, W, rows=rows, cols=cols, stages=stages, simulator="amaranth")
     check(C, A, W, None, rows, cols, "below the bound", 5)
     assert cycles > 4 * (rows - 1) + array_latency(rows, cols, stages)
+
+
+@pytest.mark.parametrize("rows, stages", [(4, 1), (3, 2), (4, 2), (4, 3), (3, 7)])
+def test_amaranth_wide_weight_port(rows, stages):
+    """Two weight rows a beat: every tile size bit-exact (the last beat of an odd
+    tile half padding); tiles of ceil(rows / 2) rows stream back to back and
+    one row less costs a bubble; and M = 1 tiles follow each other every
+    ``ceil(rows / 2)`` cycles, the tile's weight beats."""
+    cols, width, seed = 2, 2, 40 + 10 * rows + stages
+    rng = np.random.default_rng(seed)
+    latency = array_latency(rows, cols, stages)
+
+    def run(sizes, special=0):
+        A, W, S = random_streams(rng, rows, cols, sizes, special_percent=special)
+        streams = pack_streams(A, W, S, rows=rows, cols=cols)
+        result = run_amaranth(streams, stages, weight_rows=width)
+        check([r.view(np.float32) for r in streams.split(result.result)], A, W, S, rows, cols,
+              f"weight_rows={width}, M={sizes}", seed)
+        return result.cycles
+
+    run(tile_sizes(rows) + [1, 2], special=15)
+    m = bubble_free_rows(rows, stages, width)
+    assert m == weight_load_cycles(rows, width) < rows
+    assert run([m] * 4) == 4 * m + latency
+    if m > 1:
+        assert run([m - 1] * 4) > 4 * (m - 1) + latency
+    tiles = 5
+    assert run([1] * tiles) == (tiles - 1) * weight_load_cycles(rows, width) + 1 + latency
 
 
 @pytest.mark.parametrize("depth, stages", [(1, 2), (2, 2), (1, 5), (2, 5)])

@@ -32,6 +32,30 @@ def test_rejects(field, value, message):
         ChipConfig(**{field: value})
 
 
+@pytest.mark.parametrize("changes, message", [
+    (dict(weight_rows_per_cycle=3), "ChipConfig.weight_rows_per_cycle must be a power of two no "
+                                    "larger than vmem_banks (2), not 3"),
+    (dict(weight_rows_per_cycle=0), "ChipConfig.weight_rows_per_cycle must be a power of two no "
+                                    "larger than vmem_banks (2), not 0"),
+    (dict(weight_rows_per_cycle=4), "ChipConfig.weight_rows_per_cycle must be a power of two no "
+                                    "larger than vmem_banks (2), not 4"),
+    (dict(vmem_banks=1), "ChipConfig.weight_rows_per_cycle must be a power of two no "
+                         "larger than vmem_banks (1), not 2"),
+])
+def test_weight_rows_per_cycle_fits_the_banks(changes, message):
+    """The rows of one weight beat are read from distinct VMEM banks in one cycle."""
+    with pytest.raises(ValueError) as info:
+        ChipConfig(**changes)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("rows, width, cycles", [(16, 2, 8), (16, 1, 16), (3, 2, 2), (1, 2, 1),
+                                                 (8, 4, 2)])
+def test_weight_load_cycles(rows, width, cycles):
+    c = ChipConfig(rows=rows, vmem_banks=4, weight_rows_per_cycle=width)
+    assert c.weight_load_cycles == cycles
+
+
 def test_non_square_rows_hold_the_wider_side():
     c = ChipConfig(rows=4, cols=12)
     assert c.vmem_row_elems == 12 and c.acc_row_bytes == 48
@@ -49,5 +73,7 @@ def test_presets():
                        acc_bytes=ChipConfig().acc_bytes) == ChipConfig.preset("vpu")
     fpga = ChipConfig.preset("fpga")
     assert (fpga.rows, fpga.cols, fpga.mac_stages) == (4, 4, 7)
+    # The fpga chip keeps the narrow weight port; the simulation chips take two rows.
+    assert fpga.weight_rows_per_cycle == 1 and ChipConfig().weight_rows_per_cycle == 2
     with pytest.raises(ValueError, match="unknown ChipConfig preset 'asic'"):
         ChipConfig.preset("asic")

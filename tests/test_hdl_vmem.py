@@ -29,6 +29,18 @@ def test_vmem_random(banks):
                  width=16 * config.vmem_row_elems, cycles=1500, seed=10 + banks)
 
 
+@pytest.mark.parametrize("banks", [2, 4])
+def test_vmem_random_with_every_lane(banks):
+    """The chip's VMEM: two weight read lanes after the activations, before
+    the DMA; a second DMA write lane after the first (docs/memory.md)."""
+    config = ChipConfig(rows=4, cols=3, vmem_bytes=512, vmem_banks=banks, weight_rows_per_cycle=2)
+    vmem = Vmem(config, weight_port=True)
+    reads = [vmem.array_read, vmem.weight_read, vmem.weight_read1, vmem.dma_read]
+    check_banked(vmem, [(p, i == 0) for i, p in enumerate(reads)],
+                 [(vmem.dma_write, False), (vmem.dma_write1, False)], depth=config.vmem_rows,
+                 banks=banks, width=16 * config.vmem_row_elems, cycles=1500, seed=20 + banks)
+
+
 def test_vmem_sequential_streams_share_banks():
     """The banking argument: with the array reading consecutive rows every cycle
     and the DMA asking for consecutive rows every cycle, the DMA still gets a row

@@ -10,18 +10,22 @@ from mxu.verif.array_model import array_reference
 
 from test_hdl_array import check, random_streams
 
-# Shapes whose RTL array `tests/test_hdl_array.py` builds anyway, and one deep pipeline.
-CASES = [(1, 1, 2), (3, 5, 2), (4, 4, 2), (2, 3, 7)]
+# Shapes whose RTL array `tests/test_hdl_array.py` builds anyway, and one deep
+# pipeline; then the wide weight port (two rows a beat, the chip's default).
+CASES = [(1, 1, 2, 1), (3, 5, 2, 1), (4, 4, 2, 1), (2, 3, 7, 1), (3, 5, 2, 2), (4, 4, 2, 2),
+         (2, 3, 7, 2)]
 # (act, seed, weight valid, result ready) percentages.
 STALLS = [(100, 100, 100, 100), (50, 90, 100, 100), (100, 100, 30, 100), (100, 100, 100, 40),
           (70, 60, 50, 60)]
 
 
-@pytest.mark.parametrize("rows, cols, stages", CASES, ids=[f"{r}x{c}s{s}" for r, c, s in CASES])
-def test_fast_array_matches_the_rtl_array(rows, cols, stages):
-    seed = 500 + 10 * rows + cols + stages
+@pytest.mark.parametrize("rows, cols, stages, width", CASES,
+                         ids=[f"{r}x{c}s{s}w{w}" for r, c, s, w in CASES])
+def test_fast_array_matches_the_rtl_array(rows, cols, stages, width):
+    seed = 500 + 10 * rows + cols + stages + 1000 * (width - 1)
     rng = np.random.default_rng(seed)
-    rtl, fast = native_array(rows, cols, stages), native_array(rows, cols, stages, fast=True)
+    rtl = native_array(rows, cols, stages, weight_rows=width)
+    fast = native_array(rows, cols, stages, fast=True, weight_rows=width)
     sizes = [1, rows, 3 * rows + 1, 2, max(1, rows - 1), 2 * rows, 1]
     A, W, S = random_streams(rng, rows, cols, sizes, special_percent=10)
     streams = pack_streams(A, W, S, rows=rows, cols=cols)

@@ -9,6 +9,7 @@ from chip_configs import SHAPES, TINY
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip
 from mxu.verif import golden
+from mxu.verif.programs import loadw_bound_program
 
 SEED = 20261122
 
@@ -173,6 +174,35 @@ def test_double_buffering_keeps_the_array_busy():
     assert stats["ideal_cycles"] == 128 * 384 * 384 / 256
     assert stats.utilization >= 0.95, stats
     assert stats["array_active_cycles"] == 128 * (384 // 16) * (384 // 16)
+
+
+# One row a cycle is a Verilator build of its own (minutes): slow.
+@pytest.mark.parametrize("width", [2, pytest.param(1, marks=pytest.mark.slow)])
+def test_loadw_takes_the_weight_load_cycles(width):
+    """M = 1 tiles whose weights are in VMEM already: each further tile costs
+    exactly its LOADW's ``ceil(rows / weight_rows_per_cycle)`` beats, or, if
+    more, the VMEM bank reads of the tile (its rows and the MATMUL's one
+    activation row, a read per bank a cycle) (docs/array.md, section 4); the
+    results are bit-exact. On the 16x16 chip (fast MAC: the same cycles as
+    the RTL array), where a tile's 9 or 16 cycles are above the 4 in which
+    the LOOP issues a LOADW + MATMUL pair."""
+    config = SHAPES["16x16"].replace(weight_rows_per_cycle=width)
+    chip = Chip(config, fast_mac=True)
+
+    def cycles(used):
+        program, image, out, expected = loadw_bound_program(
+            config, np.random.default_rng(SEED + width), 40, used)
+        result = chip.run(program, image)
+        assert result.ok, result.error
+        out = result.memory[out:out + used * config.acc_row_bytes]
+        golden.assert_bits_equal(out.view(np.float32).reshape(used, config.cols), expected,
+                                 f"LOADW-bound program, {width} weight rows a cycle", seed=SEED)
+        return result.counters["cycles"]
+
+    bank_reads = -(-(config.rows + 1) // config.vmem_banks)
+    per_tile = max(config.weight_load_cycles, bank_reads)
+    extra = cycles(40) - cycles(8)
+    assert extra == 32 * per_tile, (extra, config.weight_load_cycles, bank_reads)
 
 
 def test_fpga_preset_chip():

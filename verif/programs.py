@@ -9,7 +9,7 @@ from mxu.verif import golden
 
 __all__ = ["every_instruction", "loop_program", "random_program", "random_image", "bf16_bits",
            "error_programs", "run_both", "vector_program", "vector_error_programs", "fp32_operands",
-           "EVERY_INSTRUCTION_OUTPUTS", "LOOP_OUTPUTS"]
+           "EVERY_INSTRUCTION_OUTPUTS", "LOOP_OUTPUTS", "loadw_bound_program"]
 
 # External byte ranges `every_instruction` writes.
 EVERY_INSTRUCTION_OUTPUTS = [(0x1000, 0x1080), (0x2000, 0x2030), (0x3000, 0x3030)]
@@ -325,3 +325,43 @@ def _with_field(word, name, value):
         layout = struct_layout(field.shape) or layout
     mask = ((1 << field.width) - 1) << offset
     return (word & ~mask) | (value << offset)
+
+
+def loadw_bound_program(config, rng, tiles, used):
+    """(program, image, out_addr, expected): M = 1 matmuls whose weights are in VMEM
+    already, so that the weight path bounds every tile. One LOAD brings
+    `tiles` weight tiles and an activation row into VMEM, then `used` (<=
+    `tiles`) LOADW + MATMUL pairs in one LOOP (seed zero, accumulator row t
+    for tile t); `tiles` accumulator rows are stored at `out_addr`, of which
+    the first `used` are results (`expected`: their fp32 values, from the
+    golden model). Only the LOOP's count depends on `used`. The LOOP issues
+    one instruction every two cycles, a pair every four: the weight path is
+    the bound when a tile takes more (`weight_load_cycles` > 4). Everything
+    lies in the first bytes of external memory, after each other."""
+    rows, elems = config.rows, config.vmem_row_elems
+    W = rng.standard_normal((tiles * rows, config.cols)).astype(golden.bf16)
+    a = rng.standard_normal((1, rows)).astype(golden.bf16)
+    w_addr = 0x0
+    a_addr = -(-tiles * rows * config.vmem_row_bytes // 4096) * 4096
+    out_addr = a_addr + 4096
+    act_row = tiles * rows
+    image = {w_addr: np.pad(W.view(np.uint16), ((0, 0), (0, elems - config.cols))),
+             a_addr: np.pad(a.view(np.uint16), ((0, 0), (0, elems - rows)))}
+    p = Program()
+    p.load(vmem_row=0, ext_addr=w_addr, rows=tiles * rows, row_bytes=config.vmem_row_bytes)
+    p.load(vmem_row=act_row, ext_addr=a_addr, rows=1, row_bytes=config.vmem_row_bytes,
+           push_next=True)
+    p.sync("compute", pop_prev=True)
+
+    def pair(t):
+        return (Program().loadw(vmem_row=t * rows, k_rows=rows)
+                .matmul(act_row=act_row, m_rows=1, out_row=t, new_weights=True))
+    p.loop_between(used, pair(0), pair(1))
+    p.sync("compute", push_next=True)
+    p.store(acc_row=0, ext_addr=out_addr, rows=tiles, row_bytes=config.acc_row_bytes,
+            pop_prev=True)
+    p.halt()
+    expected = np.concatenate([
+        golden.matmul(a.astype(np.float32), W[t * rows:(t + 1) * rows].astype(np.float32),
+                      rows=rows) for t in range(used)])
+    return p, image, out_addr, expected

@@ -48,16 +48,17 @@ class NativeArray:
     """A Verilated array in a shared library, ready to be called many times.
     With `fast`, its PE grid is the C++ model of `mxu.sim.backends.fast_array`."""
 
-    def __init__(self, rows, cols, stages, weight_queue_depth=None, threads=1, fast=False):
-        self.rows, self.cols, self.stages = rows, cols, stages
+    def __init__(self, rows, cols, stages, weight_queue_depth=None, threads=1, fast=False,
+                 weight_rows=1):
+        self.rows, self.cols, self.stages, self.weight_rows = rows, cols, stages, weight_rows
         self.latency = array_latency(rows, cols, stages)
         flags = ("--threads", str(threads)) if threads > 1 else ()
         suffix = f"_t{threads}" if threads > 1 else ""
         name = (f"array{rows}x{cols}s{stages}" + (f"q{weight_queue_depth}" if weight_queue_depth else "")
-                + ("_fast" if fast else ""))
+                + (f"w{weight_rows}" if weight_rows > 1 else "") + ("_fast" if fast else ""))
         self._lib = native_library(
             name + suffix, "array_harness.cpp", key=[name], extra_flags=flags,
-            verilog=lambda: array_verilog(rows, cols, stages, weight_queue_depth, fast))
+            verilog=lambda: array_verilog(rows, cols, stages, weight_queue_depth, fast, weight_rows))
         fn = self._lib.mxu_array_run
         u32p = ctypes.POINTER(ctypes.c_uint32)
         fn.argtypes = [ctypes.c_uint64, u32p, u32p, ctypes.c_uint64, u32p, u32p,
@@ -72,7 +73,8 @@ class NativeArray:
         if (streams.rows, streams.cols) != (self.rows, self.cols):
             raise ValueError(f"streams are for a {streams.rows}x{streams.cols} array, "
                              f"this one is {self.rows}x{self.cols}")
-        act, seeds, weight = streams.act_words(), streams.seed_words(), streams.weight_words()
+        act, seeds = streams.act_words(), streams.seed_words()
+        weight = streams.weight_words(self.weight_rows)
         out = np.zeros((streams.n, self.cols), np.uint32)
         stats = (ctypes.c_int64 * 8)()
         if max_cycles is None:
@@ -122,23 +124,23 @@ def _watchdog(streams, latency, percent):
 
 
 @functools.lru_cache(maxsize=None)
-def native_array(rows, cols, stages, weight_queue_depth=None, threads=1, fast=False):
+def native_array(rows, cols, stages, weight_queue_depth=None, threads=1, fast=False, weight_rows=1):
     """The (cached) `NativeArray` for one configuration."""
-    return NativeArray(rows, cols, stages, weight_queue_depth, threads, fast)
+    return NativeArray(rows, cols, stages, weight_queue_depth, threads, fast, weight_rows)
 
 
 # ---------------------------------------------------------------------------
 # Icarus and Amaranth: the generic stream runner
 # ---------------------------------------------------------------------------
 
-def _stream_ports(streams):
+def _stream_ports(streams, weight_rows=1):
     """The array's ports as the generic runner sees them."""
     pack = lambda words: tuple(int.from_bytes(np.ascontiguousarray(r).tobytes(), "little")
                                for r in words)
     rows, cols = streams.rows, streams.cols
     inputs = (InStream("act", 16 * rows + 1, pack(streams.act_words())),
               InStream("seed", 32 * cols, pack(streams.seed_words())),
-              InStream("weight", 16 * cols, pack(streams.weight_words())))
+              InStream("weight", 16 * cols * weight_rows, pack(streams.weight_words(weight_rows))))
     return inputs, (OutStream("result", 32 * cols, streams.n),)
 
 
@@ -160,10 +162,12 @@ def run_icarus(streams, stages):
     return _array_run(streams, run)
 
 
-def run_amaranth(streams, stages, *, weight_queue_depth=None):
-    """Run `streams` on Amaranth's Python simulator; returns an `ArrayRun`."""
-    dut = SystolicArray(streams.rows, streams.cols, stages, weight_queue_depth=weight_queue_depth)
-    inputs, outputs = _stream_ports(streams)
+def run_amaranth(streams, stages, *, weight_queue_depth=None, weight_rows=1):
+    """Run `streams` on Amaranth's Python simulator (an array whose weight port
+    takes `weight_rows` rows a beat); returns an `ArrayRun`."""
+    dut = SystolicArray(streams.rows, streams.cols, stages, weight_rows=weight_rows,
+                        weight_queue_depth=weight_queue_depth)
+    inputs, outputs = _stream_ports(streams, weight_rows)
     run = amaranth(dut, inputs, outputs, name=f"the {streams.rows}x{streams.cols} array",
                    max_cycles=_watchdog(streams, dut.latency, 100))
     return _array_run(streams, run)

@@ -45,10 +45,17 @@ class ArrayStreams:
         packed[:, self.rows] = self.first
         return np.ascontiguousarray(packed).view(np.uint32)
 
-    def weight_words(self):
-        words = -(-self.cols // 2)
-        packed = np.zeros((self.weight.shape[0], 2 * words), np.uint16)
-        packed[:, :self.cols] = self.weight
+    def weight_words(self, weight_rows=1):
+        """Weight beats of `weight_rows` rows each (`mxu.hdl.array.WeightBeat`):
+        ``ceil(rows / weight_rows)`` beats a tile, its last beat zero-padded."""
+        per_beat = weight_rows * self.cols
+        words = -(-per_beat // 2)
+        beats = -(-self.rows // weight_rows)
+        tiles = self.weight.reshape(-1, self.rows, self.cols)
+        padded = np.zeros((tiles.shape[0], beats * weight_rows, self.cols), np.uint16)
+        padded[:, :self.rows] = tiles
+        packed = np.zeros((tiles.shape[0] * beats, 2 * words), np.uint16)
+        packed[:, :per_beat] = padded.reshape(-1, per_beat)
         return np.ascontiguousarray(packed).view(np.uint32)
 
     def seed_words(self):

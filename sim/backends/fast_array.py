@@ -25,7 +25,8 @@ __all__ = ["fast_datapath_verilog"]
 _TEMPLATE = """\
 module {name}(clk, rst, en, take, first, act, seed, weight_take, weight, result, result_valid);
   /*verilator no_inline_module*/
-  import "DPI-C" function chandle mxu_array_new(input int rows, input int cols, input int latency);
+  import "DPI-C" function chandle mxu_array_new(input int rows, input int cols, input int latency,
+      input int weight_rows);
   import "DPI-C" function void mxu_array_step(input chandle h, input bit rst, input bit en,
       input bit take, input bit first, input bit [{act_bits}:0] act, input bit [{seed_bits}:0] seed,
       input bit weight_take, input bit [{weight_bits}:0] weight, output bit [{seed_bits}:0] result,
@@ -39,7 +40,7 @@ module {name}(clk, rst, en, take, first, act, seed, weight_take, weight, result,
   chandle model;
   bit [{seed_bits}:0] next_result;
   bit next_valid;
-  initial model = mxu_array_new({rows}, {cols}, {latency});
+  initial model = mxu_array_new({rows}, {cols}, {latency}, {weight_rows});
   always @(posedge clk) begin
     mxu_array_step(model, rst, en, take, first, act, seed, weight_take, weight, next_result, next_valid);
     result <= next_result;
@@ -50,12 +51,13 @@ endmodule
 
 
 @functools.lru_cache(maxsize=None)
-def fast_datapath_verilog(rows, cols, stages):
+def fast_datapath_verilog(rows, cols, stages, weight_rows=1):
     """(module name, Verilog) of the fast datapath of a ``rows x cols`` array with
-    `stages` MAC stages."""
+    `stages` MAC stages and `weight_rows` weight rows a beat."""
     from mxu.hdl.array import array_latency
-    name = f"mxu_array_fast_{rows}x{cols}_s{stages}"
+    name = f"mxu_array_fast_{rows}x{cols}_s{stages}" + (f"_w{weight_rows}" if weight_rows > 1 else "")
     return name, _TEMPLATE.format(name=name, rows=rows, cols=cols,
                                   latency=array_latency(rows, cols, stages),
+                                  weight_rows=weight_rows,
                                   act_bits=16 * rows - 1, seed_bits=32 * cols - 1,
-                                  weight_bits=16 * cols - 1)
+                                  weight_bits=16 * cols * weight_rows - 1)

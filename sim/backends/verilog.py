@@ -134,20 +134,21 @@ def lean_verilog(component, name="top"):
 
 
 @functools.lru_cache(maxsize=None)
-def array_verilog(rows, cols, stages, weight_queue_depth=None, fast=False):
-    """Verilog (module ``top``) of ``SystolicArray(rows, cols, stages)``.
+def array_verilog(rows, cols, stages, weight_queue_depth=None, fast=False, weight_rows=1):
+    """Verilog (module ``top``) of ``SystolicArray(rows, cols, stages, weight_rows=...)``.
 
     The PE is generated once as module ``mxu_pe_s<stages>`` and instantiated
     ``rows*cols`` times, so this costs seconds at any size (elaborating every PE
     in Amaranth takes 38 s at 16x16). With `fast`, the PE grid is the C++ model
     of `mxu.sim.backends.fast_array` instead."""
     if fast:
-        name, datapath = fast_datapath_verilog(rows, cols, stages)
-        top = SystolicArray(rows, cols, stages, weight_queue_depth=weight_queue_depth,
-                            datapath_module=name)
+        name, datapath = fast_datapath_verilog(rows, cols, stages, weight_rows)
+        top = SystolicArray(rows, cols, stages, weight_rows=weight_rows,
+                            weight_queue_depth=weight_queue_depth, datapath_module=name)
         return datapath + to_verilog(top)
     pe_name, pe = pe_verilog(stages)
-    top = SystolicArray(rows, cols, stages, weight_queue_depth=weight_queue_depth, pe_module=pe_name)
+    top = SystolicArray(rows, cols, stages, weight_rows=weight_rows,
+                        weight_queue_depth=weight_queue_depth, pe_module=pe_name)
     return pe + to_verilog(top)
 
 
@@ -209,8 +210,8 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     edge. The harness must be built with ``MXU_ONE_EVAL``."""
     from mxu.hdl.top import MxuChip
     if fast_mac:
-        pe_name, (datapath_name, pe) = None, fast_datapath_verilog(config.rows, config.cols,
-                                                                   config.mac_stages)
+        pe_name, (datapath_name, pe) = None, fast_datapath_verilog(
+            config.rows, config.cols, config.mac_stages, config.weight_rows_per_cycle)
     else:
         datapath_name, (pe_name, pe) = None, pe_verilog(config.mac_stages)
     # With the vector unit, its lane is a module of its own too (with

@@ -192,9 +192,15 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
 
     def hide_for(Mb):
         """Tiles a group needs so that a tile's next K step finds its partial
-        sums written: a step lasts about max(Mb, rows) cycles (a short tile
-        waits for its weights, which enter a row per cycle)."""
-        return min(NT, MAX_GROUP, 1 << (ceil_div(latency, max(Mb, r)) - 1).bit_length())
+        sums written: a step lasts about max(Mb, weight_load_cycles, w_beats)
+        cycles (a short tile waits for its weights, which enter the array
+        `weight_rows_per_cycle` rows a cycle and come over the bus in
+        `w_beats` beats). The bus beats count up to `rows` only: fewer tiles
+        a group than that (2 instead of 4 for bf16 tiles on the 128-bit bus)
+        made longer programs, whose fetch cost a batch-1 decode step's layer
+        more cycles than the shorter groups saved (docs/compiler.md)."""
+        step = max(Mb, config.weight_load_cycles, min(w_beats, r))
+        return min(NT, MAX_GROUP, 1 << (ceil_div(latency, step) - 1).bit_length())
 
     # Start from the largest block whose activations can fit at all.
     Mb = min(M, _MAX_ROWS, max(1, vmem_rows // KT if M <= vmem_rows // KT else vmem_rows // (2 * KT)))

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 from amaranth.hdl import Signal
 
+from mxu.hdl.array import SystolicArray, _StaggeredWeights
 from mxu.hdl.dma import Dma, DmaDir, _Gearbox
 
 from .sby import Proof
-from .units import controller_harness, dma_harness, regs_harness
+from .units import CUT_MAC, array_harness, controller_harness, dma_harness, regs_harness
 
 __all__ = ["Mutant", "mutants"]
 
@@ -43,6 +44,20 @@ class _ShortBurst(Dma):
 
     def _gearbox_class(self):
         return _ShortGearbox
+
+
+class _EarlyWeights(_StaggeredWeights):
+    """Staggered weights whose rows after the first reach their shadow
+    registers a cycle early (a tap one short on each lane's delay line)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._delay = [max(0, d - 1) for d in self._delay]
+
+
+class _EarlyWeightArray(SystolicArray):
+    def _weight_scheme(self):
+        return _EarlyWeights
 
 
 @dataclass(frozen=True)
@@ -76,6 +91,13 @@ def mutants(config):
                Proof("mutant.ctrl_ignores_token", lambda: controller_harness(vpu),
                      mode="bmc", depth=8, cover_depth=1, covers=False, script=ignore_token),
                ".pop_available"),
+        Mutant("array_weight_lane_a_cycle_early",
+               Proof("mutant.array_early_weights",
+                     lambda: array_harness(c.rows, c.cols, c.mac_stages,
+                                           max(2, c.weight_rows_per_cycle),
+                                           array=_EarlyWeightArray),
+                     mode="bmc", depth=14, cover_depth=1, covers=False, script=CUT_MAC),
+               ".no_overwrite"),
         Mutant("regs_slverr_for_prog_len",
                Proof("mutant.regs_bresp", lambda: regs_harness(c), mode="bmc", depth=4,
                      cover_depth=1, covers=False,

@@ -251,14 +251,15 @@ def memory_harness(config, which):
     (``priority``); a read answers one cycle after it is taken
     (``read_one_cycle``)."""
     from mxu.hdl.accmem import AccMem
-    from mxu.hdl.vmem import Vmem
+    from mxu.hdl.vmem import Vmem, lane_port_names
     dut = Vmem(config, weight_port=True) if which == "vmem" else AccMem(config)
     banks = config.vmem_banks if which == "vmem" else config.acc_banks
     lg = (banks - 1).bit_length()
     # The documented priority orders (docs/memory.md; hdl/vmem.py, hdl/accmem.py).
     if which == "vmem":
-        reads = ["array_read", "weight_read", "dma_read"]
-        writes = ["dma_write"] + (["vector_write"] if config.vpu else [])
+        lanes = config.weight_rows_per_cycle
+        reads = ["array_read"] + lane_port_names("weight_read", lanes) + ["dma_read"]
+        writes = lane_port_names("dma_write", lanes) + (["vector_write"] if config.vpu else [])
     else:
         reads = ["array_read", "dma_read"] + (["vector_read_a", "vector_read_b"]
                                                if config.vpu else [])
@@ -414,14 +415,15 @@ CUT_MAC = ("cutpoint top.dut.pe_*.mac.round", "flatten", "opt_clean")
 CUT_COMPUTE = ("cutpoint top.dut.array.pe_*.mac.round", "flatten", "opt_clean")
 
 
-def array_harness(rows, cols, mac_stages):
-    """`SystolicArray`: at every PE, a shadow weight that holds a row not yet
-    switched in is never overwritten (``no_overwrite``), and a switch always
-    takes a loaded shadow row (``switch_loaded``: the tile switched in was
-    staged completely); the stream rules on its ports, and one result per
-    accepted activation beat."""
+def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
+    """`SystolicArray` (`weight_rows` weight rows a beat): at every PE, a shadow
+    weight that holds a row not yet switched in is never overwritten
+    (``no_overwrite``), and a switch always takes a loaded shadow row
+    (``switch_loaded``: the tile switched in was staged completely); the
+    stream rules on its ports, and one result per accepted activation beat.
+    `array`: a `SystolicArray` subclass to check instead (a mutant)."""
     from mxu.hdl.array import SystolicArray
-    dut = SystolicArray(rows, cols, mac_stages)
+    dut = (array or SystolicArray)(rows, cols, mac_stages, weight_rows=weight_rows)
 
     def extra(m, dut):
         for name in ("act", "seed", "weight"):
@@ -478,11 +480,12 @@ def compute_harness(config):
         prop(m, ENV, "compute.env.legal",
              is_sync & (cmd.opcode == Opcode.SYNC) | ~is_sync & (cmd.count != 0)
              & (cmd.count <= config.rows), when=dut.cmd.valid)
-        for port in ("act_read", "weight_read", "seed_read"):
+        for port in ("act_read", *dut.weight_reads, "seed_read"):
             p = getattr(dut, port)
             prop(m, ENV, f"compute.env.{port}_one_cycle",
                  p.resp.valid == (past(p.req.valid & p.req.ready, port) & ~past.after_reset))
-        stream_check(m, dut.weight_read.req, source=DUT, sink=ENV, name="compute.weight_read")
+        for port in dut.weight_reads:
+            stream_check(m, getattr(dut, port).req, source=DUT, sink=ENV, name=f"compute.{port}")
         for name in ("act", "seed", "weight"):
             stream_check(m, getattr(dut.array, name), source=DUT, sink=DUT,
                          name=f"compute.array.{name}")
@@ -744,16 +747,21 @@ def proofs_for(config, *, depth=None):
               script=CUT_MEMORY, why="k-induction; the arbitration is combinational"),
         Proof("streams.accmem", lambda: memory_harness(vpu, "accmem"), depth=2, cover_depth=4,
               script=CUT_MEMORY, why="k-induction; the arbitration is combinational"),
-        Proof(f"array.weights_s{c.mac_stages}",
-              lambda: array_harness(c.rows, c.cols, c.mac_stages), mode="bmc", depth=14,
-              cover_depth=14, script=CUT_MAC, why=ARRAY_BOUND),
+        Proof(f"array.weights_s{c.mac_stages}" + _wide(c.weight_rows_per_cycle),
+              lambda: array_harness(c.rows, c.cols, c.mac_stages, c.weight_rows_per_cycle),
+              mode="bmc", depth=14, cover_depth=14, script=CUT_MAC, why=ARRAY_BOUND),
         Proof("controller.tokens", lambda: controller_harness(vpu), depth=6, cover_depth=12,
               why="k-induction; the ghost counters equal the controller's (an invariant)"),
         Proof("streams.vector", lambda: vector_harness(vpu), mode="bmc", depth=VECTOR_DEPTH,
               cover_depth=VECTOR_DEPTH, why=VECTOR_BOUND),
-        Proof("streams.compute", lambda: compute_harness(c), mode="bmc", depth=14,
-              cover_depth=14, script=CUT_COMPUTE, why=ARRAY_BOUND),
+        Proof("streams.compute", lambda: compute_harness(_two_beat_tiles(c)), mode="bmc",
+              depth=14, cover_depth=14, script=CUT_COMPUTE, why=ARRAY_BOUND),
     ]
+    if c.weight_rows_per_cycle > 1:
+        proofs.insert(-1, Proof(f"array.weights_s{c.mac_stages}",
+                                lambda: array_harness(c.rows, c.cols, c.mac_stages), mode="bmc",
+                                depth=14, cover_depth=14, script=CUT_MAC,
+                                why=ARRAY_BOUND + "; the narrow port of one row a beat"))
     if c.mac_stages < 3:
         proofs.insert(-1, Proof("array.weights_s3", lambda: array_harness(c.rows, c.cols, 3),
                                 mode="bmc", depth=14, cover_depth=14, script=CUT_MAC,
@@ -762,6 +770,21 @@ def proofs_for(config, *, depth=None):
         from dataclasses import replace
         proofs = [replace(p, depth=depth) for p in proofs]
     return proofs
+
+
+def _two_beat_tiles(config):
+    """`config`, with one row more when its tile is a single weight beat: the
+    compute engine stages one tile at most, so the array's weight queue (two
+    beats at least) fills, and its stall rules are reached, only when a tile
+    is two beats or more."""
+    if config.rows <= config.weight_rows_per_cycle:
+        return config.replace(rows=config.weight_rows_per_cycle + 1)
+    return config
+
+
+def _wide(weight_rows):
+    """A proof name's suffix for a weight port of more than one row a beat."""
+    return f"_w{weight_rows}" if weight_rows > 1 else ""
 
 
 ARRAY_BOUND = ("bounded: two tiles loaded back to back (2 rows each, the weight queue full), "

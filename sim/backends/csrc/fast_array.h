@@ -20,7 +20,8 @@
 namespace mxu {
 
 struct FastArray {
-    int rows, cols, latency;
+    int rows, cols, latency, weight_rows;
+    int tile_fill = 0;                         // rows of the tile being taken so far
     std::vector<float> tile;                   // active weights, rows x cols
     std::vector<float> staged;                 // weight rows taken; those from
     size_t staged_head = 0;                    // staged_head on are not yet claimed
@@ -29,13 +30,15 @@ struct FastArray {
     std::vector<float> acc;                    // the sums of the beat being computed
     int newest = 0, in_flight = 0;
 
-    FastArray(int r, int c, int l)
-        : rows(r), cols(c), latency(l), tile(r * c), slots(l * c), valid(l), acc(c) {}
+    FastArray(int r, int c, int l, int w)
+        : rows(r), cols(c), latency(l), weight_rows(w), tile(r * c), slots(l * c), valid(l),
+          acc(c) {}
 
     void reset() {
         std::fill(tile.begin(), tile.end(), 0.0f);
         staged.clear();
         staged_head = 0;
+        tile_fill = 0;
         std::fill(slots.begin(), slots.end(), 0u);
         std::fill(valid.begin(), valid.end(), 0);
         newest = 0;
@@ -57,10 +60,14 @@ struct FastArray {
     // Rows are appended to one buffer and claimed from its front, which moves
     // back to the start once claimed rows are the larger part: no allocation
     // per row once the buffer has grown to the rows a stream keeps staged.
+    // A beat holds `weight_rows` rows; those past a tile's last row (in the
+    // tile's last beat) are padding.
     void take_weight(const svBitVecVal *w) {
+        const int n = std::min(weight_rows, rows - tile_fill);
+        tile_fill = tile_fill + n == rows ? 0 : tile_fill + n;
         const size_t at = staged.size();
-        staged.resize(at + cols);
-        for (int j = 0; j < cols; j++) staged[at + j] = bf16(field(w, j, 16));
+        staged.resize(at + n * cols);
+        for (int j = 0; j < n * cols; j++) staged[at + j] = bf16(field(w, j, 16));
     }
 
     void claim_tile() {
@@ -178,8 +185,8 @@ struct FastArray {
 
 extern "C" {
 
-void *mxu_array_new(int rows, int cols, int latency) {
-    return new mxu::FastArray(rows, cols, latency);
+void *mxu_array_new(int rows, int cols, int latency, int weight_rows) {
+    return new mxu::FastArray(rows, cols, latency, weight_rows);
 }
 
 void mxu_array_step(void *h, svBit rst, svBit en, svBit take, svBit first,

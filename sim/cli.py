@@ -16,7 +16,8 @@ from importlib.metadata import entry_points
 
 from .driver.chip import ChipError
 
-__all__ = ["main", "register", "positive_int", "nonnegative_int", "array_size"]
+__all__ = ["main", "register", "positive_int", "nonnegative_int", "array_size", "output_path",
+           "check_outputs", "check_output_file", "check_output_dir", "check_cache_dir"]
 
 
 def _int_flag(text, low, words):
@@ -108,10 +109,97 @@ def print_profile(trace, out=None, json_path=None, png_path=None):
         print(f"timeline written to {png_path}", file=out)
 
 
-def _writable(path, flag):
+class OutputPath(str):
+    """An output path given on the command line: a `str` that remembers its
+    flag and whether it names a file or a directory, so that `check_outputs`
+    can check every one before any work starts."""
+
+    def __new__(cls, text, flag, kind):
+        path = super().__new__(cls, text)
+        path.flag, path.kind = flag, kind
+        return path
+
+
+def output_path(flag, kind="file"):
+    """argparse type of an output path (`kind` "file" or "dir") under `flag`:
+    the value is an `OutputPath`, checked by `check_outputs` before the
+    command runs (argparse's own errors would print the usage too)."""
+    return lambda text: OutputPath(text, flag, kind)
+
+
+def _can_create_in(directory):
+    """None if a file can be made in `directory`, else the OS's reason."""
+    import tempfile
+    try:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".mxu-check-")
+    except OSError as error:
+        return error.strerror or str(error)
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def check_output_file(path, flag):
+    """ValueError naming `flag` and the reason unless `path` can be written:
+    its directory is missing, it is a directory, or it is not writable."""
     from pathlib import Path
-    if path is not None and not Path(path).resolve().parent.is_dir():
-        raise ValueError(f"{flag}: directory {str(Path(path).resolve().parent)!r} does not exist")
+    if path is None:
+        return
+    target = Path(path)
+    parent = target.resolve().parent
+    if target.is_dir():
+        raise ValueError(f"{flag}: {str(path)!r} is a directory; name a file")
+    if not parent.is_dir():
+        raise ValueError(f"{flag}: directory {str(parent)!r} of {str(path)!r} does not exist")
+    if target.exists():
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"{flag}: {str(path)!r} is not writable (permission denied)")
+        return
+    reason = _can_create_in(parent)
+    if reason is not None:
+        raise ValueError(f"{flag}: {str(path)!r} is not writable: directory {str(parent)!r} "
+                         f"takes no new files ({reason})")
+
+
+def check_output_dir(path, flag):
+    """ValueError naming `flag` and the reason unless `path` is, or can be
+    made as, a writable directory."""
+    from pathlib import Path
+    if path is None:
+        return
+    target = Path(path).resolve()
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{flag}: {str(path)!r} is a file, not a directory")
+    existing = target
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{flag}: {str(existing)!r} (in {str(path)!r}) is a file, "
+                         f"not a directory")
+    reason = _can_create_in(existing)
+    if reason is not None:
+        raise ValueError(f"{flag}: directory {str(path)!r} is not writable" +
+                         (f" (nor can it be made in {str(existing)!r})" if existing != target
+                          else "") + f": {reason}")
+
+
+def check_cache_dir():
+    """ValueError unless the build cache ($MXU_CACHE, else ~/.cache/mxu) is,
+    or can be made as, a writable directory."""
+    from .backends.cache import cache_path
+    check_output_dir(cache_path(), "$MXU_CACHE" if os.environ.get("MXU_CACHE")
+                     else "the build cache")
+
+
+def check_outputs(args):
+    """Check every output path of parsed `args` (`output_path` values) and,
+    for commands that build a simulator (``uses_cache``), the build cache:
+    before any work, so that a bad path costs no build or run."""
+    if getattr(args, "uses_cache", False):
+        check_cache_dir()
+    for value in vars(args).values():
+        if isinstance(value, OutputPath):
+            (check_output_dir if value.kind == "dir" else check_output_file)(value, value.flag)
 
 
 def cmd_profile(args):
@@ -119,8 +207,6 @@ def cmd_profile(args):
     from mxu.hdl import ChipConfig
     from .runtime.chip import Chip
     from .runtime.matmul import check_matmul_fits
-    _writable(args.output, "-o")
-    _writable(args.png, "--png")
     config = ChipConfig(rows=args.rows, cols=args.cols)
     # Before the chip is built and the operands allocated.
     check_matmul_fits(config, args.m, args.k, args.n)
@@ -147,8 +233,8 @@ def embed_texts(texts, config, rtl=False, out=None, profile=None, png=None, vect
     from .report import format_table
     from .runtime.chip import Chip
     out = out or sys.stdout
-    _writable(profile, "--profile")
-    _writable(png, "--png")
+    check_output_file(profile, "--profile")
+    check_output_file(png, "--png")
     start = time.perf_counter()
     if vector_ops == "chip" and not config.vpu:
         config = config.replace(vpu=True, acc_banks=max(config.acc_banks, 4))
@@ -269,13 +355,13 @@ def register(sub):
                        help="systolic array columns")
     embed.add_argument("--rtl", action="store_true",
                        help="all-RTL PEs instead of the fast MAC model (same results, slower)")
-    embed.add_argument("--profile", metavar="TRACE.json",
+    embed.add_argument("--profile", metavar="TRACE.json", type=output_path("--profile"),
                        help="profile the forward: write Chrome trace-event JSON, print the stalls")
-    embed.add_argument("--png", metavar="TIMELINE.png", help="with --profile: a timeline plot")
+    embed.add_argument("--png", metavar="TIMELINE.png", type=output_path("--png"), help="with --profile: a timeline plot")
     embed.add_argument("--vector-ops", choices=("host", "chip"), default="host",
                        help="where softmax, LayerNorm and GELU run: host (NumPy) or chip (the "
                             "vector unit, one program per layer)")
-    embed.set_defaults(func=cmd_embed)
+    embed.set_defaults(func=cmd_embed, uses_cache=True)
 
     gen = sub.add_parser("generate", help="generate text with SmolLM2-135M-Instruct on the "
                                           "simulated chip")
@@ -291,7 +377,7 @@ def register(sub):
     gen.add_argument("--seed", type=nonnegative_int, default=None, help="seed of the sampling")
     gen.add_argument("--rtl", action="store_true",
                      help="all-RTL PEs instead of the fast MAC model (same results, slower)")
-    gen.set_defaults(func=cmd_generate)
+    gen.set_defaults(func=cmd_generate, uses_cache=True)
 
     prof = sub.add_parser("profile", help="profile one matmul: engine timeline and stalls")
     for flag, what in (("--m", "rows of A and C"), ("--k", "columns of A, rows of B"),
@@ -302,19 +388,20 @@ def register(sub):
     prof.add_argument("--cols", type=array_size, default=ChipConfig().cols,
                       help="systolic array columns")
     prof.add_argument("-o", "--output", metavar="TRACE.json", default="trace.json",
+                      type=output_path("-o"),
                       help="Chrome trace-event JSON for ui.perfetto.dev (default trace.json)")
-    prof.add_argument("--png", metavar="TIMELINE.png", help="also a timeline plot")
+    prof.add_argument("--png", metavar="TIMELINE.png", type=output_path("--png"), help="also a timeline plot")
     prof.add_argument("--seed", type=nonnegative_int, default=1, help="seed of the operands")
     prof.add_argument("--rtl", action="store_true",
                       help="all-RTL PEs instead of the fast MAC model (same cycles, slower)")
-    prof.set_defaults(func=cmd_profile)
+    prof.set_defaults(func=cmd_profile, uses_cache=True)
     cache = sub.add_parser("cache", help="show or clear the simulator build cache")
     group = cache.add_mutually_exclusive_group()
     group.add_argument("--info", action="store_true",
                        help="list every cached build with its size and last use")
     group.add_argument("--clear", action="store_true",
                        help="delete every cached build (they are rebuilt when needed)")
-    cache.set_defaults(func=cmd_cache)
+    cache.set_defaults(func=cmd_cache, uses_cache=True)
 
 
 def _plugins():
@@ -333,6 +420,7 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
+        check_outputs(args)
         return args.func(args)
     except (ValueError, TypeError, ChipError) as error:
         # Bad input is a one-line message; MXU_DEBUG=1 shows the traceback too.

@@ -21,6 +21,7 @@ from amaranth.hdl import Value
 from amaranth.lib.wiring import In
 
 from mxu.hdl.config import ChipConfig
+from mxu.sim.cli import check_outputs, output_path
 
 from .flow import Phases, ToolError, stop_tools_on_sigterm
 from .report import write_json
@@ -110,8 +111,8 @@ def register(subparsers):
     ecp5.add_argument("--widelut", action="store_true",
                       help="let Yosys use PFUMX/L6MUX wide-LUT cells (more LUT4s, see "
                            "docs/synth.md)")
-    synth.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
-    synth.add_argument("--workdir", metavar="DIR",
+    synth.add_argument("--json", metavar="FILE", type=output_path("--json"), help="also write the report as JSON to FILE")
+    synth.add_argument("--workdir", metavar="DIR", type=output_path("--workdir", "dir"),
                        help="directory for the Verilog, netlists and tool logs (default: a new "
                             "directory under the system's temporary directory, kept)")
     synth.add_argument("--quiet", action="store_true", help="no progress display")
@@ -124,7 +125,7 @@ def register(subparsers):
     _add_config_flags(export)
     export.add_argument("--unit", choices=("chip", "array", "pe", "mac"), default="chip",
                         help="what to export (default: %(default)s)")
-    export.add_argument("-o", "--output", required=True, metavar="FILE",
+    export.add_argument("-o", "--output", required=True, metavar="FILE", type=output_path("-o"),
                         help="Verilog file to write")
     export.set_defaults(func=run_export)
     return synth, export
@@ -264,6 +265,7 @@ def main(argv=None):
     register(subparsers)
     args = parser.parse_args(argv)
     try:
+        check_outputs(args)
         return args.func(args)
     except (ValueError, RuntimeError) as error:
         print(f"mxu {args.command}: error: {error}", file=sys.stderr)

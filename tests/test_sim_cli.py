@@ -61,3 +61,73 @@ def test_host_memory_exhaustion_is_a_one_line_error(capsys):
     assert main(["mac", "--vectors", str(10 ** 15)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mxu mac: error: the host ran out of memory") and err.count("\n") == 1
+
+
+# Every output path of every subcommand, each checked before any build or run
+# (issue 46): (argv with {path} where the path goes, the flag the error names).
+_OUTPUT_FLAGS = [
+    (["profile", "--m", "2", "--k", "2", "--n", "2", "-o", "{path}"], "-o"),
+    (["profile", "--m", "2", "--k", "2", "--n", "2", "--png", "{path}"], "--png"),
+    (["embed", "text", "--profile", "{path}"], "--profile"),
+    (["embed", "text", "--profile", "ok.json", "--png", "{path}"], "--png"),
+    (["matmul", "--m", "2", "--k", "2", "--n", "2", "--waves", "{path}"], "--waves"),
+    (["export", "--unit", "mac", "-o", "{path}"], "-o"),
+    (["synth", "--unit", "mac", "--json", "{path}"], "--json"),
+]
+
+
+def _bad_file(kind, tmp_path):
+    """A file path that cannot be written, and the reason the error gives."""
+    return {"missing directory": (str(tmp_path / "missing" / "out.vcd"), "does not exist"),
+            "is a directory": (str(tmp_path), "is a directory"),
+            "not writable": ("/proc/out.vcd", "is not writable")}[kind]
+
+
+def _run_cli(argv, capsys):
+    """`main(argv)`: (exit status, stderr), whether it returns or exits."""
+    try:
+        status = main(argv)
+    except SystemExit as exit_:
+        status = exit_.code
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["missing directory", "is a directory", "not writable"])
+@pytest.mark.parametrize("argv,flag", _OUTPUT_FLAGS, ids=[f"{a[0]} {f}" for a, f in _OUTPUT_FLAGS])
+def test_bad_output_path_is_a_one_line_error_before_any_work(argv, flag, kind, tmp_path, capsys,
+                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path, reason = _bad_file(kind, tmp_path)
+    status, err = _run_cli([a.replace("{path}", path) for a in argv], capsys)
+    assert status == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"mxu {argv[0]}: error: {flag}: ") and reason in err, err
+
+
+@pytest.mark.parametrize("kind,path,reason", [
+    ("missing parent", "/proc/mxu-out", "is not writable"),
+    ("a file", "/etc/hostname", "is a file, not a directory")])
+@pytest.mark.parametrize("argv,flag", [(["prove", "-o"], "-o"),
+                                       (["synth", "--unit", "mac", "--workdir"], "--workdir")])
+def test_bad_output_directory(argv, flag, kind, path, reason, capsys):
+    status, err = _run_cli(argv + [path], capsys)
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"mxu {argv[0]}: error: {flag}: ") and reason in err, err
+
+
+_SIMULATING = [["cache", "--info"], ["cache", "--clear"], ["mac", "--vectors", "10"],
+               ["matmul", "--m", "2", "--k", "2", "--n", "2"], ["demo", "--no-embed"],
+               ["profile", "--m", "2", "--k", "2", "--n", "2"], ["embed", "text"],
+               ["generate", "hi"]]
+
+
+@pytest.mark.parametrize("cache,reason", [("/proc/mxu-cache", "is not writable"),
+                                          ("/etc/hostname", "is a file, not a directory")])
+@pytest.mark.parametrize("argv", _SIMULATING, ids=[" ".join(a[:2]) for a in _SIMULATING])
+def test_bad_cache_directory_is_a_one_line_error(argv, cache, reason, capsys, monkeypatch,
+                                                 tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MXU_CACHE", cache)
+    status, err = _run_cli(argv, capsys)
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"mxu {argv[0]}: error: $MXU_CACHE: ") and reason in err, err

@@ -11,7 +11,7 @@ from mxu.hdl import ChipConfig
 from mxu.hdl.mac import MAC_STAGES
 from mxu.sim import Chip, simulate_mac
 from mxu.sim.cli import (array_size, embed_texts, generate_text, nonnegative_int,
-                         positive_int)
+                         output_path, positive_int)
 from mxu.sim.report import format_table
 
 from . import golden, vectors
@@ -169,14 +169,14 @@ def register(sub):
                       help="skip the text generation (SmolLM2-135M on the chip)")
     demo.add_argument("--demo-tokens", type=positive_int, default=6,
                       help="tokens the demo generates (default 6)")
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=cmd_demo, uses_cache=True)
 
     mm = sub.add_parser("matmul", help="a random matmul on a simulated chip of any array size, "
                                        "checked bit-exact")
     _shape_flags(mm)
     _chip_flags(mm)
     _common_flags(mm)
-    mm.add_argument("--waves", metavar="FILE",
+    mm.add_argument("--waves", metavar="FILE", type=output_path("--waves"),
                     help="record a waveform of the run (.vcd, or .fst: smaller; needs zlib1g-dev)")
     mm.add_argument("--waves-from", type=nonnegative_int, default=0, metavar="CYCLE",
                     help="first cycle of the run to record (default 0)")
@@ -184,7 +184,7 @@ def register(sub):
                     help="cycles to record (default: to the end of the run)")
     mm.add_argument("--waves-depth", type=positive_int, metavar="LEVELS",
                     help="hierarchy levels to record (default: all)")
-    mm.set_defaults(func=cmd_matmul)
+    mm.set_defaults(func=cmd_matmul, uses_cache=True)
 
     mac = sub.add_parser("mac", help="stream random MACs through the RTL MacUnit")
     mac.add_argument("--vectors", type=positive_int, default=1_000_000,
@@ -194,7 +194,7 @@ def register(sub):
                      help="MacUnit pipeline depth")
     mac.add_argument("--simulator", default="verilator", choices=["verilator", "icarus", "amaranth"],
                      help="simulator to run the RTL on")
-    mac.set_defaults(func=cmd_mac)
+    mac.set_defaults(func=cmd_mac, uses_cache=True)
 
     from .formal.prove import add_parser
     add_parser(sub)

@@ -28,7 +28,7 @@ from pathlib import Path
 from .status import BuildStatus
 from .toolchain import tool_versions
 
-__all__ = ["cache_root", "cache_limit", "content_hash", "source_digest", "cached_build",
+__all__ = ["cache_root", "cache_path", "cache_limit", "content_hash", "source_digest", "cached_build",
            "cache_entries", "evict", "clear_cache", "META"]
 
 META = "meta.json"
@@ -36,11 +36,24 @@ DEFAULT_LIMIT = 4 << 30
 _SOURCE_SUFFIXES = (".py", ".cpp", ".h", ".v")
 
 
-def cache_root():
-    """Directory of cached simulator builds: ``$MXU_CACHE``, else ~/.cache/mxu."""
+def cache_path():
+    """Where the cache of simulator builds lives: ``$MXU_CACHE``, else
+    ~/.cache/mxu (not created here)."""
     env = os.environ.get("MXU_CACHE")
-    root = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mxu"
-    root.mkdir(parents=True, exist_ok=True)
+    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mxu"
+
+
+def cache_root():
+    """Directory of cached simulator builds (`cache_path`), made if missing;
+    a ValueError naming it when it cannot be."""
+    root = cache_path()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"the build cache {str(root)!r} ($MXU_CACHE) cannot be made: "
+                         f"{error.strerror or error}") from None
+    if not root.is_dir():
+        raise ValueError(f"the build cache {str(root)!r} ($MXU_CACHE) is not a directory")
     return root
 
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from mxu.hdl.config import ChipConfig
+from mxu.sim.cli import output_path
 
 from .sby import SOLVERS, ToolMissing, run_proof
 from .units import UNITS, proofs_for, small_config
@@ -104,7 +105,7 @@ def add_parser(sub):
     prove.add_argument("--depth", type=_depth,
                        help="induction length / bound of every proof (default: each proof's own, "
                             "docs/formal.md)")
-    prove.add_argument("-o", "--output", metavar="DIR",
+    prove.add_argument("-o", "--output", metavar="DIR", type=output_path("-o", "dir"),
                        help="write counterexample and cover traces (VCD) and the sby jobs here")
     prove.add_argument("--preset", choices=sorted(PRESETS), default="default",
                        help="'default': the default chip's bus and memory widths (default); "

@@ -9,6 +9,7 @@ imports the packages above it (docs/architecture.md).
 """
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -233,6 +234,8 @@ def embed_texts(texts, config, rtl=False, out=None, profile=None, png=None, vect
     from .report import format_table
     from .runtime.chip import Chip
     out = out or sys.stdout
+    if png and not profile:
+        raise ValueError("--png draws the timeline of a profile: give --profile TRACE.json too")
     check_output_file(profile, "--profile")
     check_output_file(png, "--png")
     start = time.perf_counter()
@@ -285,9 +288,13 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
     from mxu.hdl import ChipConfig
     from mxu.hdl.config import MEASURED_FMAX_MHZ
     from .models import CausalLM
+    from .models.causal_lm import check_sampling, check_utf8
     from .report import format_table
     from .runtime.chip import Chip
     out = out or sys.stdout
+    # Before the chip is built: flags greedy decoding would ignore, bad bytes.
+    check_sampling(temperature, top_k, seed)
+    check_utf8(prompt)
     start = time.perf_counter()
     lm = CausalLM("SmolLM2-135M-Instruct", chip=Chip(ChipConfig.preset("llm"), fast_mac=not rtl))
     loaded = time.perf_counter() - start
@@ -297,9 +304,12 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
     def stream(index, piece):
         print(piece, end="", file=out, flush=True)
 
-    text = lm.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-                       top_k=top_k, seed=seed, stream=stream, chat=chat)
-    print(file=out)
+    try:
+        text = lm.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                           top_k=top_k, seed=seed, stream=stream, chat=chat)
+    finally:
+        # Ends the streamed line, so that an error goes on a line of its own.
+        print(file=out, flush=True)
     s, cfg = lm.last_stats, lm.chip.config
     fmax = MEASURED_FMAX_MHZ["fpga"]
 
@@ -339,8 +349,8 @@ def _temperature(text):
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, not {text!r}")
     return value
 
 

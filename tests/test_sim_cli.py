@@ -131,3 +131,61 @@ def test_bad_cache_directory_is_a_one_line_error(argv, cache, reason, capsys, mo
     status, err = _run_cli(argv, capsys)
     assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(f"mxu {argv[0]}: error: $MXU_CACHE: ") and reason in err, err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "hi", "--temperature", "nan"], "argument --temperature: must be a finite number"),
+    (["generate", "hi", "--temperature", "inf"], "argument --temperature: must be a finite number"),
+])
+def test_bad_temperature(argv, message, capsys):
+    status, err = _run_cli(argv, capsys)
+    assert status == 2 and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "hi", "--top-k", "5"], "top_k applies to sampling only: give a temperature > 0"),
+    (["generate", "hi", "--seed", "1"], "seed applies to sampling only: give a temperature > 0"),
+    (["generate", "hi\udcff"], "the prompt is not valid UTF-8: byte offset 2 (0xff)"),
+    (["embed", "text", "--png", "t.png"], "--png draws the timeline of a profile: give --profile"),
+])
+def test_inputs_that_would_be_ignored_or_garbled_are_errors_before_the_build(argv, message,
+                                                                             capsys, monkeypatch):
+    """Checked before the chip is built: a build here would fail the test."""
+    import mxu.sim.runtime.chip as chip_module
+    monkeypatch.setattr(chip_module, "Chip", None)
+    status, err = _run_cli(argv, capsys)
+    assert status == 2, err
+    assert err.startswith(f"mxu {argv[0]}: error: {message}") and err.count("\n") == 1, err
+
+
+def test_non_utf8_bytes_on_the_command_line(tmp_path):
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-m", "mxu.sim.cli", "generate", b"ab\xfe"],
+                         capture_output=True, cwd=tmp_path)
+    assert run.returncode == 2
+    assert run.stderr == b"mxu generate: error: the prompt is not valid UTF-8: byte offset 2 " \
+                         b"(0xfe)\n"
+
+
+def test_an_error_after_the_echoed_prompt_goes_on_its_own_line(capsys, monkeypatch):
+    """The streamed prompt ends its line before the error is printed."""
+    import io
+
+    import mxu.sim.models as models
+    import mxu.sim.runtime.chip as chip_module
+    from mxu.sim.cli import generate_text
+
+    class FailingLM:
+        def __init__(self, name, chip):
+            pass
+
+        def generate(self, *args, **kwargs):
+            raise ValueError("too long")
+
+    monkeypatch.setattr(chip_module, "Chip", lambda *a, **k: None)
+    monkeypatch.setattr(models, "CausalLM", FailingLM)
+    out = io.StringIO()
+    with pytest.raises(ValueError, match="too long"):
+        generate_text("hi", out=out)
+    assert out.getvalue() == "hi\n"

@@ -14,7 +14,7 @@ from chip_configs import VPU_SHAPES
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip
 from mxu.sim.models import CausalLM
-from mxu.sim.models.causal_lm import rope_mode
+from mxu.sim.models.causal_lm import check_utf8, rope_mode
 from mxu.sim.models.llama import LlamaConfig, LlamaWeights
 from mxu.verif import golden
 from mxu.verif.hazards import races
@@ -119,8 +119,19 @@ def test_sampling_is_seeded_and_bad_input_is_a_clear_error(tiny4):
         lm.generate_ids([list(range(60))], max_new_tokens=5)
     with pytest.raises(ValueError, match="outside the vocabulary of 256"):
         lm.generate_ids([[1, 999]])
-    with pytest.raises(ValueError, match="temperature must be a number >= 0"):
-        lm.generate_ids([[1]], temperature=-1)
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            lm.generate_ids([[1]], temperature=bad)
+    for flag in ("top_k", "seed"):
+        with pytest.raises(ValueError, match=f"{flag} applies to sampling only: give a "
+                                             f"temperature > 0"):
+            lm.generate_ids([[1]], **{flag: 5})
+        with pytest.raises(ValueError, match=f"{flag} applies to sampling only"):
+            lm.generate(["x"], **{flag: 5})
+    # No prompts is the same error from both entries.
+    for entry in (lm.generate_ids, lm.generate):
+        with pytest.raises(ValueError, match="prompts must be a .*non-empty list"):
+            entry([])
     with pytest.raises(ValueError, match="unknown model 'llama-70b'"):
         CausalLM("llama-70b")
 
@@ -202,3 +213,12 @@ def test_smollm2_generates_bit_exact_on_the_llm_chip(smollm2):
     finally:
         for s in seqs:
             s.free()
+
+
+def test_a_prompt_that_is_not_utf8_names_the_byte_offset():
+    """Bytes that are not UTF-8 reach Python as lone surrogates (a command
+    line's argv); the error gives their offset in the original bytes."""
+    text = b"caf\xc3\xa9 \xff!".decode("utf-8", "surrogateescape")
+    with pytest.raises(ValueError, match=r"the prompt is not valid UTF-8: byte offset 6 \(0xff\)"):
+        check_utf8(text)
+    check_utf8("café")

@@ -41,7 +41,7 @@ from .llama import model_macs, read_gguf, rope_tables
 from .tokenizer import GgufTokenizer
 
 __all__ = ["CausalLM", "ChipLlama", "Sequence", "GenerationStats", "PhaseStats", "MODELS",
-           "rope_mode", "interleave_tiles"]
+           "rope_mode", "interleave_tiles", "check_sampling", "check_utf8"]
 
 
 def _smollm2_path():
@@ -55,6 +55,36 @@ def _smollm2_path():
 MODELS = {"SmolLM2-135M-Instruct": _smollm2_path}
 _ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "SmolLM2-135M-Instruct",
             "smollm2": "SmolLM2-135M-Instruct"}
+
+
+def check_sampling(temperature, top_k=None, seed=None):
+    """ValueError unless `temperature` is a finite number >= 0, and `top_k`
+    (None or an integer >= 1) and `seed` (None or an integer >= 0) come with a
+    temperature > 0: greedy decoding would ignore them."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, not {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                              or top_k < 1):
+        raise ValueError(f"top_k must be None or an integer >= 1, not {top_k!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed must be None or an integer >= 0, not {seed!r}")
+    for name, value in (("top_k", top_k), ("seed", seed)):
+        if value is not None and temperature == 0:
+            raise ValueError(f"{name} applies to sampling only: give a temperature > 0 with it "
+                             f"(temperature 0 is greedy decoding, which ignores {name})")
+
+
+def check_utf8(text, what="the prompt"):
+    """ValueError naming the byte offset if `text` holds bytes that are not
+    UTF-8 (Python keeps them as lone surrogates, e.g. from a command line)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        offset = len(text[:error.start].encode("utf-8", "surrogateescape"))
+        raise ValueError(f"{what} is not valid UTF-8: byte offset {offset} "
+                         f"(0x{text[error.start:error.start + 1].encode('utf-8', 'surrogateescape')[0]:02x})"
+                         ) from None
 
 
 def rope_mode(config, head_dim):
@@ -444,6 +474,7 @@ class CausalLM:
             raise ValueError("this model has no tokenizer: use generate_ids / logits_ids")
         if not isinstance(text, str):
             raise TypeError(f"a prompt must be a string, not {type(text).__name__}")
+        check_utf8(text)
         if chat:
             text = self.tokenizer.apply_chat_template(text)
         ids = self.tokenizer.encode(text, special=chat)
@@ -506,6 +537,7 @@ class CausalLM:
         texts = [prompts] if single else prompts
         if not isinstance(texts, (list, tuple)) or not texts:
             raise ValueError("prompts must be a string or a non-empty list of strings")
+        check_sampling(temperature, top_k, seed)
         ids = [self._encode(t, chat) for t in texts]
         out = self.generate_ids(ids, max_new_tokens, temperature, top_k, seed, stream)
         text = [self.tokenizer.decode(o) for o in out]
@@ -518,11 +550,9 @@ class CausalLM:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
                 or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, not {max_new_tokens!r}")
-        if not isinstance(temperature, (int, float)) or temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0, not {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
-                                  or top_k < 1):
-            raise ValueError(f"top_k must be None or an integer >= 1, not {top_k!r}")
+        check_sampling(temperature, top_k, seed)
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts must be a non-empty list of prompts (lists of token ids)")
         if stream is not None and not callable(stream):
             raise TypeError("stream must be a callable (index, text) or None")
         prompts = [self._check_ids(p, max_new_tokens) for p in prompts]

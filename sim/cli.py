@@ -18,7 +18,8 @@ from importlib.metadata import entry_points
 from .driver.chip import ChipError
 
 __all__ = ["main", "register", "positive_int", "nonnegative_int", "array_size", "output_path",
-           "check_outputs", "check_output_file", "check_output_dir", "check_cache_dir"]
+           "check_outputs", "check_output_file", "check_output_dir", "check_cache_dir",
+           "add_command", "add_pe_flags", "preset_help"]
 
 
 def _int_flag(text, low, words):
@@ -54,6 +55,30 @@ def array_size(text):
 def nonnegative_int(text):
     """argparse type: an integer >= 0."""
     return _int_flag(text, 0, "an integer >= 0")
+
+
+def add_command(sub, name, summary, example, description=None):
+    """A subcommand parser whose ``--help`` starts with `summary` (one line;
+    `description` may say more) and ends with `example` (a command line)."""
+    return sub.add_parser(name, help=summary, description=description or summary,
+                          epilog=f"example:\n  {example}",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_pe_flags(parser, what="same results and cycles, slower"):
+    """``--rtl``: all-RTL PEs instead of the fast array, the default of every
+    simulating command; ``--fast-mac``, its old opposite, is accepted and does
+    nothing (hidden)."""
+    parser.add_argument("--rtl", action="store_true",
+                        help=f"all-RTL PEs instead of the fast MAC model ({what})")
+    parser.add_argument("--fast-mac", action="store_true", help=argparse.SUPPRESS)
+
+
+def preset_help(default=None):
+    """Help text of a ``--preset`` flag: every `ChipConfig` preset, from its registry."""
+    from mxu.hdl import ChipConfig
+    return ("a ChipConfig preset: " + ", ".join(ChipConfig.preset_names()) +
+            (f"; default {default}" if default else ""))
 
 
 def _size(n):
@@ -357,14 +382,15 @@ def _temperature(text):
 def register(sub):
     """Add the runtime's own commands to the subcommand parser `sub`."""
     from mxu.hdl import ChipConfig
-    embed = sub.add_parser("embed", help="embed texts with all-MiniLM-L6-v2 on the simulated chip")
+    embed = add_command(sub, "embed", "embed texts with all-MiniLM-L6-v2 on the simulated chip "
+                                      "and print their cosine similarities",
+                        'mxu embed "A cat sat on the mat." "A kitten lay on the rug."')
     embed.add_argument("texts", nargs="+", help="the texts to embed")
     embed.add_argument("--rows", type=array_size, default=ChipConfig().rows,
                        help="systolic array rows")
     embed.add_argument("--cols", type=array_size, default=ChipConfig().cols,
                        help="systolic array columns")
-    embed.add_argument("--rtl", action="store_true",
-                       help="all-RTL PEs instead of the fast MAC model (same results, slower)")
+    add_pe_flags(embed)
     embed.add_argument("--profile", metavar="TRACE.json", type=output_path("--profile"),
                        help="profile the forward: write Chrome trace-event JSON, print the stalls")
     embed.add_argument("--png", metavar="TIMELINE.png", type=output_path("--png"), help="with --profile: a timeline plot")
@@ -373,8 +399,9 @@ def register(sub):
                             "vector unit, one program per layer)")
     embed.set_defaults(func=cmd_embed, uses_cache=True)
 
-    gen = sub.add_parser("generate", help="generate text with SmolLM2-135M-Instruct on the "
-                                          "simulated chip")
+    gen = add_command(sub, "generate", "generate text with SmolLM2-135M-Instruct on the "
+                                       "simulated chip, streaming it as it comes",
+                      'mxu generate "The capital of France is" --max-new-tokens 8')
     gen.add_argument("prompt", help="the text to continue")
     gen.add_argument("--max-new-tokens", type=positive_int, default=16,
                      help="tokens to generate (default 16)")
@@ -385,11 +412,12 @@ def register(sub):
     gen.add_argument("--top-k", type=positive_int, default=None,
                      help="with a temperature: sample among the k likeliest tokens")
     gen.add_argument("--seed", type=nonnegative_int, default=None, help="seed of the sampling")
-    gen.add_argument("--rtl", action="store_true",
-                     help="all-RTL PEs instead of the fast MAC model (same results, slower)")
+    add_pe_flags(gen)
     gen.set_defaults(func=cmd_generate, uses_cache=True)
 
-    prof = sub.add_parser("profile", help="profile one matmul: engine timeline and stalls")
+    prof = add_command(sub, "profile", "profile one random matmul: each engine's busy, stall "
+                                       "and idle cycles, and the longest stalls",
+                       "mxu profile --m 64 --k 64 --n 64 -o trace.json --png timeline.png")
     for flag, what in (("--m", "rows of A and C"), ("--k", "columns of A, rows of B"),
                        ("--n", "columns of B and C")):
         prof.add_argument(flag, type=positive_int, required=True, help=what)
@@ -402,10 +430,10 @@ def register(sub):
                       help="Chrome trace-event JSON for ui.perfetto.dev (default trace.json)")
     prof.add_argument("--png", metavar="TIMELINE.png", type=output_path("--png"), help="also a timeline plot")
     prof.add_argument("--seed", type=nonnegative_int, default=1, help="seed of the operands")
-    prof.add_argument("--rtl", action="store_true",
-                      help="all-RTL PEs instead of the fast MAC model (same cycles, slower)")
+    add_pe_flags(prof)
     prof.set_defaults(func=cmd_profile, uses_cache=True)
-    cache = sub.add_parser("cache", help="show or clear the simulator build cache")
+    cache = add_command(sub, "cache", "show or clear the cache of simulator builds "
+                                      "($MXU_CACHE, else ~/.cache/mxu)", "mxu cache --info")
     group = cache.add_mutually_exclusive_group()
     group.add_argument("--info", action="store_true",
                        help="list every cached build with its size and last use")

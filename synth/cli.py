@@ -21,7 +21,7 @@ from amaranth.hdl import Value
 from amaranth.lib.wiring import In
 
 from mxu.hdl.config import ChipConfig
-from mxu.sim.cli import check_outputs, output_path
+from mxu.sim.cli import add_command, check_outputs, output_path, preset_help
 
 from .flow import Phases, ToolError, stop_tools_on_sigterm
 from .report import write_json
@@ -45,9 +45,8 @@ def _bytes(text):
 def _add_config_flags(parser):
     group = parser.add_argument_group("chip configuration (ChipConfig)")
     group.add_argument("--preset", default="default",
-                       help="starting configuration: 'default' (16x16 simulation chip) or "
-                            "'fpga' (sized for an LFE5U-85F); the flags below change it "
-                            "(default: %(default)s)")
+                       help="the starting configuration, " + preset_help("default") +
+                            "; the flags below change it")
     group.add_argument("--rows", type=int, help="systolic array rows (reduction depth K of a tile)")
     group.add_argument("--cols", type=int, help="systolic array columns (output width N of a tile)")
     group.add_argument("--mac-stages", type=int,
@@ -83,8 +82,9 @@ def _describe(config):
 
 def register(subparsers):
     """Add the ``synth`` and ``export`` subcommands to an argparse `subparsers`."""
-    synth = subparsers.add_parser(
-        "synth", help="synthesise the chip or one of its units with Yosys (and nextpnr)",
+    synth = add_command(
+        subparsers, "synth", "synthesise the chip or one of its units with Yosys (and nextpnr)",
+        "mxu synth --preset fpga --unit pe --target ecp5 --json pe.json",
         description="Synthesise a unit of a ChipConfig: generic Yosys cells and a transistor "
                     "estimate per block, or ECP5 utilisation and Fmax after place-and-route.")
     _add_config_flags(synth)
@@ -118,8 +118,9 @@ def register(subparsers):
     synth.add_argument("--quiet", action="store_true", help="no progress display")
     synth.set_defaults(func=run_synth)
 
-    export = subparsers.add_parser(
-        "export", help="write the chip's (or a unit's) Verilog for other tools",
+    export = add_command(
+        subparsers, "export", "write the chip's (or a unit's) Verilog for other tools",
+        "mxu export --preset vpu -o chip.v",
         description="Write synthesisable Verilog of a ChipConfig's chip, with its port list "
                     "documented in a header comment.")
     _add_config_flags(export)

@@ -189,3 +189,36 @@ def test_an_error_after_the_echoed_prompt_goes_on_its_own_line(capsys, monkeypat
     with pytest.raises(ValueError, match="too long"):
         generate_text("hi", out=out)
     assert out.getvalue() == "hi\n"
+
+
+def _subcommands():
+    from mxu.sim.cli import build_parser
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sub.choices
+
+
+@pytest.mark.parametrize("name", sorted(_subcommands()))
+def test_every_subcommand_has_a_description_and_an_example(name):
+    parser = _subcommands()[name]
+    text = parser.format_help()
+    assert parser.description and "\n" not in parser.description.strip(), name
+    assert f"example:\n  mxu {name} " in text, text
+
+
+def test_one_convention_for_pes_and_presets():
+    """Every simulating command takes --rtl (the fast array is the default)
+    and still accepts --fast-mac (a no-op); --preset lists every preset."""
+    from mxu.hdl import ChipConfig
+    commands = _subcommands()
+    for name, argv in [("demo", []), ("matmul", ["--m", "2", "--k", "2", "--n", "2"]),
+                       ("embed", ["x"]), ("generate", ["x"]),
+                       ("profile", ["--m", "2", "--k", "2", "--n", "2"])]:
+        assert commands[name].parse_args(argv).rtl is False
+        assert commands[name].parse_args(argv + ["--rtl"]).rtl is True
+        assert commands[name].parse_args(argv + ["--fast-mac"]).rtl is False
+    for name in ("synth", "export"):
+        text = " ".join(commands[name].format_help().split())
+        assert "--preset" in text and all(p in text for p in ChipConfig.preset_names()), text
+    assert "--sizes" in commands["prove"].format_help()
+    assert "--preset" not in commands["prove"].format_help()

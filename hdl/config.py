@@ -206,11 +206,6 @@ class ChipConfig:
         return replace(self, **changes)
 
     @classmethod
-    def preset_names(cls):
-        """The names `preset` knows, sorted."""
-        return sorted(_PRESETS)
-
-    @classmethod
     def preset(cls, name):
         """A named configuration: ``"default"`` (16x16 simulation chip),
         ``"vpu"`` (the same with the vector unit and four accumulator banks,

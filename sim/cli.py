@@ -19,7 +19,7 @@ from .driver.chip import ChipError
 
 __all__ = ["main", "register", "positive_int", "nonnegative_int", "array_size", "output_path",
            "check_outputs", "check_output_file", "check_output_dir", "check_cache_dir",
-           "add_command", "add_pe_flags", "preset_help"]
+           "add_command", "add_pe_flags", "preset_help", "preset_names"]
 
 
 def _int_flag(text, low, words):
@@ -74,10 +74,17 @@ def add_pe_flags(parser, what="same results and cycles, slower"):
     parser.add_argument("--fast-mac", action="store_true", help=argparse.SUPPRESS)
 
 
+def preset_names():
+    """The names `ChipConfig.preset` knows, from its registry."""
+    # Read here rather than through a new ChipConfig method: any edit under
+    # mxu.hdl changes every simulator build's cache key (docs/simulation.md).
+    from mxu.hdl import config
+    return sorted(config._PRESETS)
+
+
 def preset_help(default=None):
     """Help text of a ``--preset`` flag: every `ChipConfig` preset, from its registry."""
-    from mxu.hdl import ChipConfig
-    return ("a ChipConfig preset: " + ", ".join(ChipConfig.preset_names()) +
+    return ("a ChipConfig preset: " + ", ".join(preset_names()) +
             (f"; default {default}" if default else ""))
 
 

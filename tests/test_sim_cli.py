@@ -209,7 +209,9 @@ def test_every_subcommand_has_a_description_and_an_example(name):
 def test_one_convention_for_pes_and_presets():
     """Every simulating command takes --rtl (the fast array is the default)
     and still accepts --fast-mac (a no-op); --preset lists every preset."""
-    from mxu.hdl import ChipConfig
+    from mxu.hdl.config import _PRESETS
+    from mxu.sim.cli import preset_names
+    assert preset_names() == sorted(_PRESETS) and "llm" in preset_names()
     commands = _subcommands()
     for name, argv in [("demo", []), ("matmul", ["--m", "2", "--k", "2", "--n", "2"]),
                        ("embed", ["x"]), ("generate", ["x"]),
@@ -219,6 +221,6 @@ def test_one_convention_for_pes_and_presets():
         assert commands[name].parse_args(argv + ["--fast-mac"]).rtl is False
     for name in ("synth", "export"):
         text = " ".join(commands[name].format_help().split())
-        assert "--preset" in text and all(p in text for p in ChipConfig.preset_names()), text
+        assert "--preset" in text and all(p in text for p in preset_names()), text
     assert "--sizes" in commands["prove"].format_help()
     assert "--preset" not in commands["prove"].format_help()

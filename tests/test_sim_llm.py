@@ -222,3 +222,20 @@ def test_a_prompt_that_is_not_utf8_names_the_byte_offset():
     with pytest.raises(ValueError, match=r"the prompt is not valid UTF-8: byte offset 6 \(0xff\)"):
         check_utf8(text)
     check_utf8("café")
+
+
+def test_close_closes_the_chip_the_model_made_only(tiny4, monkeypatch):
+    from mxu.sim.driver.chip import ChipError
+    from mxu.sim.models import causal_lm
+    lm, _ = tiny4
+    lm.close()
+    assert not lm.chip.closed               # passed in: its owner's to close
+    # The model's own chip: the tiny 4x4 one instead of the llm preset's.
+    monkeypatch.setattr(causal_lm.ChipConfig, "preset", classmethod(
+        lambda cls, name: VPU_SHAPES["4x4"]))
+    with CausalLM.from_weights(LlamaWeights.random(TINY, seed=3)) as own:
+        assert len(own.generate_ids([[1, 2]], max_new_tokens=1)[0]) == 1
+    assert own.chip.closed
+    own.close()
+    with pytest.raises(ChipError, match="this chip has been closed"):
+        own.generate_ids([[1, 2]], max_new_tokens=1)

@@ -464,9 +464,25 @@ class CausalLM:
     def _setup(self, name, weights, tokenizer, chip):
         self.name, self.weights, self.config = name, weights, weights.config
         self.tokenizer = tokenizer
+        self._owns_chip = chip is None
         self.chip = chip or Chip(ChipConfig.preset("llm"), fast_mac=True)
         self.model = ChipLlama(self.chip, weights)
         self.last_stats = None
+
+    # ---- lifetime ------------------------------------------------------------------
+    def close(self):
+        """Close the chip this model made (its 1 GiB of external memory goes at
+        once); a chip passed in stays open, its owner's to close. Idempotent;
+        ``with CausalLM(...) as lm:`` closes at the end of the block."""
+        if self._owns_chip:
+            self.chip.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     # ---- inputs ----------------------------------------------------------------------
     def _encode(self, text, chat=False):

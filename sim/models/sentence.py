@@ -253,6 +253,7 @@ class SentenceEncoder:
             raise ValueError(f"vector_ops must be one of {VECTOR_BACKENDS}, not {vector_ops!r}")
         self.vector_ops = vector_ops
         self.pod, self.last_stats, self.last_pod_cycles = pod, None, None
+        self._owns_chip = chip is None and pod is None
         if pod is not None:
             self._on_pod(pod, chip)
             return
@@ -272,6 +273,20 @@ class SentenceEncoder:
         self.chip, self.encoder = None, None
         pod.map(_load_encoder, [(self.name, self.batch_size, self.vector_ops)] * pod.n_chips,
                 "loading the encoder")
+
+    def close(self):
+        """Close the chip this encoder made; a chip or pod passed in stays
+        open, its owner's to close. Idempotent; ``with SentenceEncoder(...)
+        as enc:`` closes at the end of the block."""
+        if self._owns_chip:
+            self.chip.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     @property
     def dimension(self):

@@ -16,10 +16,11 @@ import time
 from importlib.metadata import entry_points
 
 from .driver.chip import ChipError
+from .progress import set_mode
 
 __all__ = ["main", "register", "positive_int", "nonnegative_int", "array_size", "output_path",
            "check_outputs", "check_output_file", "check_output_dir", "check_cache_dir",
-           "add_command", "add_pe_flags", "preset_help", "preset_names"]
+           "add_command", "add_pe_flags", "add_quiet_flag", "preset_help", "preset_names"]
 
 
 def _int_flag(text, low, words):
@@ -72,6 +73,14 @@ def add_pe_flags(parser, what="same results and cycles, slower"):
     parser.add_argument("--rtl", action="store_true",
                         help=f"all-RTL PEs instead of the fast MAC model ({what})")
     parser.add_argument("--fast-mac", action="store_true", help=argparse.SUPPRESS)
+    add_quiet_flag(parser)
+
+
+def add_quiet_flag(parser):
+    """``--quiet``: no progress on stderr (builds, prefill, decode, ...); without
+    it progress shows on a terminal only (`mxu.sim.progress`)."""
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress display (it shows on a terminal only anyway)")
 
 
 def preset_names():
@@ -464,6 +473,8 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if getattr(args, "quiet", False):
+        set_mode("off")
     try:
         check_outputs(args)
         return args.func(args)
@@ -482,6 +493,8 @@ def main(argv=None):
     except KeyboardInterrupt:
         print(f"mxu {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        set_mode(None)
 
 
 if __name__ == "__main__":

@@ -239,3 +239,16 @@ def test_close_closes_the_chip_the_model_made_only(tiny4, monkeypatch):
     own.close()
     with pytest.raises(ChipError, match="this chip has been closed"):
         own.generate_ids([[1, 2]], max_new_tokens=1)
+
+
+def test_generate_shows_progress_on_request(tiny4, capsys, monkeypatch):
+    from mxu.sim import progress
+    monkeypatch.setattr(progress, "PLAIN_EVERY_SECONDS", 0.0)
+    lm, _ = tiny4
+    quiet = lm.generate_ids([[1, 2, 3]], max_new_tokens=3)
+    assert capsys.readouterr().err == ""          # not a terminal: nothing by default
+    assert lm.generate_ids([[1, 2, 3]], max_new_tokens=3, progress=True) == quiet
+    lines = capsys.readouterr().err.splitlines()
+    layers = TINY.layers
+    assert lines[0].startswith(f"mxu: prefill: 1/{3 * layers} layers")
+    assert lines[-1].startswith(f"mxu: decode: {3 * layers}/{3 * layers} layers")

@@ -102,7 +102,12 @@ def run_matmul_demo(M, K, N, config, seed, waves=None, fast_mac=False, out=None,
 
 
 def cmd_demo(args):
+    from mxu.sim.progress import set_mode
     from mxu.sim.runtime.matmul import check_matmul_fits
+    if not args.quiet:
+        # The tour's builds and generation take minutes: their progress shows
+        # in a log too (plain lines), not only on a terminal.
+        set_mode("plain")
     check_matmul_fits(ChipConfig(), args.m, args.k, args.n)
     ok_mac = run_mac_table(args.vectors, args.seed, ChipConfig().mac_stages)
     print()

@@ -57,6 +57,21 @@ def cache_root():
     return root
 
 
+def _last_build_seconds(kind_dir, name):
+    """How long the newest earlier build of `name` took (its meta records
+    it), for the status line's time left; None if none did."""
+    best = None
+    for meta in kind_dir.glob(f"{name}-*/{META}"):
+        try:
+            data = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("name") == name and "build_seconds" in data and \
+                (best is None or data["created"] > best[0]):
+            best = (data["created"], data["build_seconds"])
+    return best[1] if best else None
+
+
 def cache_limit():
     """The cache's size limit in bytes: ``$MXU_CACHE_LIMIT`` ("500M", "8G", bytes)."""
     text = os.environ.get("MXU_CACHE_LIMIT", "").strip()
@@ -210,8 +225,11 @@ def cached_build(kind, name, key, build, *, artifacts, keep=(), prune=True, what
         if quiet:
             build(entry, lambda phase: None)
         else:
-            with BuildStatus(what or f"{kind} {name}", cache_root()) as status:
+            started = time.monotonic()
+            with BuildStatus(what or f"{kind} {name}", cache_root(),
+                             expected=_last_build_seconds(entry.parent, name)) as status:
                 build(entry, status)
+            build_seconds = time.monotonic() - started
         if prune:
             _prune(entry, [*artifacts, *keep, "build.log"])
         record = {}
@@ -224,6 +242,8 @@ def cached_build(kind, name, key, build, *, artifacts, keep=(), prune=True, what
                          "linked": _is_elf(path)}
         meta = {"kind": kind, "name": name, "created": time.time(), "artifacts": record,
                 "tools": tool_versions()}
+        if not quiet:
+            meta["build_seconds"] = round(build_seconds, 1)
         tmp = entry / (META + ".tmp")
         tmp.write_text(json.dumps(meta, indent=1))
         tmp.replace(entry / META)

@@ -33,6 +33,7 @@ import numpy as np
 from mxu.hdl.config import ChipConfig
 from mxu.hdl.dtypes import bfloat16
 
+from ..progress import Progress
 from ..runtime.chip import Chip
 from ..runtime.stats import RunStats
 from ..runtime.vector import rms_norm_params
@@ -202,12 +203,12 @@ class ChipLlama:
             out.append(np.concatenate([pad(cos), pad(sin)], axis=1))
         return tuple(out)
 
-    def step(self, seqs, tokens, logits="last"):
+    def step(self, seqs, tokens, logits="last", tick=None):
         """Run `tokens[i]` (a list of ids) of each sequence ``seqs[i]`` through
         the model: their K and V join the caches. Returns (one float32 array
         per sequence: the logits of its last new token, or with
         ``logits="all"`` of every new token (one sequence only), the
-        `RunStats` of the step)."""
+        `RunStats` of the step). `tick()`, if given, is called after each layer."""
         chip, c = self.chip, self.config
         counts = [len(t) for t in tokens]
         if logits == "all" and len(seqs) != 1:
@@ -243,6 +244,8 @@ class ChipLlama:
                     stats = RunStats(rows=run.rows, cols=run.cols)
                 stats += run
                 x, xn = x_next, xn_next
+                if tick is not None:
+                    tick()
             for s, n, t in zip(seqs, counts, tokens):
                 s.length += n
                 s.tokens += list(t)
@@ -541,26 +544,28 @@ class CausalLM:
 
     # ---- generation ---------------------------------------------------------------------
     def generate(self, prompts, max_new_tokens=16, temperature=0.0, top_k=None, seed=None,
-                 stream=None, chat=False):
+                 stream=None, chat=False, progress=None):
         """Continue `prompts` (a string or a list of strings): returns the new
         text of each (a string, or a list of them), without the prompt.
         `temperature` 0 is greedy; else tokens are sampled from the softmax of
         ``logits / temperature`` (the `top_k` largest only, if given) with a
         NumPy generator seeded by `seed`. `stream(index, text)` is called with
         each new piece of text of sequence `index` as it is produced. `chat`
-        wraps each prompt in the model's chat template."""
+        wraps each prompt in the model's chat template. `progress`: a bar of
+        the prefill and decode layers on stderr with the time left (None: on a
+        terminal only, `mxu.sim.progress`; True; False)."""
         single = isinstance(prompts, str)
         texts = [prompts] if single else prompts
         if not isinstance(texts, (list, tuple)) or not texts:
             raise ValueError("prompts must be a string or a non-empty list of strings")
         check_sampling(temperature, top_k, seed)
         ids = [self._encode(t, chat) for t in texts]
-        out = self.generate_ids(ids, max_new_tokens, temperature, top_k, seed, stream)
+        out = self.generate_ids(ids, max_new_tokens, temperature, top_k, seed, stream, progress)
         text = [self.tokenizer.decode(o) for o in out]
         return text[0] if single else text
 
     def generate_ids(self, prompts, max_new_tokens=16, temperature=0.0, top_k=None, seed=None,
-                     stream=None):
+                     stream=None, progress=None):
         """`generate` on token ids: a list of prompts (lists of ids); returns
         the new ids of each (stopping at the end-of-sequence token)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
@@ -578,33 +583,38 @@ class CausalLM:
         seqs = [self._new_sequence(len(p) + max_new_tokens) for p in prompts]
         out = [[] for _ in prompts]
         texts = [""] * len(prompts)
+
+        def emit(k, token):
+            """Token `token` of sequence k: kept, streamed; whether k goes on."""
+            out[k].append(token)
+            if stream is not None and self.tokenizer is not None:
+                text = self.tokenizer.decode(out[k])
+                if not text.endswith("\ufffd") and text != texts[k]:
+                    stream(k, text[len(texts[k]):])
+                    texts[k] = text
+            return token != self.config.eos and len(out[k]) < max_new_tokens
+
+        layers = self.config.layers
+        bar = Progress("prefill", layers * (len(prompts) + max_new_tokens - 1), unit="layer",
+                       show=progress)
         try:
-            nxt = []
+            live = []
             for k, (s, p) in enumerate(zip(seqs, prompts)):
-                logits, stats = self.model.step([s], [p])
+                logits, stats = self.model.step([s], [p], tick=bar.advance)
                 self._account(gen.prefill, stats, [s], [len(p)])
-                nxt.append(self._sample(logits[0], temperature, top_k, rng))
-            live = list(range(len(prompts)))
-            while live:
-                still = []
-                for k in live:
-                    token = nxt[k]
-                    out[k].append(token)
-                    if stream is not None and self.tokenizer is not None:
-                        text = self.tokenizer.decode(out[k])
-                        if not text.endswith("\ufffd") and text != texts[k]:
-                            stream(k, text[len(texts[k]):])
-                            texts[k] = text
-                    if token != self.config.eos and len(out[k]) < max_new_tokens:
-                        still.append(k)
-                live = still
+                if emit(k, self._sample(logits[0], temperature, top_k, rng)):
+                    live.append(k)
+            bar.advance(0, label="decode")
+            for _ in range(max_new_tokens - 1):
                 if not live:
                     break
-                logits, stats = self.model.step([seqs[k] for k in live], [[nxt[k]] for k in live])
+                logits, stats = self.model.step([seqs[k] for k in live],
+                                                [[out[k][-1]] for k in live], tick=bar.advance)
                 self._account(gen.decode, stats, [seqs[k] for k in live], [1] * len(live))
-                for k, lg in zip(live, logits):
-                    nxt[k] = self._sample(lg, temperature, top_k, rng)
+                live = [k for k, lg in zip(live, logits)
+                        if emit(k, self._sample(lg, temperature, top_k, rng))]
         finally:
+            bar.close()
             for s in seqs:
                 s.free()
         gen.new_tokens = sum(len(o) for o in out)

@@ -17,7 +17,6 @@ its own tokens and L2-normalises, as sentence-transformers does.
 """
 
 import json
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -30,6 +29,7 @@ from ..runtime import hostops
 from ..runtime.chip import Chip
 from .encoder import (VECTOR_BACKENDS, Encoder, EncoderConfig, EncoderWeights,
                               LayerWeights, model_macs)
+from ..progress import Progress
 from ..runtime.stats import RunStats
 
 __all__ = ["SentenceEncoder", "Batch", "MODELS", "load_minilm", "bucket_length", "pack"]
@@ -185,31 +185,6 @@ def pack(token_ids, start, max_len):
     return Batch(range(start, start + len(token_ids)), ids, segments, placed)
 
 
-class _Progress:
-    """A `rich` progress bar of programs, shown on a terminal once a call has run
-    for about a second."""
-
-    def __init__(self, total, enabled):
-        self.total, self.enabled, self.done = total, enabled, 0
-        self.start, self._bar, self._task = time.monotonic(), None, None
-
-    def __call__(self):
-        self.done += 1
-        if not self.enabled:
-            return
-        if self._bar is None and time.monotonic() - self.start > 1.0:
-            from rich.progress import Progress
-            self._bar = Progress(transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task("encoding on the chip", total=self.total)
-        if self._bar is not None:
-            self._bar.update(self._task, completed=self.done)
-
-    def close(self):
-        if self._bar is not None:
-            self._bar.stop()
-
-
 class SentenceEncoder:
     """A pretrained sentence encoder whose every matmul runs on a simulated chip.
 
@@ -337,9 +312,9 @@ class SentenceEncoder:
         batches = list(self.batches(token_ids))
         if self.pod is not None:
             return self._encode_on_pod(token_ids, batches, start)
-        show = sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
-        progress = _Progress(len(batches) * self.weights.config.layers
-                             * self.encoder.programs_per_layer, show)
+        progress = Progress("encoding on the chip", len(batches) * self.weights.config.layers
+                            * self.encoder.programs_per_layer, unit="program",
+                            show=None if show_progress_bar is None else bool(show_progress_bar))
         out = np.zeros((len(token_ids), self.dimension), np.float32)
         total = RunStats(rows=self.chip.config.rows, cols=self.chip.config.cols)
         try:

@@ -36,19 +36,22 @@ def default_formal_config():
 PRESETS = {"small": small_config, "default": default_formal_config}
 
 
-def run_proofs(proofs, workdir, traces, *, solver="yices", out=None):
-    """Run every `Proof`; returns the `Result` list (printing a line per job)."""
+def run_proofs(proofs, workdir, traces, *, solver="yices", out=None, quiet=False):
+    """Run every `Proof`; returns the `Result` list (printing a line per job,
+    with the time left at the mean pace so far, unless `quiet`)."""
     out = out or sys.stderr
-    results = []
-    for proof in proofs:
+    say = (lambda text: None) if quiet else (lambda text: print(text, file=out, flush=True))
+    results, began = [], time.monotonic()
+    for i, proof in enumerate(proofs):
         start = time.monotonic()
-        print(f"mxu prove: {proof.name} ({proof.mode}, depth {proof.depth}) ...", file=out,
-              flush=True)
+        left = "" if not i else \
+            f"; about {(start - began) / i * (len(proofs) - i) / 60:.1f} min left"
+        say(f"mxu prove: [{i + 1}/{len(proofs)}] {proof.name} ({proof.mode}, depth "
+            f"{proof.depth}){left} ...")
         rows = run_proof(proof, Path(workdir) / proof.name, traces=traces, solver=solver)
         bad = sum(not r.ok for r in rows)
-        print(f"mxu prove: {proof.name}: {len(rows)} properties, "
-              f"{'all hold' if not bad else f'{bad} NOT'} in {time.monotonic() - start:.0f} s",
-              file=out, flush=True)
+        say(f"mxu prove: {proof.name}: {len(rows)} properties, "
+            f"{'all hold' if not bad else f'{bad} NOT'} in {time.monotonic() - start:.0f} s")
         results += rows
     return results
 
@@ -70,7 +73,7 @@ def cmd_prove(args):
     with tempfile.TemporaryDirectory(prefix="mxu-prove-") as tmp:
         work = out_dir / "work" if out_dir is not None else Path(tmp)
         try:
-            results = run_proofs(proofs, work, out_dir, solver=args.solver)
+            results = run_proofs(proofs, work, out_dir, solver=args.solver, quiet=args.quiet)
         except ToolMissing as error:
             raise ValueError(str(error)) from None
     print(f"formal proofs, sizes {args.sizes!r}: " + ", ".join(
@@ -114,4 +117,5 @@ def add_parser(sub):
                             "test (64-bit bus, short memories)")
     prove.add_argument("--solver", choices=SOLVERS, default="yices",
                        help="SMT solver of the smtbmc engine (default: yices)")
+    prove.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     prove.set_defaults(func=cmd_prove)

@@ -104,9 +104,11 @@ class Progress:
         self.advance()
 
     def close(self):
-        """End the display; in plain mode a last line if the last one is stale."""
+        """End the display (idempotent); in plain mode a last line if the last
+        one is stale."""
         if self.kind == "plain" and self.done and self._shown != self.done:
             self._line(time.monotonic())
+        self.kind = None
         if self._bar is not None:
             self._bar.stop()
             self._bar = None

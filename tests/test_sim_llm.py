@@ -252,3 +252,65 @@ def test_generate_shows_progress_on_request(tiny4, capsys, monkeypatch):
     layers = TINY.layers
     assert lines[0].startswith(f"mxu: prefill: 1/{3 * layers} layers")
     assert lines[-1].startswith(f"mxu: decode: {3 * layers}/{3 * layers} layers")
+
+
+def test_prefill_packs():
+    from mxu.sim.models.causal_lm import prefill_packs
+    assert prefill_packs([5, 20, 30, 70, 1, 2], 64) == [[0, 1, 2], [3], [4, 5]]
+    assert prefill_packs([40, 30, 64], 64) == [[0], [1], [2]]
+    assert prefill_packs([3, 3, 3], 1) == [[0], [1], [2]]
+
+
+def test_packed_prefill_is_bit_identical_to_one_prompt_at_a_time(tiny):
+    """Prompts of 1 token, less than a tile and several tiles, prefilled in one
+    packed step (each its own positions from 0, its own causal mask and KV
+    cache): every prompt's logits equal its prefill alone, bit for bit, and
+    so do the next decode step's."""
+    lm, _ = tiny
+    model = lm.model
+    prompts = [[5, 17, 33, 3, 99, 200, 7], [42], [1, 2, 3], [9, 8, 7, 6] * 5, [250, 0]]
+    packed = [model.new_sequence(32) for _ in prompts]
+    alone = [model.new_sequence(32) for _ in prompts]
+    try:
+        got, _ = model.step(packed, prompts)
+        for k, (s, p) in enumerate(zip(alone, prompts)):
+            want, _ = model.step([s], [p])
+            _same(got[k], want[0], f"packed prefill, prompt {k}")
+        nxt = [[int(np.argmax(g))] for g in got]
+        got, _ = model.step(packed, nxt)
+        want, _ = model.step(alone, nxt)
+        for k in range(len(prompts)):
+            _same(got[k], want[k], f"decode after the packed prefill, prompt {k}")
+    finally:
+        for s in packed + alone:
+            s.free()
+
+
+def test_generate_packs_prompts_and_streams_each_pack_when_it_is_done(tiny4, monkeypatch):
+    """Packed and one-by-one generation give the same tokens; the packed
+    prefill takes fewer steps and cycles; `stream` has the first token of
+    each prompt as soon as the step holding it is done."""
+    lm, _ = tiny4
+    prompts = [[3, 1, 4, 1, 5], [2, 7], [1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9], [9] * 20, [6, 6]]
+    alone = lm.generate_ids(prompts, max_new_tokens=3, pack_tokens=1)
+    one_by_one = lm.last_stats.prefill
+    events = []
+
+    class Tokens:
+        def decode(self, ids):
+            return " ".join(map(str, ids))
+
+    step = lm.model.step
+    monkeypatch.setattr(lm, "tokenizer", Tokens())
+    monkeypatch.setattr(lm.model, "step", lambda seqs, tokens, **kw: (
+        events.append(("step", [len(t) for t in tokens])), step(seqs, tokens, **kw))[1])
+    packed = lm.generate_ids(prompts, max_new_tokens=3, pack_tokens=24,
+                             stream=lambda k, text: events.append(("token", k)))
+    assert packed == alone
+    stats = lm.last_stats.prefill
+    assert (one_by_one.steps, stats.steps) == (5, 2)
+    assert stats.cycles < one_by_one.cycles
+    # Packs [0, 1, 2] (18 tokens), then [3, 4] (22): each pack's first tokens
+    # stream before the next step.
+    assert events[:8] == [("step", [5, 2, 11]), ("token", 0), ("token", 1), ("token", 2),
+                          ("step", [20, 2]), ("token", 3), ("token", 4), ("step", [1] * 5)]

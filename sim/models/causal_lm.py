@@ -42,7 +42,8 @@ from .llama import model_macs, read_gguf, rope_tables
 from .tokenizer import GgufTokenizer
 
 __all__ = ["CausalLM", "ChipLlama", "Sequence", "GenerationStats", "PhaseStats", "MODELS",
-           "rope_mode", "interleave_tiles", "check_sampling", "check_utf8"]
+           "rope_mode", "interleave_tiles", "check_sampling", "check_utf8", "prefill_packs",
+           "PACK_TOKENS"]
 
 
 def _smollm2_path():
@@ -56,6 +57,29 @@ def _smollm2_path():
 MODELS = {"SmolLM2-135M-Instruct": _smollm2_path}
 _ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "SmolLM2-135M-Instruct",
             "smollm2": "SmolLM2-135M-Instruct"}
+
+
+# Prompts of one `generate` call are prefilled together, packed into steps
+# of at most this many tokens (a longer prompt has a step of its own). A
+# prefill streams every weight once whatever its length, and a token's
+# compute (135 M MACs on 256 PEs of the llm chip) makes up a weight stream
+# at about 32 tokens; the llm chip's accumulator holds a 64-token step's
+# rows in one M block (docs/llm.md).
+PACK_TOKENS = 64
+
+
+def prefill_packs(lengths, budget=PACK_TOKENS):
+    """Consecutive prompts (their `lengths`) grouped into packs of at most
+    `budget` tokens, a longer prompt alone: lists of prompt indices."""
+    packs, size = [], 0
+    for k, n in enumerate(lengths):
+        if packs and size + n <= budget:
+            packs[-1].append(k)
+            size += n
+        else:
+            packs.append([k])
+            size = n
+    return packs
 
 
 def check_sampling(temperature, top_k=None, seed=None):
@@ -321,7 +345,7 @@ class ChipLlama:
                 t.free()
         result = None
         if last:
-            result = self._logits(xn_next, counts, logits)
+            result = self._logits(xn_next, counts, logits, x_next)
             stats += chip.last_stats
         return x_next, xn_next, result, stats
 
@@ -351,17 +375,33 @@ class ChipLlama:
                               probs, mask=mask))
         return heads
 
-    def _logits(self, xn, counts, which):
+    def _logits(self, xn, counts, which, x):
         """The logits matmul of the rows the host samples from: every
         sequence's last new row (a decode step: all of them; a prefill: its
-        last), or every row."""
+        last), or every row. Several sequences' last rows that are not
+        adjacent (a packed prefill) are gathered by the final RMSNorm: run
+        again on each one's fp32 row of `x`, it writes them one under the
+        other (the same bits as the fused norm that wrote `xn`)."""
         if which == "all" or all(n == 1 for n in counts):
             rows = xn
         elif len(counts) == 1:
             rows = xn[counts[0] - 1:counts[0]]
         else:
-            raise ValueError("a step with several prefills returns only its decode rows' logits")
+            return self._gathered_logits(x, counts)
         return self.chip.matmul(rows, self.unembed, keep=True)
+
+    def _gathered_logits(self, x, counts):
+        chip, c = self.chip, self.config
+        rows = chip.empty((len(counts), c.hidden), bfloat16, transient=True)
+        try:
+            with chip.record():
+                for k, last in enumerate(np.cumsum(counts) - 1):
+                    chip.vector("rms_norm", x[int(last):int(last) + 1], out_bf16=rows[k:k + 1],
+                                other=self.final_norm, eps=c.eps)
+                result = chip.matmul(rows, self.unembed, keep=True)
+        finally:
+            rows.free()
+        return result
 
 
 @dataclass
@@ -544,7 +584,7 @@ class CausalLM:
 
     # ---- generation ---------------------------------------------------------------------
     def generate(self, prompts, max_new_tokens=16, temperature=0.0, top_k=None, seed=None,
-                 stream=None, chat=False, progress=None):
+                 stream=None, chat=False, progress=None, pack_tokens=PACK_TOKENS):
         """Continue `prompts` (a string or a list of strings): returns the new
         text of each (a string, or a list of them), without the prompt.
         `temperature` 0 is greedy; else tokens are sampled from the softmax of
@@ -553,19 +593,22 @@ class CausalLM:
         each new piece of text of sequence `index` as it is produced. `chat`
         wraps each prompt in the model's chat template. `progress`: a bar of
         the prefill and decode layers on stderr with the time left (None: on a
-        terminal only, `mxu.sim.progress`; True; False)."""
+        terminal only, `mxu.sim.progress`; True; False). The prompts are
+        prefilled together in steps of at most `pack_tokens` tokens (1:
+        each alone), with the same logits (docs/llm.md, "Packed prefill")."""
         single = isinstance(prompts, str)
         texts = [prompts] if single else prompts
         if not isinstance(texts, (list, tuple)) or not texts:
             raise ValueError("prompts must be a string or a non-empty list of strings")
         check_sampling(temperature, top_k, seed)
         ids = [self._encode(t, chat) for t in texts]
-        out = self.generate_ids(ids, max_new_tokens, temperature, top_k, seed, stream, progress)
+        out = self.generate_ids(ids, max_new_tokens, temperature, top_k, seed, stream, progress,
+                                pack_tokens)
         text = [self.tokenizer.decode(o) for o in out]
         return text[0] if single else text
 
     def generate_ids(self, prompts, max_new_tokens=16, temperature=0.0, top_k=None, seed=None,
-                     stream=None, progress=None):
+                     stream=None, progress=None, pack_tokens=PACK_TOKENS):
         """`generate` on token ids: a list of prompts (lists of ids); returns
         the new ids of each (stopping at the end-of-sequence token)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
@@ -574,6 +617,8 @@ class CausalLM:
         check_sampling(temperature, top_k, seed)
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts must be a non-empty list of prompts (lists of token ids)")
+        if isinstance(pack_tokens, bool) or not isinstance(pack_tokens, int) or pack_tokens < 1:
+            raise ValueError(f"pack_tokens must be an integer >= 1, not {pack_tokens!r}")
         if stream is not None and not callable(stream):
             raise TypeError("stream must be a callable (index, text) or None")
         prompts = [self._check_ids(p, max_new_tokens) for p in prompts]
@@ -595,21 +640,31 @@ class CausalLM:
             return token != self.config.eos and len(out[k]) < max_new_tokens
 
         layers = self.config.layers
-        bar = Progress("prefill", layers * (len(prompts) + max_new_tokens - 1), unit="layer",
-                       show=progress)
+        packs = prefill_packs([len(p) for p in prompts], pack_tokens)
+        # With `stream`, the streamed text shows the decode steps (and a bar
+        # would break its line): the bar covers the prefill only.
+        steps = len(packs) + (max_new_tokens - 1 if stream is None else 0)
+        bar = Progress("prefill", layers * steps, unit="layer", show=progress)
         try:
             live = []
-            for k, (s, p) in enumerate(zip(seqs, prompts)):
-                logits, stats = self.model.step([s], [p], tick=bar.advance)
-                self._account(gen.prefill, stats, [s], [len(p)])
-                if emit(k, self._sample(logits[0], temperature, top_k, rng)):
-                    live.append(k)
-            bar.advance(0, label="decode")
+            for pack in packs:
+                logits, stats = self.model.step([seqs[k] for k in pack],
+                                                [prompts[k] for k in pack], tick=bar.advance)
+                self._account(gen.prefill, stats, [seqs[k] for k in pack],
+                              [len(prompts[k]) for k in pack])
+                # Sampled (and streamed) as soon as their pack is done.
+                live += [k for k, lg in zip(pack, logits)
+                         if emit(k, self._sample(lg, temperature, top_k, rng))]
+            if stream is None:
+                bar.advance(0, label="decode")
+            else:
+                bar.close()
             for _ in range(max_new_tokens - 1):
                 if not live:
                     break
                 logits, stats = self.model.step([seqs[k] for k in live],
-                                                [[out[k][-1]] for k in live], tick=bar.advance)
+                                                [[out[k][-1]] for k in live],
+                                                tick=bar.advance if stream is None else None)
                 self._account(gen.decode, stats, [seqs[k] for k in live], [1] * len(live))
                 live = [k for k, lg in zip(live, logits)
                         if emit(k, self._sample(lg, temperature, top_k, rng))]

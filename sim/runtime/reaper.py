@@ -11,7 +11,10 @@ when the driver dies, however; then the watcher kills (SIGKILL) every
 process that still has a file of that Ray session open or names it on its
 command line, and exits (docs/pod.md, "Lifetime").
 
-    python -m mxu.sim.runtime.reaper SESSION_DIR     # stdin: the driver's pipe
+    python -m mxu.sim.runtime.reaper SESSION_DIR DRIVER_PID   # stdin: the driver's pipe
+
+The driver itself is spared: after a clean ``ray.shutdown()`` it still holds
+some of the session's log files open.
 """
 
 import os
@@ -47,21 +50,22 @@ def _mentions(pid, session_dir):
     return False
 
 
-def session_processes(session_dir):
+def session_processes(session_dir, spare=()):
     """Pids of the processes that belong to the Ray session `session_dir`
-    (this process excluded)."""
+    (this process and `spare` excluded)."""
     session_dir = os.path.realpath(session_dir)
-    own = os.getpid()
+    skip = {os.getpid(), *spare}
     return [int(p) for p in os.listdir("/proc")
-            if p.isdigit() and int(p) != own and _mentions(int(p), session_dir)]
+            if p.isdigit() and int(p) not in skip and _mentions(int(p), session_dir)]
 
 
-def reap(session_dir, seconds=REAP_SECONDS):
-    """SIGKILL the processes of `session_dir` until none is left or
-    `seconds` have passed; returns the pids still there (normally none)."""
+def reap(session_dir, spare=(), seconds=REAP_SECONDS):
+    """SIGKILL the processes of `session_dir` (but `spare`) until none is
+    left or `seconds` have passed; returns the pids still there (normally
+    none)."""
     deadline = time.monotonic() + seconds
     while True:
-        left = session_processes(session_dir)
+        left = session_processes(session_dir, spare)
         if not left or time.monotonic() > deadline:
             return left
         for pid in left:
@@ -78,18 +82,19 @@ def start_reaper(session_dir):
     after ``ray.shutdown()``). None where there is no /proc (not Linux)."""
     if not os.path.isdir("/proc/self/fd"):
         return None
-    return subprocess.Popen([sys.executable, "-m", "mxu.sim.runtime.reaper", session_dir],
+    return subprocess.Popen([sys.executable, "-m", "mxu.sim.runtime.reaper", session_dir,
+                             str(os.getpid())],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    session_dir = argv[0]
+    session_dir, driver = argv[0], int(argv[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # a Ctrl-C of the driver's terminal
     sys.stdin.buffer.read()                          # until the driver closes it or dies
     time.sleep(GRACE_SECONDS)
-    reap(session_dir)
+    reap(session_dir, spare=(driver,))
     return 0
 
 

@@ -9,14 +9,18 @@ imports the packages above it (docs/architecture.md).
 """
 
 import argparse
+import math
 import os
 import sys
 import time
 from importlib.metadata import entry_points
 
 from .driver.chip import ChipError
+from .progress import set_mode
 
-__all__ = ["main", "register", "positive_int", "nonnegative_int", "array_size"]
+__all__ = ["main", "register", "positive_int", "nonnegative_int", "array_size", "output_path",
+           "check_outputs", "check_output_file", "check_output_dir", "check_cache_dir",
+           "add_command", "add_pe_flags", "add_quiet_flag", "preset_help", "preset_names"]
 
 
 def _int_flag(text, low, words):
@@ -52,6 +56,45 @@ def array_size(text):
 def nonnegative_int(text):
     """argparse type: an integer >= 0."""
     return _int_flag(text, 0, "an integer >= 0")
+
+
+def add_command(sub, name, summary, example, description=None):
+    """A subcommand parser whose ``--help`` starts with `summary` (one line;
+    `description` may say more) and ends with `example` (a command line)."""
+    return sub.add_parser(name, help=summary, description=description or summary,
+                          epilog=f"example:\n  {example}",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_pe_flags(parser, what="same results and cycles, slower"):
+    """``--rtl``: all-RTL PEs instead of the fast array, the default of every
+    simulating command; ``--fast-mac``, its old opposite, is accepted and does
+    nothing (hidden)."""
+    parser.add_argument("--rtl", action="store_true",
+                        help=f"all-RTL PEs instead of the fast MAC model ({what})")
+    parser.add_argument("--fast-mac", action="store_true", help=argparse.SUPPRESS)
+    add_quiet_flag(parser)
+
+
+def add_quiet_flag(parser):
+    """``--quiet``: no progress on stderr (builds, prefill, decode, ...); without
+    it progress shows on a terminal only (`mxu.sim.progress`)."""
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress display (it shows on a terminal only anyway)")
+
+
+def preset_names():
+    """The names `ChipConfig.preset` knows, from its registry."""
+    # Read here rather than through a new ChipConfig method: any edit under
+    # mxu.hdl changes every simulator build's cache key (docs/simulation.md).
+    from mxu.hdl import config
+    return sorted(config._PRESETS)
+
+
+def preset_help(default=None):
+    """Help text of a ``--preset`` flag: every `ChipConfig` preset, from its registry."""
+    return ("a ChipConfig preset: " + ", ".join(preset_names()) +
+            (f"; default {default}" if default else ""))
 
 
 def _size(n):
@@ -108,10 +151,97 @@ def print_profile(trace, out=None, json_path=None, png_path=None):
         print(f"timeline written to {png_path}", file=out)
 
 
-def _writable(path, flag):
+class OutputPath(str):
+    """An output path given on the command line: a `str` that remembers its
+    flag and whether it names a file or a directory, so that `check_outputs`
+    can check every one before any work starts."""
+
+    def __new__(cls, text, flag, kind):
+        path = super().__new__(cls, text)
+        path.flag, path.kind = flag, kind
+        return path
+
+
+def output_path(flag, kind="file"):
+    """argparse type of an output path (`kind` "file" or "dir") under `flag`:
+    the value is an `OutputPath`, checked by `check_outputs` before the
+    command runs (argparse's own errors would print the usage too)."""
+    return lambda text: OutputPath(text, flag, kind)
+
+
+def _can_create_in(directory):
+    """None if a file can be made in `directory`, else the OS's reason."""
+    import tempfile
+    try:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".mxu-check-")
+    except OSError as error:
+        return error.strerror or str(error)
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def check_output_file(path, flag):
+    """ValueError naming `flag` and the reason unless `path` can be written:
+    its directory is missing, it is a directory, or it is not writable."""
     from pathlib import Path
-    if path is not None and not Path(path).resolve().parent.is_dir():
-        raise ValueError(f"{flag}: directory {str(Path(path).resolve().parent)!r} does not exist")
+    if path is None:
+        return
+    target = Path(path)
+    parent = target.resolve().parent
+    if target.is_dir():
+        raise ValueError(f"{flag}: {str(path)!r} is a directory; name a file")
+    if not parent.is_dir():
+        raise ValueError(f"{flag}: directory {str(parent)!r} of {str(path)!r} does not exist")
+    if target.exists():
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"{flag}: {str(path)!r} is not writable (permission denied)")
+        return
+    reason = _can_create_in(parent)
+    if reason is not None:
+        raise ValueError(f"{flag}: {str(path)!r} is not writable: directory {str(parent)!r} "
+                         f"takes no new files ({reason})")
+
+
+def check_output_dir(path, flag):
+    """ValueError naming `flag` and the reason unless `path` is, or can be
+    made as, a writable directory."""
+    from pathlib import Path
+    if path is None:
+        return
+    target = Path(path).resolve()
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{flag}: {str(path)!r} is a file, not a directory")
+    existing = target
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{flag}: {str(existing)!r} (in {str(path)!r}) is a file, "
+                         f"not a directory")
+    reason = _can_create_in(existing)
+    if reason is not None:
+        raise ValueError(f"{flag}: directory {str(path)!r} is not writable" +
+                         (f" (nor can it be made in {str(existing)!r})" if existing != target
+                          else "") + f": {reason}")
+
+
+def check_cache_dir():
+    """ValueError unless the build cache ($MXU_CACHE, else ~/.cache/mxu) is,
+    or can be made as, a writable directory."""
+    from .backends.cache import cache_path
+    check_output_dir(cache_path(), "$MXU_CACHE" if os.environ.get("MXU_CACHE")
+                     else "the build cache")
+
+
+def check_outputs(args):
+    """Check every output path of parsed `args` (`output_path` values) and,
+    for commands that build a simulator (``uses_cache``), the build cache:
+    before any work, so that a bad path costs no build or run."""
+    if getattr(args, "uses_cache", False):
+        check_cache_dir()
+    for value in vars(args).values():
+        if isinstance(value, OutputPath):
+            (check_output_dir if value.kind == "dir" else check_output_file)(value, value.flag)
 
 
 def cmd_profile(args):
@@ -119,8 +249,6 @@ def cmd_profile(args):
     from mxu.hdl import ChipConfig
     from .runtime.chip import Chip
     from .runtime.matmul import check_matmul_fits
-    _writable(args.output, "-o")
-    _writable(args.png, "--png")
     config = ChipConfig(rows=args.rows, cols=args.cols)
     # Before the chip is built and the operands allocated.
     check_matmul_fits(config, args.m, args.k, args.n)
@@ -147,8 +275,10 @@ def embed_texts(texts, config, rtl=False, out=None, profile=None, png=None, vect
     from .report import format_table
     from .runtime.chip import Chip
     out = out or sys.stdout
-    _writable(profile, "--profile")
-    _writable(png, "--png")
+    if png and not profile:
+        raise ValueError("--png draws the timeline of a profile: give --profile TRACE.json too")
+    check_output_file(profile, "--profile")
+    check_output_file(png, "--png")
     start = time.perf_counter()
     if vector_ops == "chip" and not config.vpu:
         config = config.replace(vpu=True, acc_banks=max(config.acc_banks, 4))
@@ -199,9 +329,13 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
     from mxu.hdl import ChipConfig
     from mxu.hdl.config import MEASURED_FMAX_MHZ
     from .models import CausalLM
+    from .models.causal_lm import check_sampling, check_utf8
     from .report import format_table
     from .runtime.chip import Chip
     out = out or sys.stdout
+    # Before the chip is built: flags greedy decoding would ignore, bad bytes.
+    check_sampling(temperature, top_k, seed)
+    check_utf8(prompt)
     start = time.perf_counter()
     lm = CausalLM("SmolLM2-135M-Instruct", chip=Chip(ChipConfig.preset("llm"), fast_mac=not rtl))
     loaded = time.perf_counter() - start
@@ -211,9 +345,12 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
     def stream(index, piece):
         print(piece, end="", file=out, flush=True)
 
-    text = lm.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-                       top_k=top_k, seed=seed, stream=stream, chat=chat)
-    print(file=out)
+    try:
+        text = lm.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                           top_k=top_k, seed=seed, stream=stream, chat=chat)
+    finally:
+        # Ends the streamed line, so that an error goes on a line of its own.
+        print(file=out, flush=True)
     s, cfg = lm.last_stats, lm.chip.config
     fmax = MEASURED_FMAX_MHZ["fpga"]
 
@@ -253,32 +390,34 @@ def _temperature(text):
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, not {text!r}")
     return value
 
 
 def register(sub):
     """Add the runtime's own commands to the subcommand parser `sub`."""
     from mxu.hdl import ChipConfig
-    embed = sub.add_parser("embed", help="embed texts with all-MiniLM-L6-v2 on the simulated chip")
+    embed = add_command(sub, "embed", "embed texts with all-MiniLM-L6-v2 on the simulated chip "
+                                      "and print their cosine similarities",
+                        'mxu embed "A cat sat on the mat." "A kitten lay on the rug."')
     embed.add_argument("texts", nargs="+", help="the texts to embed")
     embed.add_argument("--rows", type=array_size, default=ChipConfig().rows,
                        help="systolic array rows")
     embed.add_argument("--cols", type=array_size, default=ChipConfig().cols,
                        help="systolic array columns")
-    embed.add_argument("--rtl", action="store_true",
-                       help="all-RTL PEs instead of the fast MAC model (same results, slower)")
-    embed.add_argument("--profile", metavar="TRACE.json",
+    add_pe_flags(embed)
+    embed.add_argument("--profile", metavar="TRACE.json", type=output_path("--profile"),
                        help="profile the forward: write Chrome trace-event JSON, print the stalls")
-    embed.add_argument("--png", metavar="TIMELINE.png", help="with --profile: a timeline plot")
+    embed.add_argument("--png", metavar="TIMELINE.png", type=output_path("--png"), help="with --profile: a timeline plot")
     embed.add_argument("--vector-ops", choices=("host", "chip"), default="host",
                        help="where softmax, LayerNorm and GELU run: host (NumPy) or chip (the "
                             "vector unit, one program per layer)")
-    embed.set_defaults(func=cmd_embed)
+    embed.set_defaults(func=cmd_embed, uses_cache=True)
 
-    gen = sub.add_parser("generate", help="generate text with SmolLM2-135M-Instruct on the "
-                                          "simulated chip")
+    gen = add_command(sub, "generate", "generate text with SmolLM2-135M-Instruct on the "
+                                       "simulated chip, streaming it as it comes",
+                      'mxu generate "The capital of France is" --max-new-tokens 8')
     gen.add_argument("prompt", help="the text to continue")
     gen.add_argument("--max-new-tokens", type=positive_int, default=16,
                      help="tokens to generate (default 16)")
@@ -289,11 +428,12 @@ def register(sub):
     gen.add_argument("--top-k", type=positive_int, default=None,
                      help="with a temperature: sample among the k likeliest tokens")
     gen.add_argument("--seed", type=nonnegative_int, default=None, help="seed of the sampling")
-    gen.add_argument("--rtl", action="store_true",
-                     help="all-RTL PEs instead of the fast MAC model (same results, slower)")
-    gen.set_defaults(func=cmd_generate)
+    add_pe_flags(gen)
+    gen.set_defaults(func=cmd_generate, uses_cache=True)
 
-    prof = sub.add_parser("profile", help="profile one matmul: engine timeline and stalls")
+    prof = add_command(sub, "profile", "profile one random matmul: each engine's busy, stall "
+                                       "and idle cycles, and the longest stalls",
+                       "mxu profile --m 64 --k 64 --n 64 -o trace.json --png timeline.png")
     for flag, what in (("--m", "rows of A and C"), ("--k", "columns of A, rows of B"),
                        ("--n", "columns of B and C")):
         prof.add_argument(flag, type=positive_int, required=True, help=what)
@@ -302,19 +442,20 @@ def register(sub):
     prof.add_argument("--cols", type=array_size, default=ChipConfig().cols,
                       help="systolic array columns")
     prof.add_argument("-o", "--output", metavar="TRACE.json", default="trace.json",
+                      type=output_path("-o"),
                       help="Chrome trace-event JSON for ui.perfetto.dev (default trace.json)")
-    prof.add_argument("--png", metavar="TIMELINE.png", help="also a timeline plot")
+    prof.add_argument("--png", metavar="TIMELINE.png", type=output_path("--png"), help="also a timeline plot")
     prof.add_argument("--seed", type=nonnegative_int, default=1, help="seed of the operands")
-    prof.add_argument("--rtl", action="store_true",
-                      help="all-RTL PEs instead of the fast MAC model (same cycles, slower)")
-    prof.set_defaults(func=cmd_profile)
-    cache = sub.add_parser("cache", help="show or clear the simulator build cache")
+    add_pe_flags(prof)
+    prof.set_defaults(func=cmd_profile, uses_cache=True)
+    cache = add_command(sub, "cache", "show or clear the cache of simulator builds "
+                                      "($MXU_CACHE, else ~/.cache/mxu)", "mxu cache --info")
     group = cache.add_mutually_exclusive_group()
     group.add_argument("--info", action="store_true",
                        help="list every cached build with its size and last use")
     group.add_argument("--clear", action="store_true",
                        help="delete every cached build (they are rebuilt when needed)")
-    cache.set_defaults(func=cmd_cache)
+    cache.set_defaults(func=cmd_cache, uses_cache=True)
 
 
 def _plugins():
@@ -332,7 +473,10 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if getattr(args, "quiet", False):
+        set_mode("off")
     try:
+        check_outputs(args)
         return args.func(args)
     except (ValueError, TypeError, ChipError) as error:
         # Bad input is a one-line message; MXU_DEBUG=1 shows the traceback too.
@@ -349,6 +493,8 @@ def main(argv=None):
     except KeyboardInterrupt:
         print(f"mxu {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        set_mode(None)
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ class Phases:
     (spinner, phase, elapsed time), otherwise one plain line per phase start and
     end on `stream` (stderr by default). ``quiet`` shows nothing."""
 
-    def __init__(self, stream=None, *, live=None, quiet=False):
+    def __init__(self, stream=None, *, live=None, quiet=False, command="synth"):
         self.stream = stream or sys.stderr
+        self.command = command
         self.quiet = quiet
         self.live = self.stream.isatty() if live is None else live
         self.times = {}            # phase -> seconds
@@ -53,12 +54,12 @@ class Phases:
         elif self._console is not None:
             result = self._run_live(phase, start, function, args, kwargs)
         else:
-            print(f"mxu synth: {phase} ...", file=self.stream, flush=True)
+            print(f"mxu {self.command}: {phase} ...", file=self.stream, flush=True)
             result = function(*args, **kwargs)
         elapsed = time.monotonic() - start
         self.times[phase] = elapsed
         if not self.quiet:
-            line = f"mxu synth: {phase} done in {_clock(elapsed)}"
+            line = f"mxu {self.command}: {phase} done in {_clock(elapsed)}"
             if self._console is not None:
                 self._console.print(line, highlight=False)
             else:

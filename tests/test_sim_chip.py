@@ -235,3 +235,29 @@ def test_a_threaded_model_gives_the_same_results_and_cycles():
         C_one, C_two = _check(one, A, B), _check(two, A, B)
         golden.assert_bits_equal(C_two, C_one, "threads=2 vs threads=1", seed=SEED)
         assert two.last_stats.cycles == one.last_stats.cycles
+
+
+def test_close_frees_the_simulator_and_later_use_is_a_clear_error():
+    """`close()` (and the end of a `with` block) drops the native chip and its
+    external memory at once; the chip and its tensors then raise ChipError,
+    and closing again does nothing."""
+    import gc
+    import weakref
+
+    from mxu.sim.driver.chip import ChipError
+    with Chip(TINY, fast_mac=True) as chip:
+        A = np.arange(12, dtype=np.float32).reshape(3, 4)
+        kept = chip.upload(A)
+        assert np.array_equal(chip.matmul(A, np.eye(4, dtype=np.float32)), A)
+        native = weakref.ref(chip.device._native)
+    assert chip.closed and native() is None      # freed when the block ended, no gc needed
+    assert repr(chip) == "Chip(4x4, closed)"
+    closed = "this chip has been closed"
+    for use in (lambda: chip.matmul(A, A.T), lambda: chip.upload(A), lambda: chip.read_reg("ID"),
+                lambda: chip.read_memory(0, 4), lambda: chip.counters()):
+        with pytest.raises(ChipError, match=closed):
+            use()
+    with pytest.raises(ChipError, match=r"device tensor's chip is closed: " + closed):
+        kept.numpy()
+    chip.close()                                 # idempotent
+    gc.collect()

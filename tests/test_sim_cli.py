@@ -61,3 +61,166 @@ def test_host_memory_exhaustion_is_a_one_line_error(capsys):
     assert main(["mac", "--vectors", str(10 ** 15)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mxu mac: error: the host ran out of memory") and err.count("\n") == 1
+
+
+# Every output path of every subcommand, each checked before any build or run
+# (issue 46): (argv with {path} where the path goes, the flag the error names).
+_OUTPUT_FLAGS = [
+    (["profile", "--m", "2", "--k", "2", "--n", "2", "-o", "{path}"], "-o"),
+    (["profile", "--m", "2", "--k", "2", "--n", "2", "--png", "{path}"], "--png"),
+    (["embed", "text", "--profile", "{path}"], "--profile"),
+    (["embed", "text", "--profile", "ok.json", "--png", "{path}"], "--png"),
+    (["matmul", "--m", "2", "--k", "2", "--n", "2", "--waves", "{path}"], "--waves"),
+    (["export", "--unit", "mac", "-o", "{path}"], "-o"),
+    (["synth", "--unit", "mac", "--json", "{path}"], "--json"),
+]
+
+
+def _bad_file(kind, tmp_path):
+    """A file path that cannot be written, and the reason the error gives."""
+    return {"missing directory": (str(tmp_path / "missing" / "out.vcd"), "does not exist"),
+            "is a directory": (str(tmp_path), "is a directory"),
+            "not writable": ("/proc/out.vcd", "is not writable")}[kind]
+
+
+def _run_cli(argv, capsys):
+    """`main(argv)`: (exit status, stderr), whether it returns or exits."""
+    try:
+        status = main(argv)
+    except SystemExit as exit_:
+        status = exit_.code
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["missing directory", "is a directory", "not writable"])
+@pytest.mark.parametrize("argv,flag", _OUTPUT_FLAGS, ids=[f"{a[0]} {f}" for a, f in _OUTPUT_FLAGS])
+def test_bad_output_path_is_a_one_line_error_before_any_work(argv, flag, kind, tmp_path, capsys,
+                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path, reason = _bad_file(kind, tmp_path)
+    status, err = _run_cli([a.replace("{path}", path) for a in argv], capsys)
+    assert status == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"mxu {argv[0]}: error: {flag}: ") and reason in err, err
+
+
+@pytest.mark.parametrize("kind,path,reason", [
+    ("missing parent", "/proc/mxu-out", "is not writable"),
+    ("a file", "/etc/hostname", "is a file, not a directory")])
+@pytest.mark.parametrize("argv,flag", [(["prove", "-o"], "-o"),
+                                       (["synth", "--unit", "mac", "--workdir"], "--workdir")])
+def test_bad_output_directory(argv, flag, kind, path, reason, capsys):
+    status, err = _run_cli(argv + [path], capsys)
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"mxu {argv[0]}: error: {flag}: ") and reason in err, err
+
+
+_SIMULATING = [["cache", "--info"], ["cache", "--clear"], ["mac", "--vectors", "10"],
+               ["matmul", "--m", "2", "--k", "2", "--n", "2"], ["demo", "--no-embed"],
+               ["profile", "--m", "2", "--k", "2", "--n", "2"], ["embed", "text"],
+               ["generate", "hi"]]
+
+
+@pytest.mark.parametrize("cache,reason", [("/proc/mxu-cache", "is not writable"),
+                                          ("/etc/hostname", "is a file, not a directory")])
+@pytest.mark.parametrize("argv", _SIMULATING, ids=[" ".join(a[:2]) for a in _SIMULATING])
+def test_bad_cache_directory_is_a_one_line_error(argv, cache, reason, capsys, monkeypatch,
+                                                 tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MXU_CACHE", cache)
+    status, err = _run_cli(argv, capsys)
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"mxu {argv[0]}: error: $MXU_CACHE: ") and reason in err, err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "hi", "--temperature", "nan"], "argument --temperature: must be a finite number"),
+    (["generate", "hi", "--temperature", "inf"], "argument --temperature: must be a finite number"),
+])
+def test_bad_temperature(argv, message, capsys):
+    status, err = _run_cli(argv, capsys)
+    assert status == 2 and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "hi", "--top-k", "5"], "top_k applies to sampling only: give a temperature > 0"),
+    (["generate", "hi", "--seed", "1"], "seed applies to sampling only: give a temperature > 0"),
+    (["generate", "hi\udcff"], "the prompt is not valid UTF-8: byte offset 2 (0xff)"),
+    (["embed", "text", "--png", "t.png"], "--png draws the timeline of a profile: give --profile"),
+])
+def test_inputs_that_would_be_ignored_or_garbled_are_errors_before_the_build(argv, message,
+                                                                             capsys, monkeypatch):
+    """Checked before the chip is built: a build here would fail the test."""
+    import mxu.sim.runtime.chip as chip_module
+    monkeypatch.setattr(chip_module, "Chip", None)
+    status, err = _run_cli(argv, capsys)
+    assert status == 2, err
+    assert err.startswith(f"mxu {argv[0]}: error: {message}") and err.count("\n") == 1, err
+
+
+def test_non_utf8_bytes_on_the_command_line(tmp_path):
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-m", "mxu.sim.cli", "generate", b"ab\xfe"],
+                         capture_output=True, cwd=tmp_path)
+    assert run.returncode == 2
+    assert run.stderr == b"mxu generate: error: the prompt is not valid UTF-8: byte offset 2 " \
+                         b"(0xfe)\n"
+
+
+def test_an_error_after_the_echoed_prompt_goes_on_its_own_line(capsys, monkeypatch):
+    """The streamed prompt ends its line before the error is printed."""
+    import io
+
+    import mxu.sim.models as models
+    import mxu.sim.runtime.chip as chip_module
+    from mxu.sim.cli import generate_text
+
+    class FailingLM:
+        def __init__(self, name, chip):
+            pass
+
+        def generate(self, *args, **kwargs):
+            raise ValueError("too long")
+
+    monkeypatch.setattr(chip_module, "Chip", lambda *a, **k: None)
+    monkeypatch.setattr(models, "CausalLM", FailingLM)
+    out = io.StringIO()
+    with pytest.raises(ValueError, match="too long"):
+        generate_text("hi", out=out)
+    assert out.getvalue() == "hi\n"
+
+
+def _subcommands():
+    from mxu.sim.cli import build_parser
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sub.choices
+
+
+@pytest.mark.parametrize("name", sorted(_subcommands()))
+def test_every_subcommand_has_a_description_and_an_example(name):
+    parser = _subcommands()[name]
+    text = parser.format_help()
+    assert parser.description and "\n" not in parser.description.strip(), name
+    assert f"example:\n  mxu {name} " in text, text
+
+
+def test_one_convention_for_pes_and_presets():
+    """Every simulating command takes --rtl (the fast array is the default)
+    and still accepts --fast-mac (a no-op); --preset lists every preset."""
+    from mxu.hdl.config import _PRESETS
+    from mxu.sim.cli import preset_names
+    assert preset_names() == sorted(_PRESETS) and "llm" in preset_names()
+    commands = _subcommands()
+    for name, argv in [("demo", []), ("matmul", ["--m", "2", "--k", "2", "--n", "2"]),
+                       ("embed", ["x"]), ("generate", ["x"]),
+                       ("profile", ["--m", "2", "--k", "2", "--n", "2"])]:
+        assert commands[name].parse_args(argv).rtl is False
+        assert commands[name].parse_args(argv + ["--rtl"]).rtl is True
+        assert commands[name].parse_args(argv + ["--fast-mac"]).rtl is False
+    for name in ("synth", "export"):
+        text = " ".join(commands[name].format_help().split())
+        assert "--preset" in text and all(p in text for p in preset_names()), text
+    assert "--sizes" in commands["prove"].format_help()
+    assert "--preset" not in commands["prove"].format_help()

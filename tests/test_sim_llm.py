@@ -14,7 +14,7 @@ from chip_configs import VPU_SHAPES
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip
 from mxu.sim.models import CausalLM
-from mxu.sim.models.causal_lm import rope_mode
+from mxu.sim.models.causal_lm import check_utf8, rope_mode
 from mxu.sim.models.llama import LlamaConfig, LlamaWeights
 from mxu.verif import golden
 from mxu.verif.hazards import races
@@ -119,8 +119,19 @@ def test_sampling_is_seeded_and_bad_input_is_a_clear_error(tiny4):
         lm.generate_ids([list(range(60))], max_new_tokens=5)
     with pytest.raises(ValueError, match="outside the vocabulary of 256"):
         lm.generate_ids([[1, 999]])
-    with pytest.raises(ValueError, match="temperature must be a number >= 0"):
-        lm.generate_ids([[1]], temperature=-1)
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            lm.generate_ids([[1]], temperature=bad)
+    for flag in ("top_k", "seed"):
+        with pytest.raises(ValueError, match=f"{flag} applies to sampling only: give a "
+                                             f"temperature > 0"):
+            lm.generate_ids([[1]], **{flag: 5})
+        with pytest.raises(ValueError, match=f"{flag} applies to sampling only"):
+            lm.generate(["x"], **{flag: 5})
+    # No prompts is the same error from both entries.
+    for entry in (lm.generate_ids, lm.generate):
+        with pytest.raises(ValueError, match="prompts must be a .*non-empty list"):
+            entry([])
     with pytest.raises(ValueError, match="unknown model 'llama-70b'"):
         CausalLM("llama-70b")
 
@@ -201,3 +212,104 @@ def test_smollm2_generates_bit_exact_on_the_llm_chip(smollm2):
     finally:
         for s in seqs:
             s.free()
+
+
+def test_a_prompt_that_is_not_utf8_names_the_byte_offset():
+    """Bytes that are not UTF-8 reach Python as lone surrogates (a command
+    line's argv); the error gives their offset in the original bytes."""
+    text = b"caf\xc3\xa9 \xff!".decode("utf-8", "surrogateescape")
+    with pytest.raises(ValueError, match=r"the prompt is not valid UTF-8: byte offset 6 \(0xff\)"):
+        check_utf8(text)
+    check_utf8("café")
+
+
+def test_close_closes_the_chip_the_model_made_only(tiny4, monkeypatch):
+    from mxu.sim.driver.chip import ChipError
+    from mxu.sim.models import causal_lm
+    lm, _ = tiny4
+    lm.close()
+    assert not lm.chip.closed               # passed in: its owner's to close
+    # The model's own chip: the tiny 4x4 one instead of the llm preset's.
+    monkeypatch.setattr(causal_lm.ChipConfig, "preset", classmethod(
+        lambda cls, name: VPU_SHAPES["4x4"]))
+    with CausalLM.from_weights(LlamaWeights.random(TINY, seed=3)) as own:
+        assert len(own.generate_ids([[1, 2]], max_new_tokens=1)[0]) == 1
+    assert own.chip.closed
+    own.close()
+    with pytest.raises(ChipError, match="this chip has been closed"):
+        own.generate_ids([[1, 2]], max_new_tokens=1)
+
+
+def test_generate_shows_progress_on_request(tiny4, capsys, monkeypatch):
+    from mxu.sim import progress
+    monkeypatch.setattr(progress, "PLAIN_EVERY_SECONDS", 0.0)
+    lm, _ = tiny4
+    quiet = lm.generate_ids([[1, 2, 3]], max_new_tokens=3)
+    assert capsys.readouterr().err == ""          # not a terminal: nothing by default
+    assert lm.generate_ids([[1, 2, 3]], max_new_tokens=3, progress=True) == quiet
+    lines = capsys.readouterr().err.splitlines()
+    layers = TINY.layers
+    assert lines[0].startswith(f"mxu: prefill: 1/{3 * layers} layers")
+    assert lines[-1].startswith(f"mxu: decode: {3 * layers}/{3 * layers} layers")
+
+
+def test_prefill_packs():
+    from mxu.sim.models.causal_lm import prefill_packs
+    assert prefill_packs([5, 20, 30, 70, 1, 2], 64) == [[0, 1, 2], [3], [4, 5]]
+    assert prefill_packs([40, 30, 64], 64) == [[0], [1], [2]]
+    assert prefill_packs([3, 3, 3], 1) == [[0], [1], [2]]
+
+
+def test_packed_prefill_is_bit_identical_to_one_prompt_at_a_time(tiny):
+    """Prompts of 1 token, less than a tile and several tiles, prefilled in one
+    packed step (each its own positions from 0, its own causal mask and KV
+    cache): every prompt's logits equal its prefill alone, bit for bit, and
+    so do the next decode step's."""
+    lm, _ = tiny
+    model = lm.model
+    prompts = [[5, 17, 33, 3, 99, 200, 7], [42], [1, 2, 3], [9, 8, 7, 6] * 5, [250, 0]]
+    packed = [model.new_sequence(32) for _ in prompts]
+    alone = [model.new_sequence(32) for _ in prompts]
+    try:
+        got, _ = model.step(packed, prompts)
+        for k, (s, p) in enumerate(zip(alone, prompts)):
+            want, _ = model.step([s], [p])
+            _same(got[k], want[0], f"packed prefill, prompt {k}")
+        nxt = [[int(np.argmax(g))] for g in got]
+        got, _ = model.step(packed, nxt)
+        want, _ = model.step(alone, nxt)
+        for k in range(len(prompts)):
+            _same(got[k], want[k], f"decode after the packed prefill, prompt {k}")
+    finally:
+        for s in packed + alone:
+            s.free()
+
+
+def test_generate_packs_prompts_and_streams_each_pack_when_it_is_done(tiny4, monkeypatch):
+    """Packed and one-by-one generation give the same tokens; the packed
+    prefill takes fewer steps and cycles; `stream` has the first token of
+    each prompt as soon as the step holding it is done."""
+    lm, _ = tiny4
+    prompts = [[3, 1, 4, 1, 5], [2, 7], [1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9], [9] * 20, [6, 6]]
+    alone = lm.generate_ids(prompts, max_new_tokens=3, pack_tokens=1)
+    one_by_one = lm.last_stats.prefill
+    events = []
+
+    class Tokens:
+        def decode(self, ids):
+            return " ".join(map(str, ids))
+
+    step = lm.model.step
+    monkeypatch.setattr(lm, "tokenizer", Tokens())
+    monkeypatch.setattr(lm.model, "step", lambda seqs, tokens, **kw: (
+        events.append(("step", [len(t) for t in tokens])), step(seqs, tokens, **kw))[1])
+    packed = lm.generate_ids(prompts, max_new_tokens=3, pack_tokens=24,
+                             stream=lambda k, text: events.append(("token", k)))
+    assert packed == alone
+    stats = lm.last_stats.prefill
+    assert (one_by_one.steps, stats.steps) == (5, 2)
+    assert stats.cycles < one_by_one.cycles
+    # Packs [0, 1, 2] (18 tokens), then [3, 4] (22): each pack's first tokens
+    # stream before the next step.
+    assert events[:8] == [("step", [5, 2, 11]), ("token", 0), ("token", 1), ("token", 2),
+                          ("step", [20, 2]), ("token", 3), ("token", 4), ("step", [1] * 5)]

@@ -433,3 +433,55 @@ def test_data_parallel_encode_is_one_chips_bit_for_bit(pod):
         assert on_pod.last_pod_cycles < on_pod.last_stats.cycles == one.last_stats.cycles
     with pytest.raises(ValueError, match="give a chip or a pod, not both"):
         SentenceEncoder(pod=pod, chip=Chip(CONFIG, fast_mac=True))
+
+
+def _descendants(root):
+    """Pids of every process under `root` (from /proc's parent links)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
+    """SIGKILL of a script holding a pod: the raylet, GCS, the chips' actors
+    and Ray's DashboardAgent and RuntimeEnvAgent (which outlive their raylet
+    and ignore SIGTERM) are all gone soon after; the session's watcher
+    (`mxu.sim.runtime.reaper`) kills what Ray leaves."""
+    script = textwrap.dedent("""
+        import sys, time
+        from chip_configs import VPU_SHAPES
+        from mxu.sim import Pod
+        pod = Pod(1, VPU_SHAPES["4x4"])
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent))
+    env.pop("RAY_ADDRESS", None)
+    driver = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, cwd=tmp_path)
+    pids = []
+    try:
+        assert driver.stdout.readline().strip() == "ready"
+        pids = _descendants(driver.pid)
+        names = {open(f"/proc/{p}/cmdline").read().split("\0")[0] for p in pids if _running(p)}
+        # What was left behind before the watcher: the agents are there to be killed.
+        assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names
+        assert any(n.endswith("raylet") for n in names), names
+        driver.kill()
+        driver.wait()
+        assert _still_running(pids) == []
+    finally:
+        driver.kill()
+        _reap(pids)

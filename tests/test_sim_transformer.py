@@ -11,6 +11,7 @@ from chip_configs import SHAPES, VPU_SHAPES
 from mxu.hdl import ChipConfig, hostops
 from mxu.sim import Chip
 from mxu.sim.models import SentenceEncoder
+from mxu.sim.driver.chip import ChipError
 from mxu.sim.models.sentence import bucket_length
 from mxu.sim.models.encoder import Encoder, EncoderConfig, EncoderWeights
 from mxu.verif import golden
@@ -266,3 +267,16 @@ def test_long_texts_are_truncated_with_a_warning(minilm):
         ids = minilm.tokenize(["word " * 400])
     assert len(ids[0]) == 256 and ids[0][-1] == minilm.tokenizer.token_to_id("[SEP]")
     assert any("truncated to the model's maximum of 256" in str(w.message) for w in caught)
+
+
+def test_close_closes_the_chip_the_encoder_made_only(minilm):
+    """A chip passed in stays open (its owner closes it); one the encoder
+    made is closed by close() and by the end of a `with` block."""
+    minilm.close()
+    assert not minilm.chip.closed
+    with SentenceEncoder("all-MiniLM-L6-v2") as own:
+        assert own.encode("still open", show_progress_bar=False).shape == (384,)
+    assert own.chip.closed
+    own.close()
+    with pytest.raises(ChipError, match="this chip has been closed"):
+        own.encode("closed", show_progress_bar=False)

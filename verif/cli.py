@@ -10,8 +10,8 @@ import numpy as np
 from mxu.hdl import ChipConfig
 from mxu.hdl.mac import MAC_STAGES
 from mxu.sim import Chip, simulate_mac
-from mxu.sim.cli import (array_size, embed_texts, generate_text, nonnegative_int,
-                         positive_int)
+from mxu.sim.cli import (add_command, add_pe_flags, array_size, embed_texts, generate_text,
+                         nonnegative_int, output_path, positive_int)
 from mxu.sim.report import format_table
 
 from . import golden, vectors
@@ -102,19 +102,24 @@ def run_matmul_demo(M, K, N, config, seed, waves=None, fast_mac=False, out=None,
 
 
 def cmd_demo(args):
+    from mxu.sim.progress import set_mode
     from mxu.sim.runtime.matmul import check_matmul_fits
+    if not args.quiet:
+        # The tour's builds and generation take minutes: their progress shows
+        # in a log too (plain lines), not only on a terminal.
+        set_mode("plain")
     check_matmul_fits(ChipConfig(), args.m, args.k, args.n)
     ok_mac = run_mac_table(args.vectors, args.seed, ChipConfig().mac_stages)
     print()
-    ok = run_matmul_demo(args.m, args.k, args.n, ChipConfig(), args.seed, fast_mac=args.fast_mac)
+    ok = run_matmul_demo(args.m, args.k, args.n, ChipConfig(), args.seed, fast_mac=not args.rtl)
     if not args.no_embed:
         print()
         print("all-MiniLM-L6-v2, every matmul on the chip (mxu embed):")
-        embed_texts(DEMO_TEXTS, ChipConfig())
+        embed_texts(DEMO_TEXTS, ChipConfig(), rtl=args.rtl)
     if not args.no_generate:
         print()
         print("SmolLM2-135M-Instruct, every matmul and layer op on the chip (mxu generate):")
-        generate_text(DEMO_PROMPT, max_new_tokens=args.demo_tokens)
+        generate_text(DEMO_PROMPT, max_new_tokens=args.demo_tokens, rtl=args.rtl)
     return 0 if ok and ok_mac else 1
 
 
@@ -126,7 +131,7 @@ DEMO_TEXTS = ("The cat sits on the mat.", "A kitten is resting on a rug.",
 def cmd_matmul(args):
     config = ChipConfig(rows=args.rows, cols=args.cols)
     return 0 if run_matmul_demo(args.m, args.k, args.n, config, args.seed, args.waves,
-                                args.fast_mac, waves_from=args.waves_from,
+                                not args.rtl, waves_from=args.waves_from,
                                 waves_cycles=args.waves_cycles,
                                 waves_depth=args.waves_depth) else 1
 
@@ -152,13 +157,15 @@ def _shape_flags(parser, m=None, k=None, n=None):
 def _common_flags(parser):
     parser.add_argument("--seed", type=nonnegative_int, default=1,
                         help="seed of the random operands")
-    parser.add_argument("--fast-mac", action="store_true",
-                        help="simulate the PEs' multiply-add in C (same results and cycles, faster)")
+    add_pe_flags(parser)
 
 
 def register(sub):
     """Add ``demo``, ``matmul``, ``mac`` and ``prove`` to the ``mxu`` subcommand parser `sub`."""
-    demo = sub.add_parser("demo", help="run the main job on the simulated chip")
+    demo = add_command(sub, "demo", "the tour: the MacUnit and a matmul checked bit-exact "
+                                    "against the golden model, then MiniLM embeddings and "
+                                    "SmolLM2 text, all on the simulated chip",
+                       "mxu demo --no-generate")
     demo.add_argument("--vectors", type=positive_int, default=200_000,
                       help="random MACs streamed through the RTL MacUnit")
     _shape_flags(demo, 128, 384, 384)
@@ -169,14 +176,15 @@ def register(sub):
                       help="skip the text generation (SmolLM2-135M on the chip)")
     demo.add_argument("--demo-tokens", type=positive_int, default=6,
                       help="tokens the demo generates (default 6)")
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=cmd_demo, uses_cache=True)
 
-    mm = sub.add_parser("matmul", help="a random matmul on a simulated chip of any array size, "
-                                       "checked bit-exact")
+    mm = add_command(sub, "matmul", "a random matmul on a simulated chip of any array size, "
+                                    "checked bit-exact against the golden model",
+                     "mxu matmul --m 64 --k 96 --n 48 --rows 8 --cols 8 --waves run.vcd")
     _shape_flags(mm)
     _chip_flags(mm)
     _common_flags(mm)
-    mm.add_argument("--waves", metavar="FILE",
+    mm.add_argument("--waves", metavar="FILE", type=output_path("--waves"),
                     help="record a waveform of the run (.vcd, or .fst: smaller; needs zlib1g-dev)")
     mm.add_argument("--waves-from", type=nonnegative_int, default=0, metavar="CYCLE",
                     help="first cycle of the run to record (default 0)")
@@ -184,9 +192,11 @@ def register(sub):
                     help="cycles to record (default: to the end of the run)")
     mm.add_argument("--waves-depth", type=positive_int, metavar="LEVELS",
                     help="hierarchy levels to record (default: all)")
-    mm.set_defaults(func=cmd_matmul)
+    mm.set_defaults(func=cmd_matmul, uses_cache=True)
 
-    mac = sub.add_parser("mac", help="stream random MACs through the RTL MacUnit")
+    mac = add_command(sub, "mac", "stream special and random multiply-adds through the RTL "
+                                  "MacUnit, checked bit-exact against NumPy",
+                      "mxu mac --vectors 100000 --stages 3")
     mac.add_argument("--vectors", type=positive_int, default=1_000_000,
                      help="number of random vectors (after the special classes)")
     mac.add_argument("--seed", type=nonnegative_int, default=1, help="seed of the random vectors")
@@ -194,7 +204,7 @@ def register(sub):
                      help="MacUnit pipeline depth")
     mac.add_argument("--simulator", default="verilator", choices=["verilator", "icarus", "amaranth"],
                      help="simulator to run the RTL on")
-    mac.set_defaults(func=cmd_mac)
+    mac.set_defaults(func=cmd_mac, uses_cache=True)
 
     from .formal.prove import add_parser
     add_parser(sub)

@@ -28,7 +28,7 @@ from pathlib import Path
 from .status import BuildStatus
 from .toolchain import tool_versions
 
-__all__ = ["cache_root", "cache_limit", "content_hash", "source_digest", "cached_build",
+__all__ = ["cache_root", "cache_path", "cache_limit", "content_hash", "source_digest", "cached_build",
            "cache_entries", "evict", "clear_cache", "META"]
 
 META = "meta.json"
@@ -36,12 +36,40 @@ DEFAULT_LIMIT = 4 << 30
 _SOURCE_SUFFIXES = (".py", ".cpp", ".h", ".v")
 
 
-def cache_root():
-    """Directory of cached simulator builds: ``$MXU_CACHE``, else ~/.cache/mxu."""
+def cache_path():
+    """Where the cache of simulator builds lives: ``$MXU_CACHE``, else
+    ~/.cache/mxu (not created here)."""
     env = os.environ.get("MXU_CACHE")
-    root = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mxu"
-    root.mkdir(parents=True, exist_ok=True)
+    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mxu"
+
+
+def cache_root():
+    """Directory of cached simulator builds (`cache_path`), made if missing;
+    a ValueError naming it when it cannot be."""
+    root = cache_path()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"the build cache {str(root)!r} ($MXU_CACHE) cannot be made: "
+                         f"{error.strerror or error}") from None
+    if not root.is_dir():
+        raise ValueError(f"the build cache {str(root)!r} ($MXU_CACHE) is not a directory")
     return root
+
+
+def _last_build_seconds(kind_dir, name):
+    """How long the newest earlier build of `name` took (its meta records
+    it), for the status line's time left; None if none did."""
+    best = None
+    for meta in kind_dir.glob(f"{name}-*/{META}"):
+        try:
+            data = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("name") == name and "build_seconds" in data and \
+                (best is None or data["created"] > best[0]):
+            best = (data["created"], data["build_seconds"])
+    return best[1] if best else None
 
 
 def cache_limit():
@@ -197,8 +225,11 @@ def cached_build(kind, name, key, build, *, artifacts, keep=(), prune=True, what
         if quiet:
             build(entry, lambda phase: None)
         else:
-            with BuildStatus(what or f"{kind} {name}", cache_root()) as status:
+            started = time.monotonic()
+            with BuildStatus(what or f"{kind} {name}", cache_root(),
+                             expected=_last_build_seconds(entry.parent, name)) as status:
                 build(entry, status)
+            build_seconds = time.monotonic() - started
         if prune:
             _prune(entry, [*artifacts, *keep, "build.log"])
         record = {}
@@ -211,6 +242,8 @@ def cached_build(kind, name, key, build, *, artifacts, keep=(), prune=True, what
                          "linked": _is_elf(path)}
         meta = {"kind": kind, "name": name, "created": time.time(), "artifacts": record,
                 "tools": tool_versions()}
+        if not quiet:
+            meta["build_seconds"] = round(build_seconds, 1)
         tmp = entry / (META + ".tmp")
         tmp.write_text(json.dumps(meta, indent=1))
         tmp.replace(entry / META)

@@ -82,6 +82,8 @@ _SIGNATURES = {
 }
 
 RESET_NOTE = "the chip has been reset and is ready for the next run"
+CLOSED_NOTE = ("this chip has been closed (close()): its simulator and external memory are "
+               "freed, and its tensors with them; make a new chip")
 
 
 class ChipError(RuntimeError):
@@ -299,6 +301,8 @@ class SimulatedChip:
         "Idle gating").
     """
 
+    _native = None      # the `_NativeChip`; None once closed (or before it is made)
+
     def __init__(self, config=None, simulator="verilator", *, mem_latency=(0, 0), mem_pause=None,
                  seed=1, waves=None, waves_from=0, waves_cycles=None, waves_depth=None,
                  waves_scope="TOP", fast_mac=False, trace=False, trace_bucket=256,
@@ -332,18 +336,49 @@ class SimulatedChip:
         self._lib = _library(self.config, wave_format, self.fast_mac, self.trace, self.profile_units,
                              self.threads, self.idle_gating)
         self._native = _NativeChip(self._lib, self.config)
-        self._handle = self._native.handle
         if waves is not None:
             code = self._lib.mxu_chip_trace(self._handle, str(waves).encode(), levels,
                                             waves_scope.encode())
             if code != 0:
                 raise ValueError(f"cannot write the waveform {str(waves)!r}")
-        self.memory = self._native.memory(self.config.ext_mem_bytes)
+        self._memory = self._native.memory(self.config.ext_mem_bytes)
         self._needs_reset = False
         self._warned_waves = False
         self._set_timing(*timing)
         if self.read_reg("ID") != CHIP_ID:
             raise ChipError("the simulated chip does not answer with the mxu ID")
+
+    # ---- lifetime ---------------------------------------------------------------------
+    @property
+    def closed(self):
+        return self._native is None
+
+    @property
+    def _handle(self):
+        if self._native is None:
+            raise ChipError(CLOSED_NOTE)
+        return self._native.handle
+
+    @property
+    def memory(self):
+        """The external memory as a uint8 view (ChipError once closed)."""
+        if self._native is None:
+            raise ChipError(CLOSED_NOTE)
+        return self._memory
+
+    def close(self):
+        """Free the simulated chip and its external memory now, rather than
+        when the garbage collector gets to them; every later call raises
+        `ChipError`. Idempotent. (A `RunResult.memory` view still held keeps
+        the memory until it goes.)"""
+        self._native, self._memory = None, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     # ---- external memory ---------------------------------------------------------
     @staticmethod

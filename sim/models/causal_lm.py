@@ -31,6 +31,7 @@ import numpy as np
 from mxu.hdl.config import ChipConfig
 from mxu.hdl.dtypes import bfloat16
 
+from ..progress import Progress
 from ..runtime.chip import Chip
 from ..runtime.stats import RunStats
 from ..runtime.vector import rms_norm_params
@@ -40,7 +41,61 @@ from .registry import find_decoder, read_decoder
 from .tokenizer import GgufTokenizer
 
 __all__ = ["CausalLM", "ChipLlama", "Sequence", "GenerationStats", "PhaseStats",
-           "rope_mode", "interleave_tiles"]
+           "rope_mode", "interleave_tiles", "check_sampling", "check_utf8", "prefill_packs",
+           "PACK_TOKENS"]
+
+
+# Prompts of one `generate` call are prefilled together, packed into steps
+# of at most this many tokens (a longer prompt has a step of its own). A
+# prefill streams every weight once whatever its length, and a token's
+# compute (135 M MACs on 256 PEs of the llm chip) makes up a weight stream
+# at about 32 tokens; the llm chip's accumulator holds a 64-token step's
+# rows in one M block (docs/llm.md).
+PACK_TOKENS = 64
+
+
+def prefill_packs(lengths, budget=PACK_TOKENS):
+    """Consecutive prompts (their `lengths`) grouped into packs of at most
+    `budget` tokens, a longer prompt alone: lists of prompt indices."""
+    packs, size = [], 0
+    for k, n in enumerate(lengths):
+        if packs and size + n <= budget:
+            packs[-1].append(k)
+            size += n
+        else:
+            packs.append([k])
+            size = n
+    return packs
+
+
+def check_sampling(temperature, top_k=None, seed=None):
+    """ValueError unless `temperature` is a finite number >= 0, and `top_k`
+    (None or an integer >= 1) and `seed` (None or an integer >= 0) come with a
+    temperature > 0: greedy decoding would ignore them."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, not {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                              or top_k < 1):
+        raise ValueError(f"top_k must be None or an integer >= 1, not {top_k!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed must be None or an integer >= 0, not {seed!r}")
+    for name, value in (("top_k", top_k), ("seed", seed)):
+        if value is not None and temperature == 0:
+            raise ValueError(f"{name} applies to sampling only: give a temperature > 0 with it "
+                             f"(temperature 0 is greedy decoding, which ignores {name})")
+
+
+def check_utf8(text, what="the prompt"):
+    """ValueError naming the byte offset if `text` holds bytes that are not
+    UTF-8 (Python keeps them as lone surrogates, e.g. from a command line)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        offset = len(text[:error.start].encode("utf-8", "surrogateescape"))
+        raise ValueError(f"{what} is not valid UTF-8: byte offset {offset} "
+                         f"(0x{text[error.start:error.start + 1].encode('utf-8', 'surrogateescape')[0]:02x})"
+                         ) from None
 
 
 def rope_mode(config, head_dim):
@@ -158,12 +213,12 @@ class ChipLlama:
             out.append(np.concatenate([pad(cos), pad(sin)], axis=1))
         return tuple(out)
 
-    def step(self, seqs, tokens, logits="last"):
+    def step(self, seqs, tokens, logits="last", tick=None):
         """Run `tokens[i]` (a list of ids) of each sequence ``seqs[i]`` through
         the model: their K and V join the caches. Returns (one float32 array
         per sequence: the logits of its last new token, or with
         ``logits="all"`` of every new token (one sequence only), the
-        `RunStats` of the step)."""
+        `RunStats` of the step). `tick()`, if given, is called after each layer."""
         chip, c = self.chip, self.config
         counts = [len(t) for t in tokens]
         if logits == "all" and len(seqs) != 1:
@@ -199,6 +254,8 @@ class ChipLlama:
                     stats = RunStats(rows=run.rows, cols=run.cols)
                 stats += run
                 x, xn = x_next, xn_next
+                if tick is not None:
+                    tick()
             for s, n, t in zip(seqs, counts, tokens):
                 s.length += n
                 s.tokens += list(t)
@@ -274,7 +331,7 @@ class ChipLlama:
                 t.free()
         result = None
         if last:
-            result = self._logits(xn_next, counts, logits)
+            result = self._logits(xn_next, counts, logits, x_next)
             stats += chip.last_stats
         return x_next, xn_next, result, stats
 
@@ -304,17 +361,33 @@ class ChipLlama:
                               probs, mask=mask))
         return heads
 
-    def _logits(self, xn, counts, which):
+    def _logits(self, xn, counts, which, x):
         """The logits matmul of the rows the host samples from: every
         sequence's last new row (a decode step: all of them; a prefill: its
-        last), or every row."""
+        last), or every row. Several sequences' last rows that are not
+        adjacent (a packed prefill) are gathered by the final RMSNorm: run
+        again on each one's fp32 row of `x`, it writes them one under the
+        other (the same bits as the fused norm that wrote `xn`)."""
         if which == "all" or all(n == 1 for n in counts):
             rows = xn
         elif len(counts) == 1:
             rows = xn[counts[0] - 1:counts[0]]
         else:
-            raise ValueError("a step with several prefills returns only its decode rows' logits")
+            return self._gathered_logits(x, counts)
         return self.chip.matmul(rows, self.unembed, keep=True)
+
+    def _gathered_logits(self, x, counts):
+        chip, c = self.chip, self.config
+        rows = chip.empty((len(counts), c.hidden), bfloat16, transient=True)
+        try:
+            with chip.record():
+                for k, last in enumerate(np.cumsum(counts) - 1):
+                    chip.vector("rms_norm", x[int(last):int(last) + 1], out_bf16=rows[k:k + 1],
+                                other=self.final_norm, eps=c.eps)
+                result = chip.matmul(rows, self.unembed, keep=True)
+        finally:
+            rows.free()
+        return result
 
 
 @dataclass
@@ -417,9 +490,25 @@ class CausalLM:
     def _setup(self, name, weights, tokenizer, chip):
         self.name, self.weights, self.config = name, weights, weights.config
         self.tokenizer = tokenizer
+        self._owns_chip = chip is None
         self.chip = chip or Chip(ChipConfig.preset("llm"), fast_mac=True)
         self.model = ChipLlama(self.chip, weights)
         self.last_stats = None
+
+    # ---- lifetime ------------------------------------------------------------------
+    def close(self):
+        """Close the chip this model made (its 1 GiB of external memory goes at
+        once); a chip passed in stays open, its owner's to close. Idempotent;
+        ``with CausalLM(...) as lm:`` closes at the end of the block."""
+        if self._owns_chip:
+            self.chip.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     # ---- inputs ----------------------------------------------------------------------
     def _encode(self, text, chat=False):
@@ -427,6 +516,7 @@ class CausalLM:
             raise ValueError("this model has no tokenizer: use generate_ids / logits_ids")
         if not isinstance(text, str):
             raise TypeError(f"a prompt must be a string, not {type(text).__name__}")
+        check_utf8(text)
         if chat:
             text = self.tokenizer.apply_chat_template(text)
         ids = self.tokenizer.encode(text, special=chat)
@@ -477,35 +567,41 @@ class CausalLM:
 
     # ---- generation ---------------------------------------------------------------------
     def generate(self, prompts, max_new_tokens=16, temperature=0.0, top_k=None, seed=None,
-                 stream=None, chat=False):
+                 stream=None, chat=False, progress=None, pack_tokens=PACK_TOKENS):
         """Continue `prompts` (a string or a list of strings): returns the new
         text of each (a string, or a list of them), without the prompt.
         `temperature` 0 is greedy; else tokens are sampled from the softmax of
         ``logits / temperature`` (the `top_k` largest only, if given) with a
         NumPy generator seeded by `seed`. `stream(index, text)` is called with
         each new piece of text of sequence `index` as it is produced. `chat`
-        wraps each prompt in the model's chat template."""
+        wraps each prompt in the model's chat template. `progress`: a bar of
+        the prefill and decode layers on stderr with the time left (None: on a
+        terminal only, `mxu.sim.progress`; True; False). The prompts are
+        prefilled together in steps of at most `pack_tokens` tokens (1:
+        each alone), with the same logits (docs/llm.md, "Packed prefill")."""
         single = isinstance(prompts, str)
         texts = [prompts] if single else prompts
         if not isinstance(texts, (list, tuple)) or not texts:
             raise ValueError("prompts must be a string or a non-empty list of strings")
+        check_sampling(temperature, top_k, seed)
         ids = [self._encode(t, chat) for t in texts]
-        out = self.generate_ids(ids, max_new_tokens, temperature, top_k, seed, stream)
+        out = self.generate_ids(ids, max_new_tokens, temperature, top_k, seed, stream, progress,
+                                pack_tokens)
         text = [self.tokenizer.decode(o) for o in out]
         return text[0] if single else text
 
     def generate_ids(self, prompts, max_new_tokens=16, temperature=0.0, top_k=None, seed=None,
-                     stream=None):
+                     stream=None, progress=None, pack_tokens=PACK_TOKENS):
         """`generate` on token ids: a list of prompts (lists of ids); returns
         the new ids of each (stopping at the end-of-sequence token)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
                 or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, not {max_new_tokens!r}")
-        if not isinstance(temperature, (int, float)) or temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0, not {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
-                                  or top_k < 1):
-            raise ValueError(f"top_k must be None or an integer >= 1, not {top_k!r}")
+        check_sampling(temperature, top_k, seed)
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts must be a non-empty list of prompts (lists of token ids)")
+        if isinstance(pack_tokens, bool) or not isinstance(pack_tokens, int) or pack_tokens < 1:
+            raise ValueError(f"pack_tokens must be an integer >= 1, not {pack_tokens!r}")
         if stream is not None and not callable(stream):
             raise TypeError("stream must be a callable (index, text) or None")
         prompts = [self._check_ids(p, max_new_tokens) for p in prompts]
@@ -515,33 +611,48 @@ class CausalLM:
         seqs = [self._new_sequence(len(p) + max_new_tokens) for p in prompts]
         out = [[] for _ in prompts]
         texts = [""] * len(prompts)
+
+        def emit(k, token):
+            """Token `token` of sequence k: kept, streamed; whether k goes on."""
+            out[k].append(token)
+            if stream is not None and self.tokenizer is not None:
+                text = self.tokenizer.decode(out[k])
+                if not text.endswith("\ufffd") and text != texts[k]:
+                    stream(k, text[len(texts[k]):])
+                    texts[k] = text
+            return token != self.config.eos and len(out[k]) < max_new_tokens
+
+        layers = self.config.layers
+        packs = prefill_packs([len(p) for p in prompts], pack_tokens)
+        # With `stream`, the streamed text shows the decode steps (and a bar
+        # would break its line): the bar covers the prefill only.
+        steps = len(packs) + (max_new_tokens - 1 if stream is None else 0)
+        bar = Progress("prefill", layers * steps, unit="layer", show=progress)
         try:
-            nxt = []
-            for k, (s, p) in enumerate(zip(seqs, prompts)):
-                logits, stats = self.model.step([s], [p])
-                self._account(gen.prefill, stats, [s], [len(p)])
-                nxt.append(self._sample(logits[0], temperature, top_k, rng))
-            live = list(range(len(prompts)))
-            while live:
-                still = []
-                for k in live:
-                    token = nxt[k]
-                    out[k].append(token)
-                    if stream is not None and self.tokenizer is not None:
-                        text = self.tokenizer.decode(out[k])
-                        if not text.endswith("\ufffd") and text != texts[k]:
-                            stream(k, text[len(texts[k]):])
-                            texts[k] = text
-                    if token != self.config.eos and len(out[k]) < max_new_tokens:
-                        still.append(k)
-                live = still
+            live = []
+            for pack in packs:
+                logits, stats = self.model.step([seqs[k] for k in pack],
+                                                [prompts[k] for k in pack], tick=bar.advance)
+                self._account(gen.prefill, stats, [seqs[k] for k in pack],
+                              [len(prompts[k]) for k in pack])
+                # Sampled (and streamed) as soon as their pack is done.
+                live += [k for k, lg in zip(pack, logits)
+                         if emit(k, self._sample(lg, temperature, top_k, rng))]
+            if stream is None:
+                bar.advance(0, label="decode")
+            else:
+                bar.close()
+            for _ in range(max_new_tokens - 1):
                 if not live:
                     break
-                logits, stats = self.model.step([seqs[k] for k in live], [[nxt[k]] for k in live])
+                logits, stats = self.model.step([seqs[k] for k in live],
+                                                [[out[k][-1]] for k in live],
+                                                tick=bar.advance if stream is None else None)
                 self._account(gen.decode, stats, [seqs[k] for k in live], [1] * len(live))
-                for k, lg in zip(live, logits):
-                    nxt[k] = self._sample(lg, temperature, top_k, rng)
+                live = [k for k, lg in zip(live, logits)
+                        if emit(k, self._sample(lg, temperature, top_k, rng))]
         finally:
+            bar.close()
             for s in seqs:
                 s.free()
         gen.new_tokens = sum(len(o) for o in out)

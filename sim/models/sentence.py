@@ -17,7 +17,6 @@ its own tokens and L2-normalises, as sentence-transformers does.
 """
 
 import json
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -30,6 +29,7 @@ from mxu.hdl.config import ChipConfig
 from ..runtime.chip import Chip
 from .encoder import (VECTOR_BACKENDS, Encoder, EncoderConfig, EncoderWeights,
                               LayerWeights, model_macs)
+from ..progress import Progress
 from ..runtime.stats import RunStats
 from .registry import find_model
 
@@ -178,31 +178,6 @@ def pack(token_ids, start, max_len):
     return Batch(range(start, start + len(token_ids)), ids, segments, placed)
 
 
-class _Progress:
-    """A `rich` progress bar of programs, shown on a terminal once a call has run
-    for about a second."""
-
-    def __init__(self, total, enabled):
-        self.total, self.enabled, self.done = total, enabled, 0
-        self.start, self._bar, self._task = time.monotonic(), None, None
-
-    def __call__(self):
-        self.done += 1
-        if not self.enabled:
-            return
-        if self._bar is None and time.monotonic() - self.start > 1.0:
-            from rich.progress import Progress
-            self._bar = Progress(transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task("encoding on the chip", total=self.total)
-        if self._bar is not None:
-            self._bar.update(self._task, completed=self.done)
-
-    def close(self):
-        if self._bar is not None:
-            self._bar.stop()
-
-
 class SentenceEncoder:
     """A pretrained sentence encoder whose every matmul runs on a simulated chip.
 
@@ -242,6 +217,7 @@ class SentenceEncoder:
             raise ValueError(f"vector_ops must be one of {VECTOR_BACKENDS}, not {vector_ops!r}")
         self.vector_ops = vector_ops
         self.pod, self.last_stats, self.last_pod_cycles = pod, None, None
+        self._owns_chip = chip is None and pod is None
         if pod is not None:
             self._on_pod(pod, chip)
             return
@@ -261,6 +237,20 @@ class SentenceEncoder:
         self.chip, self.encoder = None, None
         pod.map(_load_encoder, [(self.name, self.batch_size, self.vector_ops)] * pod.n_chips,
                 "loading the encoder")
+
+    def close(self):
+        """Close the chip this encoder made; a chip or pod passed in stays
+        open, its owner's to close. Idempotent; ``with SentenceEncoder(...)
+        as enc:`` closes at the end of the block."""
+        if self._owns_chip:
+            self.chip.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     @property
     def dimension(self):
@@ -311,9 +301,9 @@ class SentenceEncoder:
         batches = list(self.batches(token_ids))
         if self.pod is not None:
             return self._encode_on_pod(token_ids, batches, start)
-        show = sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
-        progress = _Progress(len(batches) * self.weights.config.layers
-                             * self.encoder.programs_per_layer, show)
+        progress = Progress("encoding on the chip", len(batches) * self.weights.config.layers
+                            * self.encoder.programs_per_layer, unit="program",
+                            show=None if show_progress_bar is None else bool(show_progress_bar))
         out = np.zeros((len(token_ids), self.dimension), np.float32)
         total = RunStats(rows=self.chip.config.rows, cols=self.chip.config.cols)
         try:

@@ -141,8 +141,31 @@ class Chip:
 
     def __repr__(self):
         c = self.config
+        if self.closed:
+            return f"Chip({c.rows}x{c.cols}, closed)"
         return (f"Chip({c.rows}x{c.cols}, {'fast MAC' if self.device.fast_mac else 'RTL'}, "
                 f"{self._allocator.free_bytes:,} of {c.ext_mem_bytes:,} bytes free)")
+
+    # ---- lifetime -----------------------------------------------------------------------
+    @property
+    def closed(self):
+        return self.device.closed
+
+    def close(self):
+        """Free the simulator and its external memory now (an ``llm`` chip
+        holds 1 GiB); its tensors go with them. Every later use of the chip
+        or of its tensors raises `ChipError`. Idempotent; ``with Chip(...) as
+        chip:`` closes at the end of the block."""
+        self.device.close()
+        self._programs.clear()
+        self.last_trace = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     # ---- the driver, passed through ---------------------------------------------
     @property

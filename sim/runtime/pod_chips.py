@@ -38,7 +38,7 @@ KILL_TIMEOUT = 15.0
 
 # Whether a Pod called ray.init (then the last pod to close shuts Ray down;
 # a Ray the user started is theirs), and how many pods are open.
-_ray_state = {"owned": False, "open_pods": 0}
+_ray_state = {"owned": False, "open_pods": 0, "reaper": None}
 
 
 class PodError(RuntimeError):
@@ -329,8 +329,20 @@ def _start_ray(n_chips, address):
         ray.init(address=address, **options)
     else:
         ray.init(num_cpus=n_chips, **options)
+        _watch_session()
     _ray_state["owned"] = True
     return True
+
+
+def _watch_session():
+    """Start the watcher that kills this Ray session's processes if this
+    process dies without shutting Ray down (`mxu.sim.runtime.reaper`)."""
+    import ray
+    from .reaper import start_reaper
+    node = getattr(ray._private.worker.global_worker, "node", None)
+    session_dir = getattr(node, "_session_dir", None) or getattr(node, "session_dir", None)
+    if session_dir:
+        _ray_state["reaper"] = start_reaper(session_dir)
 
 
 def _release_ray():
@@ -339,6 +351,10 @@ def _release_ray():
         import ray
         _ray_state["owned"] = False
         ray.shutdown()
+        reaper, _ray_state["reaper"] = _ray_state["reaper"], None
+        if reaper is not None:
+            reaper.stdin.close()          # it reaps what shutdown left, then exits
+            reaper.wait()
 
 
 def _kill(actors):

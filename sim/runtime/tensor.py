@@ -13,6 +13,7 @@ import numpy as np
 from mxu.hdl.dtypes import bfloat16
 
 from ..compiler.operands import Operand
+from ..driver.chip import CLOSED_NOTE, ChipError
 
 __all__ = ["DeviceTensor", "DTYPES"]
 
@@ -77,6 +78,8 @@ class DeviceTensor:
     def _alive(self, rerun=False):
         """Raise unless usable; `rerun`: checking a recording that runs again,
         whose transient tensors it writes itself."""
+        if self.chip.closed:
+            raise ChipError(f"this {self.shape} device tensor's chip is closed: {CLOSED_NOTE}")
         if self.freed:
             raise ValueError(f"this {self.shape} device tensor was freed")
         if self._block.spent and not rerun:

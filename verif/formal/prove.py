@@ -1,7 +1,7 @@
 """``mxu prove``: run the formal proofs and print their table (docs/formal.md).
 
     mxu prove [--unit dma|regs|streams|array|controller|all] [--depth N] [-o DIR]
-              [--preset small|default] [--solver yices|z3]
+              [--sizes small|default] [--solver yices|z3]
 
 Each proof is one sby job (a prove or bmc task and a cover task); the table
 has one row per property and kind: the result, the engine, the induction
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from mxu.hdl.config import ChipConfig
+from mxu.sim.cli import add_command, output_path
 
 from .sby import SOLVERS, ToolMissing, run_proof
 from .units import UNITS, proofs_for, small_config
@@ -35,19 +36,22 @@ def default_formal_config():
 PRESETS = {"small": small_config, "default": default_formal_config}
 
 
-def run_proofs(proofs, workdir, traces, *, solver="yices", out=None):
-    """Run every `Proof`; returns the `Result` list (printing a line per job)."""
+def run_proofs(proofs, workdir, traces, *, solver="yices", out=None, quiet=False):
+    """Run every `Proof`; returns the `Result` list (printing a line per job,
+    with the time left at the mean pace so far, unless `quiet`)."""
     out = out or sys.stderr
-    results = []
-    for proof in proofs:
+    say = (lambda text: None) if quiet else (lambda text: print(text, file=out, flush=True))
+    results, began = [], time.monotonic()
+    for i, proof in enumerate(proofs):
         start = time.monotonic()
-        print(f"mxu prove: {proof.name} ({proof.mode}, depth {proof.depth}) ...", file=out,
-              flush=True)
+        left = "" if not i else \
+            f"; about {(start - began) / i * (len(proofs) - i) / 60:.1f} min left"
+        say(f"mxu prove: [{i + 1}/{len(proofs)}] {proof.name} ({proof.mode}, depth "
+            f"{proof.depth}){left} ...")
         rows = run_proof(proof, Path(workdir) / proof.name, traces=traces, solver=solver)
         bad = sum(not r.ok for r in rows)
-        print(f"mxu prove: {proof.name}: {len(rows)} properties, "
-              f"{'all hold' if not bad else f'{bad} NOT'} in {time.monotonic() - start:.0f} s",
-              file=out, flush=True)
+        say(f"mxu prove: {proof.name}: {len(rows)} properties, "
+            f"{'all hold' if not bad else f'{bad} NOT'} in {time.monotonic() - start:.0f} s")
         results += rows
     return results
 
@@ -61,7 +65,7 @@ def format_results(results):
 
 def cmd_prove(args):
     units = UNITS if args.unit == "all" else (args.unit,)
-    config = PRESETS[args.preset]()
+    config = PRESETS[args.sizes]()
     proofs = [p for p in proofs_for(config, depth=args.depth) if p.unit in units]
     out_dir = Path(args.output) if args.output else None
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
@@ -69,10 +73,10 @@ def cmd_prove(args):
     with tempfile.TemporaryDirectory(prefix="mxu-prove-") as tmp:
         work = out_dir / "work" if out_dir is not None else Path(tmp)
         try:
-            results = run_proofs(proofs, work, out_dir, solver=args.solver)
+            results = run_proofs(proofs, work, out_dir, solver=args.solver, quiet=args.quiet)
         except ToolMissing as error:
             raise ValueError(str(error)) from None
-    print(f"formal proofs, preset {args.preset!r}: " + ", ".join(
+    print(f"formal proofs, sizes {args.sizes!r}: " + ", ".join(
         f"{p.name} ({p.mode} {p.depth})" for p in proofs))
     print(format_results(results))
     bad = [r for r in results if not r.ok]
@@ -96,19 +100,22 @@ def _depth(text):
 
 def add_parser(sub):
     """The ``prove`` subcommand (registered by `mxu.verif.cli.register`)."""
-    prove = sub.add_parser("prove", help="formal proofs of the bus and stream protocols, the "
-                                         "weight path and the tokens (SymbiYosys)",
-                           description=__doc__.split("\n\n")[0])
+    prove = add_command(sub, "prove", "formal proofs of the bus and stream protocols, the "
+                                      "weight path and the tokens (SymbiYosys)",
+                        "mxu prove --unit dma --sizes small -o /tmp/prove")
     prove.add_argument("--unit", choices=UNITS + ("all",), default="all",
                        help="which unit's proofs to run (default: all)")
     prove.add_argument("--depth", type=_depth,
                        help="induction length / bound of every proof (default: each proof's own, "
                             "docs/formal.md)")
-    prove.add_argument("-o", "--output", metavar="DIR",
+    prove.add_argument("-o", "--output", metavar="DIR", type=output_path("-o", "dir"),
                        help="write counterexample and cover traces (VCD) and the sby jobs here")
-    prove.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                       help="'default': the default chip's bus and memory widths (default); "
-                            "'small': the reduced chip of make test (64-bit bus, short memories)")
+    # Not --preset: that names a ChipConfig preset in every other command.
+    prove.add_argument("--sizes", choices=sorted(PRESETS), default="default",
+                       help="the reduced chip the proofs run on: 'default': the default chip's "
+                            "bus and memory widths (default); 'small': the reduced chip of make "
+                            "test (64-bit bus, short memories)")
     prove.add_argument("--solver", choices=SOLVERS, default="yices",
                        help="SMT solver of the smtbmc engine (default: yices)")
+    prove.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     prove.set_defaults(func=cmd_prove)

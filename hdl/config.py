@@ -8,6 +8,7 @@ import numbers
 from dataclasses import dataclass, fields, replace
 
 from .mac import MAC_STAGES
+from .quant import QUANT_FORMATS, QUANT_INFO, QuantFormat, sections_fit_beats
 
 __all__ = ["ChipConfig", "MEASURED_FMAX_MHZ"]
 
@@ -71,6 +72,13 @@ class ChipConfig:
         Flits each link's receive buffer holds, and so the credits its
         sender starts with (a power of two, 2 to 65536). To keep a link busy
         it must cover the round trip: 2 x latency x bandwidth / flit bytes.
+    quant_formats : tuple of str or None
+        The GGUF block formats (`mxu.hdl.quant.QuantFormat` names) that the
+        DMA's weight expander takes (docs/numerics.md, "Quantized weights").
+        A format needs a tile-block whose header and code sections are whole
+        bus beats (``cols * header_bytes`` and ``cols * block * bits / 8``
+        multiples of the bus bytes). None (the default): all six if they all
+        fit this chip, else none; ``()``: no expander.
     """
 
     rows: int = 16
@@ -90,12 +98,16 @@ class ChipConfig:
     vpu: bool = False
     links: int = 0
     link_credits: int = 64
+    quant_formats: tuple | None = None
 
     def __post_init__(self):
+        self._resolve_quant_formats()
         # NumPy integers are integers too; store them as int so that equal
         # configurations compare, hash and print equal.
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "quant_formats":
+                continue
             if f.name == "vpu":
                 if not isinstance(value, bool):
                     raise ValueError(f"ChipConfig.vpu must be True or False, not {value!r}")
@@ -158,6 +170,42 @@ class ChipConfig:
             raise ValueError(
                 f"ChipConfig.ext_mem_bytes ({self.ext_mem_bytes}) overlaps the links' address "
                 f"window at 0x{self.link_window_base:x}: give the chip more address bits")
+
+    def _resolve_quant_formats(self):
+        """Names in `QUANT_FORMATS` order; None -> every format that fits."""
+        value, bus = self.quant_formats, self.axi_data_bits // 8
+        if value is None:
+            sized = isinstance(self.cols, int) and isinstance(bus, int) and self.cols >= 1
+            fits = sized and all(sections_fit_beats(f, self.cols, bus) for f in QUANT_FORMATS)
+            names = tuple(f.name for f in QUANT_FORMATS) if fits else ()
+        else:
+            if isinstance(value, str) or not all(isinstance(v, (str, QuantFormat)) for v in value):
+                raise ValueError(f"ChipConfig.quant_formats must be a tuple of format names, "
+                                 f"not {value!r}")
+            given = {getattr(v, "name", v) for v in value}
+            known = {f.name for f in QUANT_FORMATS}
+            if given - known:
+                raise ValueError(f"ChipConfig.quant_formats: unknown format "
+                                 f"{sorted(given - known)[0]!r}; choose from {sorted(known)}")
+            names = tuple(f.name for f in QUANT_FORMATS if f.name in given)
+            for name in names:
+                fmt = QuantFormat[name]
+                if not sections_fit_beats(fmt, self.cols, bus):
+                    info = QUANT_INFO[fmt]
+                    raise ValueError(
+                        f"ChipConfig.quant_formats: {name} needs cols * {info.header_bytes} "
+                        f"header bytes ({self.cols * info.header_bytes}) and cols * "
+                        f"{info.code_bytes} code bytes ({self.cols * info.code_bytes}) to be "
+                        f"multiples of the bus's {bus} bytes")
+        object.__setattr__(self, "quant_formats", names)
+
+    @property
+    def quant_rows(self):
+        """bf16 weight rows the expander produces per cycle: the rows of 4-bit
+        codes one bus beat carries (a power of two, at most 16: a group of
+        rows then never straddles a sub-block)."""
+        n = max(1, self.axi_data_bits // (4 * self.cols))
+        return min(16, 1 << (n.bit_length() - 1))
 
     # Derived sizes. Keep every derived number here so that nobody recomputes it.
     @property
@@ -249,6 +297,8 @@ _PRESETS = {
     # 68 MHz on its own (729 LUT4), so the chip's worst path is in the control; at 4 the
     # PE's three long stages kept the chip at 45-50 MHz. VMEM: 8192 rows of 4
     # bf16; accumulator: 3072 rows of 4 fp32; 72 of the 208 DP16KD block RAMs.
+    # No weight expander on the fpga chip until its cost is measured there.
     "fpga": ChipConfig(rows=4, cols=4, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
-                       acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20),
+                       acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20,
+                       quant_formats=()),
 }

@@ -38,6 +38,7 @@ from .axi import AXI4Signature, AxiBurst, segment_beats
 from .fields import unpack_fields
 from .fields import pack_fields as _pack_dict
 from .numerics import Fp32ToBf16
+from .quant import QuantFormat
 from .vmem import (ReadPortSignature, RowWrite, Vmem, WritePortSignature, _addr_shape,
                    vmem_row_layout)
 
@@ -94,6 +95,8 @@ def dma_descriptor_layout(config):
         # SEND/RECV (chips with links): ext_base is a link's address window
         # (docs/pod.md), checked against that window instead of external memory.
         **({"link": 1} if config.links else {}),
+        # A quantized LOAD (chips with the expander, docs/memory.md).
+        **({"format": QuantFormat} if config.quant_formats else {}),
     })
 
 
@@ -858,8 +861,10 @@ class Dma(wiring.Component):
         fields = d.ext_base | d.ext_stride | d.row_bytes
         chip_rows = Mux(is_vmem, c.vmem_rows, c.acc_rows)
         ext_end = derived.first_end + derived.last_off
+        quant = (d.format != QuantFormat.NONE) if c.quant_formats else C(0, 1)
         return [
-            (DmaError.BAD_OPTION, (is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)),
+            (DmaError.BAD_OPTION, (is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)
+             | quant),
             (DmaError.ROW_BYTES, limit < d.row_bytes),
             (DmaError.MISALIGNED, fields[0] | (four & fields[1])),
             (DmaError.CHIP_RANGE, chip_rows < d.chip_row + d.rows),

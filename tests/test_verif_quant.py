@@ -10,34 +10,7 @@ import pytest
 from mxu.hdl.quant import QUANT_FORMATS, QUANT_INFO, QuantFormat, repack, split_blocks
 from mxu.verif.exact import exact_expand
 from mxu.verif.golden import assert_bits_equal, f32_bits, fp32_to_bf16
-from mxu.verif.quant import codes_to_q, dequantize, expand_tiles, scalars
-
-# fp16: +-0, smallest and largest subnormal, smallest normal, 1, max, +-inf, NaNs.
-SPECIAL_F16 = [0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x3C00, 0xBC00, 0x7BFF, 0xFBFF,
-               0x7C00, 0xFC00, 0x7E00, 0xFE01]
-
-# Where the file's block keeps its fp16 d and, for Q4_1 / Q4_K, m / dmin.
-D_AT = {QuantFormat.Q6_K: 208}
-M_AT = {QuantFormat.Q4_1: 2, QuantFormat.Q4_K: 2}
-
-
-def _blocks(fmt, n, seed):
-    """`n` random blocks; the first ones carry every special d (and m/dmin)."""
-    info = QUANT_INFO[fmt]
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, (n, info.file_bytes), dtype=np.uint8)
-    sp = np.array(SPECIAL_F16, np.uint16).view(np.uint8).reshape(-1, 2)
-    at = D_AT.get(fmt, 0)
-    for i, pair in enumerate(sp):
-        raw[i, at:at + 2] = pair
-        if fmt in M_AT:
-            raw[len(sp) + i, M_AT[fmt]:M_AT[fmt] + 2] = pair
-            raw[2 * len(sp) + i, at:at + 2] = sp[(i + 3) % len(sp)]
-            raw[2 * len(sp) + i, M_AT[fmt]:M_AT[fmt] + 2] = pair
-    if fmt is QuantFormat.Q6_K:      # int8 scales: 0, -128, 127
-        raw[:3, 192] = [0, 128, 127]
-    return raw
-
+from mxu.verif.quant import SPECIAL_F16, codes_to_q, dequantize, expand_tiles, random_blocks, scalars
 
 def _gguf_bf16(raw, fmt, n):
     with np.errstate(all="ignore"):
@@ -49,7 +22,7 @@ def _gguf_bf16(raw, fmt, n):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_golden_matches_gguf(fmt, seed):
     n = 64
-    raw = _blocks(fmt, n, seed)
+    raw = random_blocks(fmt, n, seed)
     shape = (n, QUANT_INFO[fmt].block)
     assert_bits_equal(dequantize(raw, fmt, shape), _gguf_bf16(raw, fmt, n),
                       what=f"{fmt.name} golden vs gguf", seed=seed)
@@ -69,7 +42,7 @@ def test_negative_zero_survives():
 def test_golden_matches_exact(fmt):
     info = QUANT_INFO[fmt]
     n = 3 * len(SPECIAL_F16) + 4
-    raw = _blocks(fmt, n, 7)
+    raw = random_blocks(fmt, n, 7)
     heads, codes = split_blocks(raw, fmt)
     want = dequantize(raw, fmt, (n, info.block))
     rng = np.random.default_rng(3)
@@ -98,7 +71,7 @@ def test_tiles_are_the_weights_transposed(fmt):
     """The expander's rows of a K x cols strip are W[k, n] = file row n, element k."""
     info = QUANT_INFO[fmt]
     n, k, cols = 22, 2 * info.block, 16
-    raw = _blocks(fmt, n * 2, 5)   # 44 blocks: every special d, m and dmin
+    raw = random_blocks(fmt, n * 2, 5)   # 44 blocks: every special d, m and dmin
     rows = expand_tiles(repack(raw, fmt, (n, k), cols), fmt, cols)
     weights = dequantize(raw, fmt, (n, k))
     groups = -(-n // cols)

@@ -18,7 +18,7 @@ from mxu.hdl.quant import QUANT_INFO, QuantFormat, quant_format, split_blocks, t
 
 from .golden import f32_bits, fp32_to_bf16
 
-__all__ = ["scalars", "expand_fields", "expand_tiles", "dequantize"]
+__all__ = ["SPECIAL_F16", "random_blocks", "codes_to_q", "scalars", "expand_fields", "expand_tiles", "dequantize"]
 
 _NEG_ZERO = np.float32(-0.0)
 
@@ -103,3 +103,33 @@ def dequantize(raw, fmt, shape):
     sub = np.arange(info.block) // info.sub_rows
     out = expand_fields(s[:, sub], t[:, sub], codes_to_q(codes, fmt))
     return out.reshape(n, k)
+
+
+# fp16: +-0, smallest and largest subnormal, smallest normal, 1, max, +-inf, NaNs.
+SPECIAL_F16 = [0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x3C00, 0xBC00, 0x7BFF, 0xFBFF,
+               0x7C00, 0xFC00, 0x7E00, 0xFE01]
+
+# Where the file's block keeps its fp16 d and, for Q4_1 / Q4_K, m / dmin.
+D_AT = {QuantFormat.Q6_K: 208}
+M_AT = {QuantFormat.Q4_1: 2, QuantFormat.Q4_K: 2}
+
+
+def random_blocks(fmt, n, seed):
+    """`n` random file blocks (n, file_bytes) of `fmt`; the first ones carry
+    every special fp16 d (and m or dmin), as far as `n` reaches."""
+    fmt = quant_format(fmt)
+    info = QUANT_INFO[fmt]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (n, info.file_bytes), dtype=np.uint8)
+    sp = np.array(SPECIAL_F16, np.uint16).view(np.uint8).reshape(-1, 2)
+    at = D_AT.get(fmt, 0)
+    for i, pair in enumerate(sp):
+        if i < n:
+            raw[i, at:at + 2] = pair
+        if fmt in M_AT and 2 * len(sp) + i < n:
+            raw[len(sp) + i, M_AT[fmt]:M_AT[fmt] + 2] = pair
+            raw[2 * len(sp) + i, at:at + 2] = sp[(i + 3) % len(sp)]
+            raw[2 * len(sp) + i, M_AT[fmt]:M_AT[fmt] + 2] = pair
+    if fmt is QuantFormat.Q6_K and n >= 3:      # int8 scales: 0, -128, 127
+        raw[:3, 192] = [0, 128, 127]
+    return raw

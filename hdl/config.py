@@ -8,7 +8,7 @@ import numbers
 from dataclasses import dataclass, fields, replace
 
 from .mac import MAC_STAGES
-from .quant import QUANT_FORMATS, QUANT_INFO, QuantFormat, sections_fit_beats
+from .quant import QUANT_FORMATS, QUANT_INFO, QuantFormat, sections_fit_beats, tile_block_bytes
 
 __all__ = ["ChipConfig", "MEASURED_FMAX_MHZ"]
 
@@ -176,7 +176,8 @@ class ChipConfig:
         value, bus = self.quant_formats, self.axi_data_bits // 8
         if value is None:
             sized = isinstance(self.cols, int) and isinstance(bus, int) and self.cols >= 1
-            fits = sized and all(sections_fit_beats(f, self.cols, bus) for f in QUANT_FORMATS)
+            fits = sized and all(sections_fit_beats(f, self.cols, bus)
+                                 and tile_block_bytes(f, self.cols) < 1 << 12 for f in QUANT_FORMATS)
             names = tuple(f.name for f in QUANT_FORMATS) if fits else ()
         else:
             if isinstance(value, str) or not all(isinstance(v, (str, QuantFormat)) for v in value):
@@ -190,6 +191,11 @@ class ChipConfig:
             names = tuple(f.name for f in QUANT_FORMATS if f.name in given)
             for name in names:
                 fmt = QuantFormat[name]
+                if tile_block_bytes(fmt, self.cols) >= 1 << 12:
+                    raise ValueError(
+                        f"ChipConfig.quant_formats: a {name} tile-block of {self.cols} columns "
+                        f"({tile_block_bytes(fmt, self.cols)} bytes) does not fit the LOAD's "
+                        f"12-bit row_bytes")
                 if not sections_fit_beats(fmt, self.cols, bus):
                     info = QUANT_INFO[fmt]
                     raise ValueError(

@@ -11,7 +11,7 @@ from mxu.hdl.quant import QUANT_INFO, QuantFormat, repack, tile_block_bytes
 from mxu.sim import Chip
 from mxu.sim.compiler.program import Program
 from mxu.verif import golden
-from mxu.verif.quant import expand_tiles, random_blocks
+from mxu.verif.quant import dequantize, expand_tiles, random_blocks
 
 CONFIG = SHAPES["16x16"]
 A_AT, W_AT, C_AT = 0x10000, 0x40000, 0x80000

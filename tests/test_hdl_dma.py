@@ -307,7 +307,9 @@ def test_descriptor_packing():
     d = Descriptor(STORE, ACC, 0x12345678, 77, 32, 0xABCDE, 1000, True, True, tag=201)
     fields = unpack_fields(layout, d.pack(CONFIG))
     assert fields == dict(dir=1, space=1, to_bf16=1, relu=1, tag=201, rows=77, row_bytes=32,
-                          chip_row=1000, ext_base=0x12345678, ext_stride=0xABCDE)
+                          chip_row=1000, ext_base=0x12345678, ext_stride=0xABCDE, format=0)
+    q = d.replace(dir=LOAD, space=VMEM, to_bf16=False, relu=False, format=QuantFormat.Q6_K)
+    assert unpack_fields(layout, q.pack(CONFIG))["format"] == QuantFormat.Q6_K.value
     with pytest.raises(ValueError, match=r"rows=70000 does not fit in \d+ bits"):
         pack_fields(layout, rows=70000)
     with pytest.raises(ValueError, match="'bogus' is not a field"):

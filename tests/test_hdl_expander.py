@@ -17,8 +17,9 @@ from mxu.sim.backends.verilog import to_verilog
 from mxu.verif.golden import assert_bits_equal, f32_bits
 
 
-@pytest.mark.parametrize("pause", [0, 40])
-def test_expander_default_chip(pause, tmp_path):
+def test_expander_default_chip(tmp_path):
+    """(The testbench's bus-rate case runs without stalls whatever `pause` is.)"""
+    pause = 40
     config = ChipConfig()
     build = cocotb_build(to_verilog(Expander(config)), "top", "verilator", name="expander16")
     args = {"config": dataclasses.asdict(config), "seed": 3 + pause, "pause": pause}

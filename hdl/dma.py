@@ -90,8 +90,9 @@ def dma_descriptor_layout(config):
         "tag": 8,
         "rows": range(_max_rows(config) + 1),
         # (A quantized load's row is a tile-block: docs/memory.md.)
-        "row_bytes": range(max(_max_row_bytes(config), *(tile_block_bytes(QuantFormat[f], config.cols)
-                                                          for f in config.quant_formats)) + 1),
+        "row_bytes": range(max([_max_row_bytes(config)]
+                               + [tile_block_bytes(QuantFormat[f], config.cols)
+                                  for f in config.quant_formats]) + 1),
         "chip_row": range(_max_rows(config)),
         "ext_base": config.axi_addr_bits,
         "ext_stride": config.axi_addr_bits,

@@ -8,6 +8,7 @@ import numbers
 from dataclasses import dataclass, fields, replace
 
 from .mac import MAC_STAGES
+from .quant import QUANT_FORMATS, QUANT_INFO, QuantFormat, sections_fit_beats, tile_block_bytes
 
 __all__ = ["ChipConfig", "MEASURED_FMAX_MHZ"]
 
@@ -77,6 +78,13 @@ class ChipConfig:
         banks in one cycle). A tile then loads in `weight_load_cycles` =
         ``ceil(rows / weight_rows_per_cycle)`` cycles; 1 is the narrow port
         (docs/array.md, section 4).
+    quant_formats : tuple of str or None
+        The GGUF block formats (`mxu.hdl.quant.QuantFormat` names) that the
+        DMA's weight expander takes (docs/numerics.md, "Quantized weights").
+        A format needs a tile-block whose header and code sections are whole
+        bus beats (``cols * header_bytes`` and ``cols * block * bits / 8``
+        multiples of the bus bytes). None (the default): all six if they all
+        fit this chip, else none; ``()``: no expander.
     """
 
     rows: int = 16
@@ -97,12 +105,16 @@ class ChipConfig:
     links: int = 0
     link_credits: int = 64
     weight_rows_per_cycle: int = 2
+    quant_formats: tuple | None = None
 
     def __post_init__(self):
+        self._resolve_quant_formats()
         # NumPy integers are integers too; store them as int so that equal
         # configurations compare, hash and print equal.
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "quant_formats":
+                continue
             if f.name == "vpu":
                 if not isinstance(value, bool):
                     raise ValueError(f"ChipConfig.vpu must be True or False, not {value!r}")
@@ -169,6 +181,48 @@ class ChipConfig:
             raise ValueError(
                 f"ChipConfig.ext_mem_bytes ({self.ext_mem_bytes}) overlaps the links' address "
                 f"window at 0x{self.link_window_base:x}: give the chip more address bits")
+
+    def _resolve_quant_formats(self):
+        """Names in `QUANT_FORMATS` order; None -> every format that fits."""
+        value, bus = self.quant_formats, self.axi_data_bits // 8
+        if value is None:
+            sized = isinstance(self.cols, int) and isinstance(bus, int) and self.cols >= 1
+            fits = sized and all(sections_fit_beats(f, self.cols, bus)
+                                 and tile_block_bytes(f, self.cols) < 1 << 12 for f in QUANT_FORMATS)
+            names = tuple(f.name for f in QUANT_FORMATS) if fits else ()
+        else:
+            if isinstance(value, str) or not all(isinstance(v, (str, QuantFormat)) for v in value):
+                raise ValueError(f"ChipConfig.quant_formats must be a tuple of format names, "
+                                 f"not {value!r}")
+            given = {getattr(v, "name", v) for v in value}
+            known = {f.name for f in QUANT_FORMATS}
+            if given - known:
+                raise ValueError(f"ChipConfig.quant_formats: unknown format "
+                                 f"{sorted(given - known)[0]!r}; choose from {sorted(known)}")
+            names = tuple(f.name for f in QUANT_FORMATS if f.name in given)
+            for name in names:
+                fmt = QuantFormat[name]
+                if tile_block_bytes(fmt, self.cols) >= 1 << 12:
+                    raise ValueError(
+                        f"ChipConfig.quant_formats: a {name} tile-block of {self.cols} columns "
+                        f"({tile_block_bytes(fmt, self.cols)} bytes) does not fit the LOAD's "
+                        f"12-bit row_bytes")
+                if not sections_fit_beats(fmt, self.cols, bus):
+                    info = QUANT_INFO[fmt]
+                    raise ValueError(
+                        f"ChipConfig.quant_formats: {name} needs cols * {info.header_bytes} "
+                        f"header bytes ({self.cols * info.header_bytes}) and cols * "
+                        f"{info.code_bytes} code bytes ({self.cols * info.code_bytes}) to be "
+                        f"multiples of the bus's {bus} bytes")
+        object.__setattr__(self, "quant_formats", names)
+
+    @property
+    def quant_rows(self):
+        """bf16 weight rows the expander produces per cycle: the rows of 4-bit
+        codes one bus beat carries (a power of two, at most 16: a group of
+        rows then never straddles a sub-block)."""
+        n = max(1, self.axi_data_bits // (4 * self.cols))
+        return min(16, 1 << (n.bit_length() - 1))
 
     # Derived sizes. Keep every derived number here so that nobody recomputes it.
     @property
@@ -269,7 +323,8 @@ _PRESETS = {
     # One weight row a cycle: its 64-bit bus brings a 4x4 bf16 tile in 4
     # cycles, what a narrow port takes, and a second lane's delay lines would
     # add flip-flops to a chip that fills the part (docs/array.md, section 4).
+    # No weight expander on the fpga chip until its cost is measured there.
     "fpga": ChipConfig(rows=4, cols=4, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
                        acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20,
-                       weight_rows_per_cycle=1),
+                       weight_rows_per_cycle=1, quant_formats=()),
 }

@@ -79,11 +79,11 @@ class Decoder(wiring.Component):
         reserved = Signal()
         with m.Switch(op):
             with m.Case(Opcode.LOAD, Opcode.STORE):
-                m.d.comb += [known.eq(1), reserved.eq(dma.flags.reserved != 0),
+                m.d.comb += [known.eq(1),
                              engine.eq(Mux(op == Opcode.LOAD, Engine.LOAD, Engine.STORE))]
             with m.Case(Opcode.SEND, Opcode.RECV):
                 m.d.comb += [known.eq(1),
-                             reserved.eq((link.flags.reserved != 0) | (link.reserved != 0)),
+                             reserved.eq((link.flags.format.as_value() != 0) | (link.reserved != 0)),
                              engine.eq(Mux(op == Opcode.RECV, Engine.LOAD, Engine.STORE))]
             with m.Case(Opcode.LOADW):
                 m.d.comb += [known.eq(1), engine.eq(Engine.COMPUTE),
@@ -121,7 +121,9 @@ class Decoder(wiring.Component):
         too_wide = lambda value, name: value >= (1 << desc[name].width)
         dma_bad = (too_wide(dma.rows, "rows") | too_wide(dma.row_bytes, "row_bytes")
                    | too_wide(dma.chip_row, "chip_row") | too_wide(dma.ext_addr, "ext_base")
-                   | too_wide(dma.ext_stride, "ext_stride"))
+                   | too_wide(dma.ext_stride, "ext_stride")
+                   # a chip without the expander takes no format (the DMA checks the rest)
+                   | ((dma.flags.format.as_value() != 0) if not c.quant_formats else 0))
         dma_empty = (dma.rows == 0) | (dma.row_bytes == 0)
 
         is_link = (op == Opcode.SEND) | (op == Opcode.RECV)

@@ -38,6 +38,8 @@ from .axi import AXI4Signature, AxiBurst, segment_beats
 from .fields import unpack_fields
 from .fields import pack_fields as _pack_dict
 from .numerics import Fp32ToBf16
+from .expander import Expander
+from .quant import QUANT_INFO, QuantFormat, tile_block_bytes
 from .vmem import (ReadPortSignature, RowWrite, Vmem, WritePortSignature, _addr_shape,
                    vmem_row_layout)
 
@@ -87,13 +89,18 @@ def dma_descriptor_layout(config):
         "relu": 1,
         "tag": 8,
         "rows": range(_max_rows(config) + 1),
-        "row_bytes": range(_max_row_bytes(config) + 1),
+        # (A quantized load's row is a tile-block: docs/memory.md.)
+        "row_bytes": range(max([_max_row_bytes(config)]
+                               + [tile_block_bytes(QuantFormat[f], config.cols)
+                                  for f in config.quant_formats]) + 1),
         "chip_row": range(_max_rows(config)),
         "ext_base": config.axi_addr_bits,
         "ext_stride": config.axi_addr_bits,
         # SEND/RECV (chips with links): ext_base is a link's address window
         # (docs/pod.md), checked against that window instead of external memory.
         **({"link": 1} if config.links else {}),
+        # A quantized LOAD (chips with the expander, docs/memory.md).
+        **({"format": QuantFormat} if config.quant_formats else {}),
     })
 
 
@@ -690,6 +697,7 @@ class Dma(wiring.Component):
         self.contexts = _ReceiveContexts(c)
         self.row_reader = _RowReader(c)
         self.gearbox = self._gearbox_class()(c)
+        self.expander = Expander(c) if c.quant_formats else None
 
     def _gearbox_class(self):
         return _Gearbox
@@ -718,12 +726,27 @@ class Dma(wiring.Component):
         }))
         run, clear = Signal(), Signal()     # RUN; COMPLETE (the sections' state is reset)
         is_load = d.dir == DmaDir.LOAD
+        self._m = m
+        self._quant, self._qrun = Signal(), Signal()   # a quantized load; it runs
+        # "Units" of the external range: rows, or a quantized load's tile-blocks.
+        self._units = units = Signal(len(d.rows))
+        self._quant_rows = Signal(data.StructLayout({
+            "valid": 1, "beats_ready": 1, "addr": range(c.vmem_rows), "data": 8 * c.vmem_row_bytes}))
+        m.d.comb += units.eq(d.rows)
+        if c.quant_formats:
+            m.d.comb += self._quant.eq(is_load & (d.format != QuantFormat.NONE))
+            with m.Switch(d.format):
+                for name in c.quant_formats:
+                    with m.Case(QuantFormat[name]):
+                        with m.If(self._quant):
+                            m.d.comb += units.eq(d.rows >> _log2(QUANT_INFO[QuantFormat[name]].block))
+        m.d.comb += self._qrun.eq(run & self._quant)
         m.d.comb += [
             bursts.stride.eq(d.ext_stride), bursts.enable.eq(run), bursts.abort.eq(status.abort),
             rr.desc.eq(d), rr.coalesced.eq(derived.coalesced),
             rr.enable.eq(run & ~is_load), rr.clear.eq(clear),
             gb.row_bytes.eq(d.row_bytes), gb.enable.eq(run & ~is_load), gb.clear.eq(clear),
-            rc.burst_issued.eq(bursts.burst.valid & bursts.burst.ready & is_load),
+            rc.burst_issued.eq(bursts.burst.valid & bursts.burst.ready & is_load & ~self._quant),
             rc.abort.eq(status.abort), rc.abort_err.eq(status.abort_err),
             self.load_path.clear.eq(clear),
         ]
@@ -731,6 +754,7 @@ class Dma(wiring.Component):
         wiring.connect(m, rr.vmem_read, wiring.flipped(self.vmem_read))
         wiring.connect(m, rr.acc_read, wiring.flipped(self.acc_read))
         self._connect_axi(m, bursts, gb, is_load, clear)
+        self._written = self._quant_path(m, d, clear)
         moved_on = Signal()     # the load path works for rx[1] (`_connect_load_path`)
         self._responses(m, bursts, rc, status, moved_on)
         self._connect_load_path(m, lp, rc, clear, moved_on)
@@ -799,11 +823,11 @@ class Dma(wiring.Component):
             m.d.sync += status.abort.eq(1)
             with m.If(status.abort_err == DmaError.OK):
                 m.d.sync += status.abort_err.eq(code)
-            with m.If(r_fire):
+            with m.If(r_fire & ~self._qrun):
                 m.d.comb += r_error.eq(1)       # rx[0]'s, a cycle later
             with m.Elif(status.err == DmaError.OK):
                 m.d.sync += status.err.eq(code)
-        m.d.sync += [rc.r_last.eq(r_fire & axi.rlast), rc.r_error.eq(r_error),
+        m.d.sync += [rc.r_last.eq(r_fire & axi.rlast & ~self._qrun), rc.r_error.eq(r_error),
                      rc.r_code.eq(code),
                      # rx[1]'s beat, unless rx[1] moves up to rx[0] at this edge.
                      rc.r_next.eq(moved_on & ~rc.shift)]
@@ -822,9 +846,10 @@ class Dma(wiring.Component):
         with m.If(rc.shift | clear):
             m.d.sync += moved_on.eq(0)
         last1 = rc.r_last & rc.r_next
+        q = self._quant_rows
         m.d.comb += [
-            lp.beats.valid.eq(axi.rvalid), lp.beats.payload.eq(axi.rdata),
-            axi.rready.eq(lp.beats.ready),
+            lp.beats.valid.eq(axi.rvalid & ~self._qrun), lp.beats.payload.eq(axi.rdata),
+            axi.rready.eq(Mux(self._qrun, q.beats_ready, lp.beats.ready)),
             lp.receiving.eq(Mux(moved_on, rx1.valid & (rx1.bursts != last1),
                                 rx0.valid & (rx0.bursts != (rc.r_last & ~rc.r_next)))),
             lp.restart.eq((rc.alloc & ~rx0.valid) | (rc.shift & ~moved_on) | early),
@@ -832,9 +857,11 @@ class Dma(wiring.Component):
             # move up (they may end in the cycle of the move).
             lp.hold_rows.eq(moved_on & ~rc.shift),
             lp.first.eq(Mux(rc.shift | early, rc.following, rc.new)),
-            self.vmem_write.valid.eq(row.valid & row.payload.vmem),
-            self.vmem_write.payload.addr.eq(row.payload.addr),
-            self.vmem_write.payload.data.eq(row.payload.data[:8 * self.config.vmem_row_bytes]),
+            # (Muxes, not an If: see `mxu.hdl.transfer` on split payloads.)
+            self.vmem_write.valid.eq(Mux(self._qrun, q.valid, row.valid & row.payload.vmem)),
+            self.vmem_write.payload.addr.eq(Mux(self._qrun, q.addr, row.payload.addr)),
+            self.vmem_write.payload.data.eq(
+                Mux(self._qrun, q.data, row.payload.data[:8 * self.config.vmem_row_bytes])),
             self.acc_write.valid.eq(row.valid & ~row.payload.vmem),
             self.acc_write.payload.addr.eq(row.payload.addr),
             self.acc_write.payload.data.eq(row.payload.data[:8 * self.config.acc_row_bytes]),
@@ -858,14 +885,63 @@ class Dma(wiring.Component):
         fields = d.ext_base | d.ext_stride | d.row_bytes
         chip_rows = Mux(is_vmem, c.vmem_rows, c.acc_rows)
         ext_end = derived.first_end + derived.last_off
+        q_option, q_row_bytes, q_misaligned = self._quant_checks(d, is_load, is_vmem)
         return [
-            (DmaError.BAD_OPTION, (is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)),
-            (DmaError.ROW_BYTES, limit < d.row_bytes),
-            (DmaError.MISALIGNED, fields[0] | (four & fields[1])),
+            (DmaError.BAD_OPTION, (is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)
+             | q_option),
+            (DmaError.ROW_BYTES, Mux(self._quant, q_row_bytes, limit < d.row_bytes)),
+            (DmaError.MISALIGNED, fields[0] | (four & fields[1]) | q_misaligned),
             (DmaError.CHIP_RANGE, chip_rows < d.chip_row + d.rows),
             (DmaError.OK, (d.rows == 0) | (d.row_bytes == 0)),       # empty: nothing to move
             (DmaError.EXT_RANGE, self._ext_range(d, ext_end)),
         ]
+
+    def _quant_checks(self, d, is_load, is_vmem):
+        """A quantized load's checks (docs/memory.md, "Quantized loads"): a
+        format the expander builds, loaded into VMEM; ``row_bytes`` one
+        tile-block; whole beats; whole blocks of rows."""
+        c = self.config
+        if not c.quant_formats:
+            return C(0, 1), C(0, 1), C(0, 1)
+        LG = _log2(c.axi_data_bytes)
+        known = Cat(*(d.format == QuantFormat[f] for f in c.quant_formats)).any()
+        tile = Signal(len(d.row_bytes) + 1)
+        whole = Signal()
+        with self._m.Switch(d.format):
+            for name in c.quant_formats:
+                f = QuantFormat[name]
+                with self._m.Case(f):
+                    self._m.d.comb += [tile.eq(tile_block_bytes(f, c.cols)),
+                                       whole.eq(d.rows[:_log2(QUANT_INFO[f].block)] == 0)]
+        option = (d.format != QuantFormat.NONE) & (~is_load | ~is_vmem | ~known)
+        beats = (d.ext_base | d.ext_stride)[:LG] if LG else C(0, 1)
+        return option, d.row_bytes != tile, self._quant & ((beats != 0) | ~whole)
+
+    def _quant_path(self, m, d, clear):
+        """A quantized load: R beats through the `Expander`, its rows into VMEM
+        rows ``chip_row + k``, one a cycle. Returns the rows written."""
+        c = self.config
+        written = Signal(len(d.rows))
+        q = self._quant_rows
+        if not c.quant_formats:
+            m.d.comb += [q.valid.eq(0), q.beats_ready.eq(0)]
+            return written
+        m.submodules.expander = ex = self.expander
+        R, axi, wr = c.quant_rows, self.axi, self.vmem_write
+        r = Signal(range(R))                # the group's row being written
+        m.d.comb += [
+            ex.format.eq(d.format), ex.clear.eq(clear),
+            ex.beats.valid.eq(axi.rvalid & self._qrun), ex.beats.payload.eq(axi.rdata),
+            q.beats_ready.eq(ex.beats.ready),
+            q.valid.eq(ex.rows.valid), q.addr.eq(d.chip_row + written),
+            q.data.eq(ex.rows.payload.as_value().word_select(r, 16 * c.cols)),
+            ex.rows.ready.eq(self._qrun & wr.ready & (r == R - 1)),
+        ]
+        with m.If(self._qrun & wr.valid & wr.ready):
+            m.d.sync += [written.eq(written + 1), r.eq(Mux(r == R - 1, 0, r + 1))]
+        with m.If(clear):
+            m.d.sync += [written.eq(0), r.eq(0)]
+        return written
 
     def _ext_range(self, d, ext_end):
         c = self.config
@@ -882,6 +958,7 @@ class Dma(wiring.Component):
         is_load = d.dir == DmaDir.LOAD
         rx0 = rc.rx0
         checks = self._checks(d, derived)
+        units = self._units
         bad = Signal()
         m.d.comb += bad.eq(Cat(*(failed for _, failed in checks)).any())
         # What a load's context starts from.
@@ -906,11 +983,11 @@ class Dma(wiring.Component):
             with m.State("CHECK"):
                 m.d.comb += self.busy.eq(1)
                 m.d.sync += [
-                    derived.last_off.eq(Mux(d.rows == 0, 0,
-                                            (d.rows - 1)[:len(d.rows)] * d.ext_stride)),
-                    derived.total.eq(d.rows * d.row_bytes),
+                    derived.last_off.eq(Mux(units == 0, 0,
+                                            (units - 1)[:len(d.rows)] * d.ext_stride)),
+                    derived.total.eq(units * d.row_bytes),
                     derived.first_end.eq(d.ext_base + d.row_bytes),
-                    derived.coalesced.eq((d.ext_stride == d.row_bytes) | (d.rows == 1)),
+                    derived.coalesced.eq((d.ext_stride == d.row_bytes) | (units == 1)),
                 ]
                 m.next = "DECIDE"
             with m.State("DECIDE"):
@@ -919,13 +996,16 @@ class Dma(wiring.Component):
             with m.State("RUN"):
                 m.d.comb += [self.busy.eq(1), run.eq(1)]
                 out = (~bursts.active | status.abort) & ~(bursts.burst.valid & bursts.burst.ready)
-                with m.If(is_load):
+                with m.If(is_load & ~self._quant):
                     # Its bursts are out: the receive context completes it, and
                     # the next descriptor may issue meanwhile.
                     with m.If(out):
                         m.d.comb += [rc.issued.eq(1), bursts.stop.eq(1)]
                         m.next = "IDLE"
-                with m.Elif(out & (bursts.inflight == 0) & ~self.row_reader.waiting):
+                with m.Elif(out & (bursts.inflight == 0) & ~self.row_reader.waiting
+                            & (~self._quant | (self._written == d.rows) | status.abort)):
+                    # (A quantized load completes here once its last row is in
+                    # VMEM, or once an error response's bursts are all back.)
                     m.next = "COMPLETE"
             with m.State("COMPLETE"):
                 m.d.comb += [self.busy.eq(1), fsm_done.eq(1), clear.eq(1), bursts.stop.eq(1)]
@@ -939,8 +1019,9 @@ class Dma(wiring.Component):
         bursts, rc = self.bursts, self.contexts
         is_load = d.dir == DmaDir.LOAD
         rx0, rx1 = rc.rx0, rc.rx1
-        with m.If(rx0.valid & (bad | ~is_load)):
-            pass                  # a descriptor that receives no data waits for the loads
+        with m.If(rx0.valid & (bad | ~is_load | self._quant)):
+            pass                  # a descriptor that receives no data, or a quantized
+                                  # load, waits for the loads
         for code, failed in checks:
             with m.Elif(failed):
                 if code != DmaError.OK:
@@ -951,10 +1032,11 @@ class Dma(wiring.Component):
             # afresh once the loads before it have drained.)
             keep = status.abort & rx0.valid
             m.d.comb += [
-                rc.alloc.eq(is_load), bursts.start.eq(1), self.row_reader.start.eq(1),
+                rc.alloc.eq(is_load & ~self._quant), bursts.start.eq(1),
+                self.row_reader.start.eq(1),
                 bursts.setup.base.eq(d.ext_base),
                 bursts.setup.seg_len.eq(Mux(derived.coalesced, derived.total, d.row_bytes)),
-                bursts.setup.segments.eq(Mux(derived.coalesced, 1, d.rows)),
+                bursts.setup.segments.eq(Mux(derived.coalesced, 1, self._units)),
             ]
             m.d.sync += [status.abort.eq(keep),
                          status.abort_err.eq(Mux(keep, status.abort_err, DmaError.OK))]

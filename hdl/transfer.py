@@ -79,6 +79,8 @@ class TransferEngine(wiring.Component):
             d.ext_base.eq(ext_base),
             d.ext_stride.eq(ext_stride),
         ]
+        if self.config.quant_formats:
+            m.d.comb += d.format.eq(ins.flags.format)
         # A SYNC waits until every transfer before it has completed. A command
         # offered to the DMA stays offered until taken, even if an earlier one
         # fails meanwhile (a stream's valid is never withdrawn).

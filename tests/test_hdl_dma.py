@@ -21,12 +21,14 @@ import pytest
 
 from mxu.hdl.axi import AXI4LiteSignature, AXI4Signature
 from mxu.hdl.config import ChipConfig
+from mxu.hdl.quant import QUANT_INFO, QuantFormat, repack, tile_block_bytes
 from mxu.hdl.dma import DmaDir, DmaError, DmaSpace, _byte_mask, dma_descriptor_layout, \
     pack_fields, unpack_fields
 from mxu.sim.backends.cocotb import cocotb_build, cocotb_test
 from mxu.sim.backends.dma import NativeDma
 from mxu.sim.backends.verilog import dma_system_verilog
 from mxu.verif.dma_model import Descriptor, DmaModel, bursts, check_descriptor, random_descriptor
+from mxu.verif.quant import random_blocks
 
 LOAD, STORE, VMEM, ACC = DmaDir.LOAD, DmaDir.STORE, DmaSpace.VMEM, DmaSpace.ACC
 
@@ -305,7 +307,9 @@ def test_descriptor_packing():
     d = Descriptor(STORE, ACC, 0x12345678, 77, 32, 0xABCDE, 1000, True, True, tag=201)
     fields = unpack_fields(layout, d.pack(CONFIG))
     assert fields == dict(dir=1, space=1, to_bf16=1, relu=1, tag=201, rows=77, row_bytes=32,
-                          chip_row=1000, ext_base=0x12345678, ext_stride=0xABCDE)
+                          chip_row=1000, ext_base=0x12345678, ext_stride=0xABCDE, format=0)
+    q = d.replace(dir=LOAD, space=VMEM, to_bf16=False, relu=False, format=QuantFormat.Q6_K)
+    assert unpack_fields(layout, q.pack(CONFIG))["format"] == QuantFormat.Q6_K.value
     with pytest.raises(ValueError, match=r"rows=70000 does not fit in \d+ bits"):
         pack_fields(layout, rows=70000)
     with pytest.raises(ValueError, match="'bogus' is not a field"):
@@ -340,3 +344,93 @@ def test_axi_signatures():
         AXI4Signature(addr_width=32, data_width=64, id_width=0)
     with pytest.raises(ValueError, match="^AXI4-Lite data width must be 32 or 64, not 128$"):
         AXI4LiteSignature(addr_width=32, data_width=128)
+
+
+# ------------------------------------------------------------- quantized loads
+
+def _quant_descriptors(rng, config):
+    """Quantized loads of every format: random strips written into external
+    memory (in the model and the DUT alike by the caller), contiguous or with
+    gaps between tile-blocks, interleaved with plain loads."""
+    out, writes = [], []
+    base = 1 << 23
+    for name in config.quant_formats:
+        fmt = QuantFormat[name]
+        info = QUANT_INFO[fmt]
+        blocks = int(rng.integers(1, 4)) if info.block == 32 else int(rng.integers(1, 3))
+        raw = random_blocks(fmt, config.cols * blocks, int(rng.integers(1 << 30)))
+        chip = repack(raw, fmt, (config.cols, blocks * info.block), config.cols)
+        tile = tile_block_bytes(fmt, config.cols)
+        stride = tile + config.axi_data_bytes * int(rng.choice([0, 0, 3]))
+        for i in range(blocks):
+            writes.append((base + i * stride, chip[i * tile:(i + 1) * tile]))
+        out.append(Descriptor(DmaDir.LOAD, VMEM, base, blocks * info.block, tile, stride,
+                              int(rng.integers(0, CONFIG.vmem_rows - 1024)),
+                              tag=int(rng.integers(256)), format=fmt))
+        base += blocks * stride + 4096
+        out.append(_random_descriptor(rng, config))
+    return out, writes
+
+
+@pytest.mark.parametrize("pause,latency", [(0, (0, 0)), (60, (0, 30))])
+def test_native_quantized(dma, pause, latency):
+    """Quantized loads of every format expand into VMEM rows as the model's
+    (the golden expander), among plain loads and stores, under back-pressure."""
+    seed = 300 + pause
+    rng = np.random.default_rng(seed)
+    dma.set_params(pause=pause, latency=latency, seed=seed)
+    for _ in range(3):
+        batch, writes = _quant_descriptors(rng, CONFIG)
+        for at, data in writes:
+            dma.ext[at:at + data.size] = data
+            dma.model.ext[at:at + data.size] = data
+        expect = [(dma.model.execute(d), d.tag) for d in batch]
+        got, _ = dma.run(batch)
+        assert got == expect, f"completions {got} != {expect} (seed={seed}) {batch}"
+        _check_all(dma, dma.model, batch, f"quantized, pause {pause}", seed)
+
+
+def test_native_quantized_illegal(dma):
+    """Each check of a quantized load, matching the model, with no bus traffic."""
+    dma.set_params()
+    q4 = QuantFormat.Q4_0
+    tile = tile_block_bytes(q4, CONFIG.cols)
+    good = Descriptor(DmaDir.LOAD, VMEM, 0, 64, tile, tile, 0, format=q4)
+    cases = {
+        DmaError.BAD_OPTION: [good.replace(space=ACC), good.replace(dir=DmaDir.STORE),
+                              good.replace(relu=True)],
+        DmaError.ROW_BYTES: [good.replace(row_bytes=tile - 16), good.replace(row_bytes=32)],
+        DmaError.MISALIGNED: [good.replace(ext_base=8), good.replace(ext_stride=tile + 2),
+                              good.replace(rows=48)],
+        DmaError.CHIP_RANGE: [good.replace(chip_row=CONFIG.vmem_rows - 32)],
+        DmaError.EXT_RANGE: [good.replace(ext_base=CONFIG.ext_mem_bytes - tile)],
+    }
+    for code, ds in cases.items():
+        for d in ds:
+            assert dma.model.execute(d) == code, d
+            before = dma.stats()
+            got, _ = dma.run([d])
+            assert got == [(code, d.tag)], d
+            after = dma.stats()
+            assert after["ar_bursts"] == before["ar_bursts"], d
+
+
+def test_native_quantized_error_response(dma):
+    """An error response during a quantized load completes it with the code
+    and leaves the bus clean; the next quantized load is right."""
+    dma.set_params(pause=30, latency=(0, 10), seed=9)
+    rng = np.random.default_rng(9)
+    batch, writes = _quant_descriptors(rng, CONFIG)
+    for at, data in writes:
+        dma.ext[at:at + data.size] = data
+        dma.model.ext[at:at + data.size] = data
+    d = batch[0]
+    dma.add_error(d.ext_base + d.row_bytes // 2, d.ext_base + d.row_bytes // 2 + 1, 2)
+    got, _ = dma.run([d])
+    dma.clear_errors()
+    assert got == [(DmaError.SLVERR, d.tag)], got
+    assert dma.stats()["mem_busy"] == 0
+    expect = [(dma.model.execute(x), x.tag) for x in batch]
+    got, _ = dma.run(batch)
+    assert got == expect
+    _check_all(dma, dma.model, batch, "after an error response")

@@ -15,7 +15,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mxu.hdl.dma import DmaDir, DmaError, DmaSpace, dma_descriptor_layout, pack_fields
+from mxu.hdl.quant import QUANT_INFO, QuantFormat, tile_block_bytes
 from mxu.verif import golden
+from mxu.verif.quant import expand_tiles
 
 __all__ = ["Descriptor", "DmaModel", "check_descriptor", "relu_f32_bits", "relu_bf16_bits",
            "bursts", "random_descriptor"]
@@ -34,12 +36,23 @@ class Descriptor:
     to_bf16: bool = False
     relu: bool = False
     tag: int = 0
+    format: QuantFormat = QuantFormat.NONE   # a quantized load (docs/memory.md)
 
     def pack(self, config):
+        extra = {"format": self.format} if config.quant_formats else {}
         return pack_fields(dma_descriptor_layout(config), dir=self.dir, space=self.space,
                            to_bf16=int(self.to_bf16), relu=int(self.relu), tag=self.tag,
                            rows=self.rows, row_bytes=self.row_bytes, chip_row=self.chip_row,
-                           ext_base=self.ext_base, ext_stride=self.ext_stride)
+                           ext_base=self.ext_base, ext_stride=self.ext_stride, **extra)
+
+    @property
+    def quantized(self):
+        return self.dir == DmaDir.LOAD and self.format != QuantFormat.NONE
+
+    @property
+    def units(self):
+        """External rows, or a quantized load's tile-blocks."""
+        return self.rows // QUANT_INFO[self.format].block if self.quantized else self.rows
 
     def replace(self, **changes):
         return replace(self, **changes)
@@ -52,10 +65,10 @@ class Descriptor:
         """The external byte ranges [start, end) the descriptor touches, in order."""
         if self.rows == 0 or self.row_bytes == 0:
             return []
-        if self.contiguous:
-            return [(self.ext_base, self.ext_base + self.rows * self.row_bytes)]
+        if self.ext_stride == self.row_bytes or self.units == 1:
+            return [(self.ext_base, self.ext_base + self.units * self.row_bytes)]
         return [(self.ext_base + i * self.ext_stride,
-                 self.ext_base + i * self.ext_stride + self.row_bytes) for i in range(self.rows)]
+                 self.ext_base + i * self.ext_stride + self.row_bytes) for i in range(self.units)]
 
 
 def relu_f32_bits(x):
@@ -79,6 +92,8 @@ def check_descriptor(config, d):
     load = d.dir == DmaDir.LOAD
     if (load and (d.to_bf16 or d.relu)) or (vmem and d.to_bf16):
         return DmaError.BAD_OPTION
+    if d.format != QuantFormat.NONE:
+        return _check_quantized(config, d)
     if vmem:
         limit = config.vmem_row_bytes
     elif load or not d.to_bf16:
@@ -96,6 +111,24 @@ def check_descriptor(config, d):
     if d.rows == 0 or d.row_bytes == 0:
         return DmaError.OK
     if d.ext_base + (d.rows - 1) * d.ext_stride + d.row_bytes > config.ext_mem_bytes:
+        return DmaError.EXT_RANGE
+    return DmaError.OK
+
+
+def _check_quantized(config, d):
+    """The checks of a descriptor with a format (docs/memory.md, "Quantized loads")."""
+    if d.dir != DmaDir.LOAD or d.space != DmaSpace.VMEM or d.format.name not in config.quant_formats:
+        return DmaError.BAD_OPTION
+    if d.row_bytes != tile_block_bytes(d.format, config.cols):
+        return DmaError.ROW_BYTES
+    bb = config.axi_data_bytes
+    if (d.ext_base | d.ext_stride) % bb or d.rows % QUANT_INFO[d.format].block:
+        return DmaError.MISALIGNED
+    if d.chip_row + d.rows > config.vmem_rows:
+        return DmaError.CHIP_RANGE
+    if d.rows == 0:
+        return DmaError.OK
+    if d.ext_base + (d.units - 1) * d.ext_stride + d.row_bytes > config.ext_mem_bytes:
         return DmaError.EXT_RANGE
     return DmaError.OK
 
@@ -152,6 +185,15 @@ class DmaModel:
         if error != DmaError.OK or d.rows == 0 or d.row_bytes == 0:
             return error
         chip = self.onchip(d.space)
+        if d.quantized:
+            tiles = np.concatenate([self.ext[a:b] for a, b in
+                                    ((d.ext_base + i * d.ext_stride,
+                                      d.ext_base + i * d.ext_stride + d.row_bytes)
+                                     for i in range(d.units))])
+            rows = expand_tiles(tiles, d.format, self.config.cols)
+            chip[d.chip_row:d.chip_row + d.rows, :] = 0
+            chip[d.chip_row:d.chip_row + d.rows, :2 * self.config.cols] = rows.view(np.uint8).reshape(d.rows, -1)
+            return DmaError.OK
         for i in range(d.rows):
             a = d.ext_base + i * d.ext_stride
             if d.dir == DmaDir.LOAD:

@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["exact_mul_bf16", "exact_add_f32", "exact_mac"]
+__all__ = ["exact_mul_bf16", "exact_add_f32", "exact_mac", "exact_expand"]
 
 _QNAN = 0x7FC00000
 _INF = 0x7F800000
@@ -95,3 +95,51 @@ def exact_mac(a, w, acc):
     """``acc + a*w`` with two roundings, for uint16/uint16/uint32 arrays."""
     product = exact_mul_bf16(a, w)
     return exact_add_f32(acc, product)
+
+
+def _decode_f16(bits):
+    """(kind, sign, value) of an fp16 bit pattern."""
+    sign, exp, frac = bits >> 15, (bits >> 10) & 0x1F, bits & 0x3FF
+    if exp == 0x1F:
+        return ("nan" if frac else "inf"), sign, None
+    value = Fraction(frac if exp == 0 else frac | 0x400) * Fraction(2) ** (max(exp, 1) - 25)
+    return "num", sign, value
+
+
+def _int(n):
+    return "num", int(n < 0), Fraction(abs(int(n)))
+
+
+def _to_bf16(bits):
+    """fp32 bits -> bf16 bits, nearest-even on the exact value (NaN: 0x7FC0)."""
+    kind, sign, value = _decode(bits, 23, 127)
+    if kind == "nan":
+        return 0x7FC0
+    if kind == "inf" or value == 0:
+        return (sign << 15) | (0x7F80 if kind == "inf" else 0)
+    e = math.floor(math.log2(value))
+    while Fraction(2) ** e > value:
+        e -= 1
+    while Fraction(2) ** (e + 1) <= value:
+        e += 1
+    quantum = Fraction(2) ** (max(e, -126) - 7)
+    n, rest = divmod(value / quantum, 1)
+    n = int(n) + (rest > Fraction(1, 2) or (rest == Fraction(1, 2) and n % 2 == 1))
+    rounded = n * quantum
+    if rounded >= Fraction(2) ** 128:
+        return (sign << 15) | 0x7F80
+    return (sign << 15) | (_round(0, rounded) >> 16)
+
+
+def exact_expand(d, scale, minimum, minimum_scale, q, neg_t):
+    """One expanded weight, ``bf16(fp32(s * q) + t)``, exactly: ``s =
+    fp32(fp16 d * scale)``; ``t = fp32(fp16 minimum * minimum_scale)``,
+    negated if `neg_t`; ``minimum=None`` for t = -0. Arguments are Python
+    ints (fp16 bit patterns and small integers); returns the bf16 bits."""
+    s = _mul(*_decode_f16(d), *_int(scale))
+    if minimum is None:
+        t = 1 << 31
+    else:
+        t = _mul(*_decode_f16(minimum), *_int(minimum_scale)) ^ (int(neg_t) << 31)
+    p = _mul(*_decode(s, 23, 127), *_int(q))
+    return _to_bf16(_add(*_decode(p, 23, 127), *_decode(t, 23, 127)))

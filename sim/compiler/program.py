@@ -25,6 +25,7 @@ import numpy as np
 
 from mxu.hdl import isa
 from mxu.hdl.isa import BMode, Engine, Opcode, SeedMode, VpuOp
+from mxu.hdl.quant import QuantFormat, quant_format
 
 __all__ = ["Program"]
 
@@ -90,10 +91,14 @@ class Program:
         return self
 
     def load(self, *, ext_addr, rows, row_bytes, ext_stride=None, vmem_row=None, acc_row=None,
-             **deps):
-        """LOAD rows external rows into VMEM (`vmem_row`) or the accumulator (`acc_row`)."""
+             format=QuantFormat.NONE, **deps):
+        """LOAD rows external rows into VMEM (`vmem_row`) or the accumulator (`acc_row`);
+        with a `format`, `rows` weight rows expanded from tile-blocks of `row_bytes`
+        (docs/memory.md, "Quantized loads")."""
         space, row = self._space(vmem_row, acc_row)
-        return self._emit(Opcode.LOAD, deps, flags={"space": space}, ext_addr=ext_addr,
+        plain = format is None or format is QuantFormat.NONE or format in (0, "NONE")
+        flags = {"space": space, **({} if plain else {"format": quant_format(format).value})}
+        return self._emit(Opcode.LOAD, deps, flags=flags, ext_addr=ext_addr,
                           ext_stride=row_bytes if ext_stride is None else ext_stride,
                           chip_row=row, rows=rows, row_bytes=row_bytes)
 

@@ -28,7 +28,9 @@ from .matmul import check_flag, prepare_matmul
 from .memory import Allocator
 from .profile import Trace
 from .stats import RunStats
+from .quant import QuantizedTensor, upload_quantized
 from .tensor import DTYPES, DeviceTensor
+from ..compiler.quant import quantized_fits, quantized_matmul_program
 from .vector import prepare_vector
 
 __all__ = ["Chip", "Recording", "Profile", "PROGRAM_CACHE_SIZE"]
@@ -259,6 +261,17 @@ class Chip:
         self.device.write_memory(tensor.addr, np.ascontiguousarray(data), "array")
         return tensor
 
+    def upload_quantized(self, raw, qtype, shape, name=None):
+        """Put a GGUF tensor's raw blocks on the chip, in its tile-block layout
+        (docs/memory.md, "Quantized loads"): a `QuantizedTensor` that
+        `matmul` takes as its weights B, expanded to bf16 on the chip.
+        `qtype`: a ``gguf.GGMLQuantizationType`` or its name (``"Q4_1"``);
+        `shape`: (N, K) as the file stores it (N rows of K), so that B is K x
+        N. Bad input raises ValueError naming `name` and the problem; nothing
+        is then allocated."""
+        return upload_quantized(self, raw, qtype, shape,
+                                name if name is not None else "a quantized tensor")
+
     # ---- matmuls --------------------------------------------------------------------------
     def record(self):
         """``with chip.record() as rec:`` -- the matmuls inside become one program,
@@ -293,6 +306,18 @@ class Chip:
         `Chip.vector` of the same kind.
         """
         keep = check_flag(keep, "keep")
+        if isinstance(A, QuantizedTensor):
+            raise TypeError(f"{A.name}: a quantized tensor holds weights; it cannot be the "
+                            f"activations A of a matmul")
+        if isinstance(B, QuantizedTensor):
+            extra = dict(bias=bias, relu=relu or None, out=out, keep=keep or None, then=then,
+                         out_bf16=out_bf16, other=other, params=params, scale=scale, eps=eps,
+                         transpose=transpose, paired=paired)
+            used = [k for k, v in extra.items() if v is not None]
+            if used or np.dtype(out_dtype) != np.float32 or self._recording is not None:
+                raise ValueError(f"{B.name}: a matmul with quantized weights takes no "
+                                 f"{', '.join(used) or 'recording or bf16 output'} yet")
+            return self._quantized_matmul(A, B)
         start = time.perf_counter()
         given = dict(out_bf16=out_bf16, other=other, params=params, scale=scale, eps=eps,
                      transpose=transpose, paired=paired)
@@ -310,6 +335,34 @@ class Chip:
         result = call.out.numpy()
         call.out.free()
         return result
+
+    def _quantized_matmul(self, A, B):
+        """``A @ B`` with B a `QuantizedTensor` (docs/compiler.md, "Quantized
+        weights"); returns fp32 (M x N)."""
+        B._alive()
+        if isinstance(A, DeviceTensor):
+            A = A.numpy()
+        A = as_bf16(np.atleast_2d(np.asarray(A)))
+        (m, k), (kb, n) = A.shape, B.shape
+        if A.ndim != 2 or k != kb:
+            raise ValueError(f"{B.name}: activations {A.shape} do not match weights {B.shape}")
+        why = quantized_fits(self.config, m, k, n)
+        if why:
+            raise ValueError(f"{B.name}: {m} x {k} @ {k} x {n} does not fit: {why}")
+        a = self.upload(A)
+        c = self.empty((m, n), np.float32)
+        try:
+            program = quantized_matmul_program(
+                self.config, B.format, m, k, n, a_addr=a.addr, a_stride=a.stride, w_addr=B.addr,
+                out_addr=c.addr, out_stride=c.stride)
+            result = self.run(program)
+            if not result.ok:
+                raise ChipError(f"{B.name}: the chip stopped with {result.error.name}")
+            self.last_quantized_cycles = result.counters["cycles"]
+            return c.numpy()
+        finally:
+            a.free()
+            c.free()
 
     def vector(self, kind, x, **operands):
         """A transformer layer op on the vector unit (``ChipConfig(vpu=True)``),

@@ -1,0 +1,341 @@
+"""The weight expander: tile-blocks of GGUF block-quantized weights, as bus
+beats, in; bf16 weight rows out (docs/numerics.md, "Quantized weights";
+docs/memory.md, "Quantized loads").
+
+Every weight is ``bf16_rne(fp32_add(fp32_mul(s, q), t))`` with per-(sub-)block
+fp32 scalars ``s = fp32(d) * sc`` and ``t`` (``-0``, ``fp32(m)`` or
+``-(fp32(dmin) * m_j)``) and an integer code ``q``, the order of the golden
+model `mxu.verif.quant`. The datapath reuses `Fp32Multiplier`, `Fp32Adder`
+and `Fp32ToBf16` of `mxu.hdl.numerics`.
+"""
+
+from amaranth.hdl import C, Cat, Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .numerics import FP32, FP32_QNAN, Fp32Adder, Fp32ToBf16, leading_zeros
+from .quant import QUANT_INFO, QuantFormat
+
+__all__ = ["Fp16ToFp32", "ScaleMultiplier", "Expander", "expander_rows_layout"]
+
+
+class Fp16ToFp32(wiring.Component):
+    """fp16 -> fp32, exact (every fp16 is an fp32; subnormals become normals).
+
+    Interface: ``x``: In(16) (fp16 bits); ``y``: Out(FP32).
+    """
+
+    x: In(16)
+    y: Out(FP32)
+
+    def elaborate(self, platform):
+        m = Module()
+        x = self.x
+        sign, exp, frac = x[15], x[10:15], x[:10]
+        lz = Signal(range(11))
+        m.d.comb += lz.eq(leading_zeros(frac, "onehot", m))
+        # A subnormal frac * 2**-24 with its leading one at bit 9 - lz: the
+        # exponent field 127 - 15 - lz, the frac shifted up past the leading one.
+        sub_frac = Signal(10)
+        m.d.comb += sub_frac.eq(frac << (lz + 1))
+        with m.If(exp == 0x1F):
+            m.d.comb += self.y.as_value().eq(Cat(C(0, 13), frac, C(0xFF, 8), sign))
+        with m.Elif(exp != 0):
+            m.d.comb += self.y.as_value().eq(Cat(C(0, 13), frac, exp + (127 - 15), sign))
+        with m.Elif(frac != 0):
+            m.d.comb += self.y.as_value().eq(
+                Cat(C(0, 13), sub_frac, (C(127 - 15, 8) - lz)[:8], sign))
+        with m.Else():
+            m.d.comb += self.y.as_value().eq(Cat(C(0, 31), sign))
+        return m
+
+
+# Integers the datapath carries: a code minus its offset (-128..127), a
+# sub-block scale (Q6_K: -128..127, Q4_K: 0..63).
+_INT = 9
+
+
+class ScaleMultiplier(wiring.Component):
+    """fp32 x a signed integer -> fp32, round to nearest-even: the expander's
+    products ``fp32(d) * sc``, ``fp32(dmin) * m`` and ``s * q``.
+
+    Precondition (why this is not `Fp32Multiplier`, whose general
+    subnormal path is ten times the logic): `a` is a zero, an infinity, a
+    NaN, or a normal number whose products with the integers stay normal.
+    The expander's operands are fp16 values (at least 2**-24 in magnitude
+    unless zero) times at most two integers of 8 bits (below 2**31): their
+    products are normal fp32 numbers, and a product can round only when its
+    significand passes 24 bits (Q6_K's ``s * q``).
+
+    Interface: ``a``: In(FP32); ``n``: In(signed(width)); ``p``: Out(FP32).
+    """
+
+    def __init__(self, width=_INT):
+        self.width = width
+        super().__init__({"a": In(FP32), "n": In(signed(width)), "p": Out(FP32)})
+
+    def elaborate(self, platform):
+        m = Module()
+        a, n, W = self.a, self.n, self.width
+        exp_max = a.exp == 0xFF
+        a_nan, a_inf = exp_max & (a.frac != 0), exp_max & (a.frac == 0)
+        a_zero = (a.exp == 0) & (a.frac == 0)
+        mag = Signal(W)
+        m.d.comb += mag.eq(Mux(n < 0, -n, n))
+        sign = a.sign ^ (n < 0)
+        P = 24 + W
+        product = Signal(P)
+        m.d.comb += product.eq(Cat(a.frac, a.exp != 0) * mag)
+        lz = Signal(range(P + 1))
+        m.d.comb += lz.eq(leading_zeros(product, "onehot", m))
+        norm = Signal(P)
+        m.d.comb += norm.eq(product << lz)
+        sig = norm[P - 24:]
+        guard = norm[P - 25]
+        sticky = norm[:P - 25] != 0
+        round_up = guard & (sticky | sig[0])
+        # The leading one at bit P - 1 - lz of the product, of weight
+        # 2**(exp - 150): the biased exponent is exp + (P - 24) - lz.
+        field = Signal(10)
+        m.d.comb += field.eq(a.exp + (P - 24) - lz)
+        magnitude = Signal(32)
+        m.d.comb += magnitude.eq(Cat(sig[:23], field[:8]) + round_up)
+        with m.If(a_nan | (a_inf & (mag == 0))):
+            m.d.comb += self.p.as_value().eq(FP32_QNAN)
+        with m.Elif(a_inf):
+            m.d.comb += self.p.as_value().eq(Cat(C(0x7F800000, 31), sign))
+        with m.Elif(a_zero | (mag == 0)):
+            m.d.comb += self.p.as_value().eq(Cat(C(0, 31), sign))
+        with m.Else():
+            m.d.comb += self.p.as_value().eq(Cat(magnitude[:31], sign))
+        return m
+
+
+def expander_rows_layout(config):
+    """The expander's output: ``quant_rows`` weight rows of ``cols`` bf16."""
+    return data.ArrayLayout(data.ArrayLayout(16, config.cols), config.quant_rows)
+
+
+class Expander(wiring.Component):
+    """Tile-blocks in, bf16 weight rows out, one group of ``quant_rows`` rows
+    (all of one sub-block) per cycle at most: for 4-bit codes on the default
+    chip, one beat a cycle in, two rows a cycle out.
+
+    A tile-block (docs/memory.md) is ``cols`` headers (whole beats), then the
+    block's codes as a bitstream (whole beats): ``block`` rows of ``cols``
+    codes, row-major. The beats go into the header words or into a gearbox
+    from which groups of rows are taken; each group captures its columns'
+    scale fields, so the next header may arrive while it is in flight.
+
+    Pipeline (a global stall: every stage moves when the output is free):
+    take a group and its scale fields -> ``s = fp32(d) * sc`` and ``t`` ->
+    ``p = s * q`` -> ``bf16(p + t)``; the products are `ScaleMultiplier`s. Four registers; the output is
+    the last.
+
+    Parameters
+    ----------
+    config : ChipConfig
+        ``cols``, ``axi_data_bits``, ``quant_rows`` and ``quant_formats`` (the
+        formats built; at least one).
+
+    Interface
+    ---------
+    format : In(QuantFormat)
+        The format of the tile-blocks; held from the first beat to the last row.
+    clear : In(1)
+        Drop every beat and row in flight (between loads).
+    beats : In(stream.Signature(axi_data_bits))
+        The tile-blocks, beat by beat.
+    rows : Out(stream.Signature(expander_rows_layout(config)))
+        The weight rows, ``quant_rows`` at a time, in order.
+    """
+
+    def __init__(self, config):
+        if not config.quant_formats:
+            self._MustUse__silence = True
+            raise ValueError("Expander: the chip's quant_formats is empty")
+        self.config = config
+        self.formats = [QuantFormat[n] for n in config.quant_formats]
+        super().__init__({
+            "format": In(QuantFormat), "clear": In(1),
+            "beats": In(stream.Signature(config.axi_data_bits)),
+            "rows": Out(stream.Signature(expander_rows_layout(config))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.config
+        R, N, BW = c.quant_rows, c.cols, c.axi_data_bits
+        BB = BW // 8
+        infos = {f: QUANT_INFO[f] for f in self.formats}
+        hdr_words = max(-(-N * i.header_bytes // BB) for i in infos.values())
+        max_group = max(R * N * i.bits for i in infos.values())
+        cap = max_group + BW
+        fmt = self.format
+
+        def per_format(fn, width):
+            """A value chosen by the format among the formats built."""
+            out = Signal(width, name=None)
+            with m.Switch(fmt):
+                for f, i in infos.items():
+                    with m.Case(f):
+                        m.d.comb += out.eq(fn(f, i))
+            return out
+
+        hdr_beats = per_format(lambda f, i: N * i.header_bytes // BB, range(hdr_words + 1))
+        code_beats = per_format(lambda f, i: N * i.code_bytes // BB, 16)
+        block = per_format(lambda f, i: i.block, 10)
+        group_bits = per_format(lambda f, i: R * N * i.bits, range(cap + 1))
+
+        header = Signal(hdr_words * BW)
+        codes = Signal(cap)                 # the gearbox: bits from bit 0 up
+        have = Signal(range(cap + 1))       # bits in it
+        in_codes = Signal()                 # the block's header is in
+        hdr_i = Signal(range(hdr_words + 1))
+        code_left = Signal(16)              # code beats of the block still to take
+        k = Signal(10)                      # the block's next row
+
+        # The pipeline registers, valid first; every stage moves on `adv`.
+        v = [Signal(name=f"v{i}") for i in range(4)]
+        adv = Signal()
+        m.d.comb += [adv.eq(~self.rows.valid | self.rows.ready), self.rows.valid.eq(v[3])]
+
+        emit = Signal()
+        last_group = Signal()
+        m.d.comb += [emit.eq(adv & in_codes & (have >= group_bits)),
+                     last_group.eq(k + R >= block)]
+        after = Signal(range(cap + 1))
+        m.d.comb += after.eq(Mux(emit, have - group_bits, have))
+        take_header = ~in_codes | (emit & last_group)
+        take_code = in_codes & (code_left != 0) & (after + BW <= cap)
+        m.d.comb += self.beats.ready.eq(take_header | take_code)
+        fire = self.beats.valid & self.beats.ready
+        shifted = Signal(cap)
+        m.d.comb += shifted.eq(Mux(emit, codes >> group_bits, codes))
+        with m.If(fire & take_code):
+            m.d.sync += [codes.eq(shifted | (self.beats.payload << after)),
+                         have.eq(after + BW), code_left.eq(code_left - 1)]
+        with m.Else():
+            m.d.sync += [codes.eq(shifted), have.eq(after)]
+        with m.If(emit):
+            m.d.sync += k.eq(k + R)
+            with m.If(last_group):
+                m.d.sync += [in_codes.eq(0), hdr_i.eq(0)]
+        with m.If(fire & take_header):
+            index = Mux(in_codes, 0, hdr_i)
+            with m.Switch(index):
+                for w in range(hdr_words):
+                    with m.Case(w):
+                        m.d.sync += header[w * BW:(w + 1) * BW].eq(self.beats.payload)
+            with m.If(index + 1 == hdr_beats):
+                m.d.sync += [in_codes.eq(1), k.eq(0), code_left.eq(code_beats)]
+            with m.Else():
+                m.d.sync += [hdr_i.eq(index + 1), in_codes.eq(0)]
+
+        stage1 = self._take_group(m, infos, header, codes, k)
+        s1 = Signal.like(stage1)
+        stage2 = self._scalars(m, s1)
+        s2 = Signal.like(stage2)
+        stage3 = self._products(m, s2)
+        s3 = Signal.like(stage3)
+        stage4 = self._sums(m, s3)
+        with m.If(adv):
+            m.d.sync += [s1.eq(stage1), s2.eq(stage2), s3.eq(stage3),
+                         self.rows.payload.eq(stage4),
+                         v[0].eq(emit), v[1].eq(v[0]), v[2].eq(v[1]), v[3].eq(v[2])]
+        with m.If(self.clear):
+            m.d.sync += [have.eq(0), in_codes.eq(0), hdr_i.eq(0), code_left.eq(0), k.eq(0),
+                         *(x.eq(0) for x in v)]
+        return m
+
+    # Stage 1: the group's codes and its columns' scale fields.
+    def _take_group(self, m, infos, header, codes, k):
+        c = self.config
+        R, N = c.quant_rows, c.cols
+        col = data.StructLayout({"d": 16, "e": 16, "sc": signed(_INT), "mm": 6, "tsel": 2})
+        layout = data.StructLayout({"cols": data.ArrayLayout(col, N),
+                                    "q": data.ArrayLayout(signed(_INT), R * N)})
+        out = Signal(layout)
+        with m.Switch(self.format):
+            for f, i in infos.items():
+                with m.Case(f):
+                    self._fields(m, f, i, header, codes, k, out)
+        return out
+
+    def _fields(self, m, f, info, header, codes, k, out):
+        c = self.config
+        R, N, H = c.quant_rows, c.cols, info.header_bytes
+        for r in range(R * N):
+            code = codes[r * info.bits:(r + 1) * info.bits]
+            if info.offset is None:
+                q = code.as_signed()
+            else:
+                q = code.as_unsigned() - info.offset
+            m.d.comb += out.q[r].eq(q)
+        j = k[5:8] if f is QuantFormat.Q4_K else k[4:8]
+        for n in range(N):
+            base = 8 * n * H
+            o = out.cols[n]
+            m.d.comb += [o.d.eq(header[base:base + 16]), o.sc.eq(1), o.tsel.eq(0)]
+            if f is QuantFormat.Q4_1:
+                m.d.comb += [o.e.eq(header[base + 16:base + 32]), o.tsel.eq(1)]
+            elif f is QuantFormat.Q4_K:
+                fields = header[base + 32:base + 128]
+                m.d.comb += [o.e.eq(header[base + 16:base + 32]), o.tsel.eq(2),
+                             o.sc.eq(fields.word_select(j, 6)),
+                             o.mm.eq(fields.word_select(j + 8, 6))]
+            elif f is QuantFormat.Q6_K:
+                m.d.comb += o.sc.eq(header[base + 16:base + 144].word_select(j, 8).as_signed())
+
+    # Stage 2: s = fp32(d) * sc, t, and q as fp32.
+    def _scalars(self, m, s1):
+        c = self.config
+        R, N = c.quant_rows, c.cols
+        layout = data.StructLayout({"s": data.ArrayLayout(FP32, N), "t": data.ArrayLayout(FP32, N),
+                                    "q": data.ArrayLayout(signed(_INT), R * N)})
+        out = Signal(layout)
+        for n in range(N):
+            col = s1.cols[n]
+            m.submodules[f"d{n}"] = d = Fp16ToFp32()
+            m.submodules[f"e{n}"] = e = Fp16ToFp32()
+            m.submodules[f"s{n}"] = s = ScaleMultiplier()
+            m.submodules[f"tm{n}"] = tm = ScaleMultiplier()
+            m.d.comb += [d.x.eq(col.d), e.x.eq(col.e),
+                         s.a.eq(d.y), s.n.eq(col.sc),
+                         tm.a.eq(e.y), tm.n.eq(col.mm),
+                         out.s[n].eq(s.p)]
+            with m.Switch(col.tsel):
+                with m.Case(0):
+                    m.d.comb += out.t[n].as_value().eq(0x80000000)     # -0: x + -0 == x
+                with m.Case(1):
+                    m.d.comb += out.t[n].eq(e.y)
+                with m.Default():
+                    m.d.comb += out.t[n].as_value().eq(tm.p.as_value() ^ 0x80000000)
+        m.d.comb += out.q.eq(s1.q)
+        return out
+
+    # Stage 3: p = s * q.
+    def _products(self, m, s2):
+        c = self.config
+        R, N = c.quant_rows, c.cols
+        layout = data.StructLayout({"p": data.ArrayLayout(FP32, R * N),
+                                    "t": data.ArrayLayout(FP32, N)})
+        out = Signal(layout)
+        m.d.comb += out.t.eq(s2.t)
+        for r in range(R * N):
+            m.submodules[f"p{r}"] = p = ScaleMultiplier()
+            m.d.comb += [p.a.eq(s2.s[r % N]), p.n.eq(s2.q[r]), out.p[r].eq(p.p)]
+        return out
+
+    # Stage 4: bf16(p + t).
+    def _sums(self, m, s3):
+        c = self.config
+        R, N = c.quant_rows, c.cols
+        out = Signal(expander_rows_layout(c))
+        for r in range(R * N):
+            m.submodules[f"x{r}"] = x = Fp32Adder()
+            m.submodules[f"b{r}"] = b = Fp32ToBf16()
+            m.d.comb += [x.a.eq(s3.p[r]), x.b.eq(s3.t[r % N]), b.x.eq(x.s),
+                         out[r // N][r % N].eq(b.y.as_value())]
+        return out
+

@@ -1,0 +1,127 @@
+"""Quantized weights on the whole chip: a quantized LOAD (the weight expander
+in the DMA's load path) then LOADW and MATMUL give the golden matmul with the
+golden expander's weights, for every format, on the default 16x16 chip."""
+
+import numpy as np
+import pytest
+
+from chip_configs import SHAPES
+from mxu.hdl.isa import ErrorCode
+from mxu.hdl.quant import QUANT_INFO, QuantFormat, repack, tile_block_bytes
+from mxu.sim import Chip
+from mxu.sim.compiler.program import Program
+from mxu.verif import golden
+from mxu.verif.quant import dequantize, expand_tiles, random_blocks
+
+CONFIG = SHAPES["16x16"]
+A_AT, W_AT, C_AT = 0x10000, 0x40000, 0x80000
+
+
+@pytest.fixture(scope="module")
+def chip():
+    return Chip(CONFIG, fast_mac=True)
+
+
+def _program(fmt, m, k, w_row, tile):
+    """Activations (m x k) tile by tile into VMEM rows 0.., the weight strip
+    with one quantized LOAD into rows w_row.., then LOADW + MATMUL per K tile."""
+    R, N = CONFIG.rows, CONFIG.cols
+    p = Program()
+    for t in range(k // R):
+        p.load(ext_addr=A_AT + 2 * R * t, rows=m, row_bytes=2 * R, ext_stride=2 * k,
+               vmem_row=m * t)
+    p.load(ext_addr=W_AT, rows=k, row_bytes=tile, vmem_row=w_row, format=fmt, push_next=True)
+    for t in range(k // R):
+        p.loadw(vmem_row=w_row + R * t, k_rows=R, pop_prev=t == 0)
+        p.matmul(act_row=m * t, m_rows=m, out_row=0, seed="zero" if t == 0 else "acc",
+                 new_weights=True, push_next=t == k // R - 1)
+    p.store(ext_addr=C_AT, rows=m, row_bytes=4 * N, acc_row=0, pop_prev=True)
+    return p.halt()
+
+
+@pytest.mark.parametrize("fmt", [QuantFormat[n] for n in CONFIG.quant_formats],
+                         ids=lambda f: f.name)
+def test_quantized_load_loadw_matmul(chip, fmt):
+    info = QUANT_INFO[fmt]
+    N, m = CONFIG.cols, 5
+    k = info.block * (2 if info.block == 32 else 1)
+    rng = np.random.default_rng(fmt.value)
+    raw = random_blocks(fmt, N * (k // info.block), fmt.value)
+    strip = repack(raw, fmt, (N, k), N)
+    W = expand_tiles(strip, fmt, N)                               # (k, N) bf16 bits
+    A = golden.as_bf16(rng.standard_normal((m, k)).astype(np.float32))
+    result = chip.run(_program(fmt, m, k, 512, tile_block_bytes(fmt, N)),
+                      {A_AT: A.view(np.uint16).tobytes(), W_AT: strip.tobytes()})
+    assert result.error == ErrorCode.NONE, result
+    got = np.frombuffer(chip.read_memory(C_AT, m * N * 4), np.float32).reshape(m, N)
+    want = golden.matmul(A, W.view(golden.bf16), rows=CONFIG.rows)
+    golden.assert_bits_equal(got, want, what=f"{fmt.name} matmul", seed=fmt.value)
+
+
+def test_bad_quantized_load_is_a_descriptor_error(chip):
+    fmt = QuantFormat.Q4_0
+    p = Program().load(ext_addr=W_AT, rows=48, row_bytes=tile_block_bytes(fmt, CONFIG.cols),
+                       vmem_row=0, format=fmt).halt()
+    result = chip.run(p)
+    assert result.error == ErrorCode.DMA_DESCRIPTOR, result
+    ok = chip.run(Program().load(ext_addr=W_AT, rows=32, row_bytes=tile_block_bytes(
+        fmt, CONFIG.cols), vmem_row=0, format=fmt).halt())
+    assert ok.error == ErrorCode.NONE, ok
+
+
+# ------------------------------------------------------------------ the runtime
+
+@pytest.mark.parametrize("name,n,k,m", [("Q4_1", 40, 96, 3), ("Q8_0", 16, 64, 1),
+                                        ("Q6_K", 24, 256, 2)])
+def test_upload_quantized_matmul(chip, name, n, k, m):
+    """chip.matmul(x, W) with W on the chip as its GGUF blocks equals the
+    golden matmul, and the bf16 path, bit for bit."""
+    import gguf
+    fmt = QuantFormat[name]
+    info = QUANT_INFO[fmt]
+    raw = random_blocks(fmt, n * k // info.block, 11)
+    raw[:, QUANT_INFO[fmt].file_bytes - 2 if fmt is QuantFormat.Q6_K else 0:][:, :2] = \
+        np.array([0.02], np.float16).view(np.uint8)          # finite scales
+    free = chip.free_bytes
+    W = chip.upload_quantized(raw.tobytes(), gguf.GGMLQuantizationType[name], (n, k),
+                              name="blk.0.ffn_up.weight")
+    assert W.shape == (k, n) and W.format is fmt
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    got = chip.matmul(x, W)
+    Wb = dequantize(raw, fmt, (n, k)).T.view(golden.bf16)
+    golden.assert_bits_equal(got, golden.matmul(x, Wb, rows=CONFIG.rows), what=f"{name} matmul")
+    golden.assert_bits_equal(got, chip.matmul(x, Wb), what=f"{name} vs the bf16 path")
+    W.free()
+    assert chip.free_bytes == free
+
+
+def test_upload_quantized_errors(chip):
+    free = chip.free_bytes
+    block = np.zeros(18, np.uint8)
+    name = "blk.3.attn_q.weight"
+    cases = [
+        (dict(raw=np.zeros(17 * 4, np.uint8), qtype="Q4_0", shape=(4, 32)),
+         "blk.3.attn_q.weight: Q4_0 block array of 68 bytes for shape \\(4, 32\\): expected 72"),
+        (dict(raw=block, qtype="IQ2_XXS", shape=(1, 256)),
+         "blk.3.attn_q.weight: quantization type 'IQ2_XXS' is not one the chip expands"),
+        (dict(raw=block, qtype="Q4_0", shape=(1, 40)),
+         "blk.3.attn_q.weight: row length 40 is not a whole number of Q4_0 blocks of 32"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            chip.upload_quantized(name=name, **kwargs)
+        assert chip.free_bytes == free
+    W = chip.upload_quantized(np.zeros(18 * 16, np.uint8), "Q4_0", (16, 32), name=name)
+    with pytest.raises(TypeError, match="blk.3.attn_q.weight: a quantized tensor holds weights; "
+                                        "it cannot be the activations"):
+        chip.matmul(W, np.zeros((32, 16), np.float32))
+    with pytest.raises(ValueError, match="blk.3.attn_q.weight: a matmul with quantized weights "
+                                         "takes no bias yet"):
+        chip.matmul(np.zeros((1, 32), np.float32), W, bias=np.zeros(16, np.float32))
+    with pytest.raises(ValueError, match=r"activations \(1, 64\) do not match weights \(32, 16\)"):
+        chip.matmul(np.zeros((1, 64), np.float32), W)
+    assert np.array_equal(chip.matmul(np.ones((1, 32), np.float32), W),
+                          np.zeros((1, 16), np.float32))    # d = 0: every weight is -0 or +0
+    W.free()
+    assert chip.free_bytes == free

@@ -70,9 +70,9 @@ def _smollm2_sizes():
 
     import gguf
 
-    from mxu.sim.models.causal_lm import MODELS
     from mxu.sim.models.llama import LlamaConfig
-    config = LlamaConfig.from_gguf(gguf.GGUFReader(MODELS["SmolLM2-135M-Instruct"]()))
+    from mxu.sim.models.registry import find_decoder
+    config = LlamaConfig.from_gguf(gguf.GGUFReader(find_decoder("SmolLM2-135M-Instruct")[1]))
     return dataclasses.replace(config, layers=LLM_LAYERS, vocab=LLM_VOCAB)
 
 

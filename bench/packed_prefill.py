@@ -16,7 +16,8 @@ import numpy as np
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip
 from mxu.sim.models import CausalLM
-from mxu.sim.models.causal_lm import MODELS, PACK_TOKENS
+from mxu.sim.models.causal_lm import PACK_TOKENS
+from mxu.sim.models.registry import find_decoder
 from mxu.sim.models.llama import read_gguf
 from mxu.sim.report import format_table
 
@@ -29,7 +30,7 @@ def main():
     parser.add_argument("--pack-tokens", type=int, default=PACK_TOKENS)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    weights, _ = read_gguf(MODELS["SmolLM2-135M-Instruct"]())
+    weights, _ = read_gguf(find_decoder("SmolLM2-135M-Instruct")[1])
     if args.layers:
         weights = dataclasses.replace(weights, config=dataclasses.replace(
             weights.config, layers=args.layers), layers=weights.layers[:args.layers])

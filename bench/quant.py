@@ -41,7 +41,7 @@ def main():
         want = golden.matmul(x, W, rows=config.rows)
         Wq = chip.upload_quantized(raw, name, (n, k), name=f"{name} weight")
         golden.assert_bits_equal(chip.matmul(x, Wq), want, what=f"{name} x @ W")
-        quantized = chip.last_quantized_cycles
+        quantized = chip.last_stats.cycles
         golden.assert_bits_equal(chip.matmul(x, W), want, what="bf16 x @ W")
         bf16 = chip.last_stats.cycles
         rows.append([name, f"{k}x{n}", quantized, f"{Wq.nbytes / config.axi_data_bytes:.0f}",

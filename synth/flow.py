@@ -7,6 +7,7 @@ WebAssembly, so place-and-route of a whole chip takes many minutes: the display
 says what is running and for how long.
 """
 
+import json
 import signal
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from rich.text import Text
 
 from mxu.hdl.tools import find_tool
 
-__all__ = ["ToolError", "Phases", "tool_path", "run_tool"]
+__all__ = ["ToolError", "Phases", "tool_path", "run_tool", "last_phase_seconds",
+           "record_phase_seconds"]
 
 
 class ToolError(RuntimeError):
@@ -35,8 +37,12 @@ def tool_path(name):
 
 class Phases:
     """Times the phases of a flow and shows them: on a terminal a live line
-    (spinner, phase, elapsed time), otherwise one plain line per phase start and
-    end on `stream` (stderr by default). ``quiet`` shows nothing."""
+    (spinner, phase, elapsed time and the time left), otherwise one plain line
+    per phase start and end on `stream` (stderr by default). ``quiet`` shows
+    nothing. A phase run with a `key` (what it works on: the unit and its
+    configuration) records how long it took in the build cache's
+    ``phase_seconds.json``; the next run of the same key shows the time left
+    from it, as chip builds do (docs/runtime.md, "Progress")."""
 
     def __init__(self, stream=None, *, live=None, quiet=False, command="synth"):
         self.stream = stream or sys.stderr
@@ -46,18 +52,23 @@ class Phases:
         self.times = {}            # phase -> seconds
         self._console = Console(file=self.stream) if self.live and not quiet else None
 
-    def run(self, phase, function, *args, **kwargs):
-        """Run ``function(*args, **kwargs)`` as phase `phase`; returns its result."""
+    def run(self, phase, function, *args, key=None, **kwargs):
+        """Run ``function(*args, **kwargs)`` as phase `phase`; returns its result.
+        `key`: see the class; None neither reads nor records a time."""
         start = time.monotonic()
+        expected = last_phase_seconds(key) if key is not None else None
         if self.quiet:
             result = function(*args, **kwargs)
         elif self._console is not None:
-            result = self._run_live(phase, start, function, args, kwargs)
+            result = self._run_live(phase, start, function, args, kwargs, expected)
         else:
-            print(f"mxu {self.command}: {phase} ...", file=self.stream, flush=True)
+            last = f" (the last run took {_clock(expected)})" if expected else ""
+            print(f"mxu {self.command}: {phase} ...{last}", file=self.stream, flush=True)
             result = function(*args, **kwargs)
         elapsed = time.monotonic() - start
         self.times[phase] = elapsed
+        if key is not None:
+            record_phase_seconds(key, elapsed)
         if not self.quiet:
             line = f"mxu {self.command}: {phase} done in {_clock(elapsed)}"
             if self._console is not None:
@@ -66,7 +77,7 @@ class Phases:
                 print(line, file=self.stream, flush=True)
         return result
 
-    def _run_live(self, phase, start, function, args, kwargs):
+    def _run_live(self, phase, start, function, args, kwargs, expected=None):
         spinner = Spinner("dots", text=Text(phase))
         done = threading.Event()
         outcome = {}
@@ -83,11 +94,57 @@ class Phases:
         with Live(spinner, console=self._console, refresh_per_second=4, transient=True):
             thread.start()
             while not done.wait(0.25):
-                spinner.update(text=Text(f"{phase}  {_clock(time.monotonic() - start)}"))
+                spinner.update(text=Text(_live_text(phase, time.monotonic() - start, expected)))
         thread.join()
         if "error" in outcome:
             raise outcome["error"]
         return outcome["value"]
+
+
+def _live_text(phase, elapsed, expected):
+    """The live line: the phase, its elapsed time, and the time left by the
+    last run of the same key (or how far past it this run is)."""
+    text = f"{phase}  {_clock(elapsed)}"
+    if expected:
+        left = expected - elapsed
+        text += f", about {_clock(left)} left" if left >= 1 else \
+            f", {_clock(-left)} over the last run's {_clock(expected)}"
+    return text
+
+
+def _phase_file():
+    from mxu.sim.backends.cache import cache_path
+    return cache_path() / "phase_seconds.json"
+
+
+def _phase_times():
+    try:
+        data = json.loads(_phase_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def last_phase_seconds(key):
+    """Seconds the last run of phase `key` took, or None (never run, or no
+    readable record)."""
+    value = _phase_times().get(key)
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def record_phase_seconds(key, seconds):
+    """Record `seconds` for `key`; a record that cannot be written is skipped
+    (it only feeds the time-left display)."""
+    times = _phase_times()
+    times[key] = round(seconds, 1)
+    path = _phase_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
+        tmp.write_text(json.dumps(times, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 def _clock(seconds):

@@ -89,6 +89,9 @@ def test_upload_quantized_matmul(chip, name, n, k, m):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((m, k)).astype(np.float32)
     got = chip.matmul(x, W)
+    stats = chip.last_stats
+    assert stats.macs == m * k * n and stats.cycles > 0
+    assert stats.utilization == pytest.approx(m * k * n / CONFIG.rows / CONFIG.cols / stats.cycles)
     Wb = dequantize(raw, fmt, (n, k)).T.view(golden.bf16)
     golden.assert_bits_equal(got, golden.matmul(x, Wb, rows=CONFIG.rows), what=f"{name} matmul")
     golden.assert_bits_equal(got, chip.matmul(x, Wb), what=f"{name} vs the bf16 path")

@@ -338,7 +338,9 @@ class Chip:
 
     def _quantized_matmul(self, A, B):
         """``A @ B`` with B a `QuantizedTensor` (docs/compiler.md, "Quantized
-        weights"); returns fp32 (M x N)."""
+        weights"); returns fp32 (M x N) and records its `RunStats` in
+        `last_stats`."""
+        start = time.perf_counter()
         B._alive()
         if isinstance(A, DeviceTensor):
             A = A.numpy()
@@ -358,7 +360,11 @@ class Chip:
             result = self.run(program)
             if not result.ok:
                 raise ChipError(f"{B.name}: the chip stopped with {result.error.name}")
-            self.last_quantized_cycles = result.counters["cycles"]
+            stats = RunStats(rows=self.config.rows, cols=self.config.cols, macs=m * k * n,
+                             program_bytes=len(program.to_bytes()))
+            stats.add_counters(result.counters, result.wall_s)
+            stats.host_seconds = time.perf_counter() - start - result.wall_s
+            self.last_stats = stats
             return c.numpy()
         finally:
             a.free()

@@ -20,7 +20,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from .blackbox import black_box, check_module_name
+from .blackbox import black_box
+from .hooks import BuildHooks
 from .mac import MAC_STAGES
 from .numerics import BF16, FP32
 from .pe import PE_SIGNATURE, ProcessingElement
@@ -89,7 +90,7 @@ def bubble_free_rows(rows, mac_stages, weight_rows=1):
 
 def datapath_signature(rows, cols, weight_rows=1):
     """The ports of the array's datapath as one module (``SystolicArray(...,
-    datapath_module=name)``): the PE grid with its activation skew, seed skew,
+    hooks=BuildHooks(datapath_module=name))``): the PE grid with its activation skew, seed skew,
     output de-skew and weight bus.
 
     Its behaviour, which a replacement must keep cycle for cycle: every beat taken
@@ -152,18 +153,17 @@ class SystolicArray(wiring.Component):
         Weight beats the queue in front of the shadow registers holds (>= 1);
         None picks `default_weight_queue_depth`, which keeps back-to-back tiles
         of `bubble_free_rows` rows bubble-free at every depth.
-    pe_module : str or None
-        None (default): the PEs are elaborated as Amaranth submodules. A Verilog
-        module name: every PE becomes an ``Instance`` of that module, which the
-        caller must supply as the Verilog of ``ProcessingElement(mac_stages)``
-        (same port names). `mxu.sim.backends.verilog` uses this so that generating Verilog
-        costs one PE, not ``rows * cols``; the hardware is the same.
-    datapath_module : str or None
-        None (default): the datapath is built here. A Verilog module name: the
-        PE grid with its skew registers and weight bus becomes one ``Instance``
-        of that module, with the ports and behaviour of `datapath_signature`;
-        the weight queue, tile admission and stall logic stay as they are. For
-        simulation models (`mxu.sim.backends.fast_array`).
+    hooks : BuildHooks or None
+        None (default): the PEs are elaborated as Amaranth submodules. With a
+        ``pe_module``, every PE becomes an ``Instance`` of that module, which
+        the caller must supply as the Verilog of
+        ``ProcessingElement(mac_stages)`` (same port names): generating Verilog
+        then costs one PE, not ``rows * cols``; the hardware is the same. With
+        a ``datapath_module``, the PE grid with its skew registers and weight
+        bus becomes one ``Instance`` of that module, with the ports and
+        behaviour of `datapath_signature`; the weight queue, tile admission and
+        stall logic stay as they are (simulation models,
+        `mxu.sim.backends.fast_array`).
 
     Interface
     ---------
@@ -193,7 +193,7 @@ class SystolicArray(wiring.Component):
     """
 
     def __init__(self, rows, cols, mac_stages=2, *, weight_rows=1, weight_queue_depth=None,
-                 pe_module=None, datapath_module=None):
+                 hooks=None):
         _check_positive("rows", rows)
         _check_positive("cols", cols)
         if mac_stages not in MAC_STAGES:
@@ -202,10 +202,9 @@ class SystolicArray(wiring.Component):
         if weight_queue_depth is None:
             weight_queue_depth = default_weight_queue_depth(rows, mac_stages, weight_rows)
         _check_positive("weight_queue_depth", weight_queue_depth)
-        check_module_name(pe_module, "pe_module")
-        check_module_name(datapath_module, "datapath_module")
-        self.pe_module = pe_module
-        self.datapath_module = datapath_module
+        hooks = BuildHooks() if hooks is None else hooks
+        self.pe_module = hooks.pe_module
+        self.datapath_module = hooks.datapath_module
         self.rows = rows
         self.cols = cols
         self.mac_stages = mac_stages

@@ -20,7 +20,8 @@ from amaranth.lib.wiring import In, Out
 
 from .accmem import acc_row_layout
 from .array import SystolicArray, array_latency
-from .blackbox import black_box, check_module_name
+from .blackbox import black_box
+from .hooks import BuildHooks
 from .isa import ErrorCode, Opcode, Pushes, SeedMode
 from .vmem import ReadPortSignature, WritePortSignature, _addr_shape, lane_port_names, vmem_row_layout
 
@@ -160,16 +161,11 @@ class ComputeEngine(wiring.Component):
     Parameters
     ----------
     config : ChipConfig
-    pe_module : str or None
-        Passed to `SystolicArray`: a Verilog module name to instantiate for each
-        PE instead of elaborating it (simulation builds use it for speed).
-    datapath_module : str or None
-        Passed to `SystolicArray`: a Verilog module name to instantiate for the
-        whole PE grid (a simulation model).
-    pending_module : str or None
-        A Verilog module name to instantiate for the record of pending rows
-        (`_PendingRows`, `pending_rows_signature`): a simulation model with
-        its ports and its behaviour, cycle for cycle.
+    hooks : BuildHooks or None
+        Its ``pe_module`` and ``datapath_module`` go to the `SystolicArray`;
+        its ``pending_module`` is a Verilog module to instantiate for the
+        record of pending rows (`_PendingRows`, `pending_rows_signature`): a
+        simulation model with its ports and its behaviour, cycle for cycle.
 
     Interface
     ---------
@@ -200,15 +196,14 @@ class ComputeEngine(wiring.Component):
 
     SKID_DEPTH = 4
 
-    def __init__(self, config, *, pe_module=None, datapath_module=None, pending_module=None):
-        check_module_name(pending_module, "pending_module")
+    def __init__(self, config, *, hooks=None):
+        hooks = BuildHooks() if hooks is None else hooks
         self.config = config
-        self.pending_module = pending_module
+        self.pending_module = hooks.pending_module
         c = config
         vaddr, aaddr = _addr_shape(c.vmem_rows), _addr_shape(c.acc_rows)
         self.array = SystolicArray(c.rows, c.cols, c.mac_stages,
-                                   weight_rows=c.weight_rows_per_cycle, pe_module=pe_module,
-                                   datapath_module=datapath_module)
+                                   weight_rows=c.weight_rows_per_cycle, hooks=hooks)
         self.pending_depth = pending_rows_depth(c)
         self.weight_reads = lane_port_names("weight_read", c.weight_rows_per_cycle)
         super().__init__({

@@ -22,6 +22,7 @@ from .compute import ComputeEngine
 from .controller import Controller
 from .dma import Dma, DmaDir
 from .fetch import FETCH_AXI_ID, FetchedInstr, InstructionFetch
+from .hooks import BuildHooks
 from .isa import ErrorCode
 from .link import LinkBridge, LinkPort, link_signature
 from .loop import LoopExpander
@@ -40,9 +41,9 @@ _WRITE_FORWARD = ("awid", "awaddr", "awlen", "awsize", "awburst", "awlock", "awc
 
 
 def gate_port_members(config):
-    """The ports of `MxuChip(gate_ports=True)`: per gated engine (the store
-    engine, and the vector unit with ``config.vpu``) its clock in and its
-    enable out."""
+    """The ports of `MxuChip` with ``BuildHooks(gate_ports=True)``: per gated
+    engine (the store engine, and the vector unit with ``config.vpu``) its
+    clock in and its enable out."""
     members = {}
     for engine in ("store", "vector") if config.vpu else ("store",):
         members[f"gate_{engine}_clk"] = In(1)
@@ -53,16 +54,10 @@ def gate_port_members(config):
 class _ChipCore(wiring.Component):
     """Everything that a soft reset clears: all but the register file."""
 
-    def __init__(self, config, pe_module=None, trace=False, vpu_modules=None,
-                 datapath_module=None, clock_gate=None, pending_module=None, gate_ports=False):
+    def __init__(self, config, trace, hooks):
         self.config = config
-        self.pe_module = pe_module
-        self.datapath_module = datapath_module
-        self.pending_module = pending_module
-        self.gate_ports = gate_ports
-        self.vpu_modules = vpu_modules
-        self.clock_gate = clock_gate
         self.trace_port = trace
+        self.hooks = hooks
         super().__init__({
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
                                      data_width=config.axi_data_bits)),
@@ -71,7 +66,7 @@ class _ChipCore(wiring.Component):
             "busy": Out(1), "done": Out(1), "error": Out(ErrorCode), "error_pc": Out(32),
             **({"trace_events": Out(ChipTrace)} if trace else {}),
             **self._link_members(config),
-            **(gate_port_members(config) if gate_ports else {}),
+            **(gate_port_members(config) if hooks.gate_ports else {}),
         })
 
     @staticmethod
@@ -89,7 +84,8 @@ class _ChipCore(wiring.Component):
         that ticks only in cycles where they may change: `engine` is not
         idle, is offered a command, or they are reset (docs/simulation.md,
         "Idle gating")."""
-        if self.clock_gate is None and not self.gate_ports:
+        hooks = self.hooks
+        if not hooks.gated:
             for unit_name, (unit, on_start) in units.items():
                 m.submodules[unit_name] = ResetInserter(self.start)(unit) if on_start else unit
             return
@@ -97,11 +93,11 @@ class _ChipCore(wiring.Component):
         awake = Signal(name=f"{name}_awake")
         gclk = Signal(name=f"{name}_gclk")
         m.d.comb += awake.eq(~engine.idle | engine.cmd.valid | reset | self.start)
-        if self.gate_ports:
+        if hooks.gate_ports:
             m.d.comb += [getattr(self, f"gate_{name}_awake").eq(awake),
                          gclk.eq(getattr(self, f"gate_{name}_clk"))]
         else:
-            m.submodules[f"{name}_gate"] = Instance(self.clock_gate, i_clk=ClockSignal("sync"),
+            m.submodules[f"{name}_gate"] = Instance(hooks.clock_gate, i_clk=ClockSignal("sync"),
                                                     i_en=awake, o_gclk=gclk)
         for unit_name, (unit, on_start) in units.items():
             m.domains += ClockDomain(unit_name, local=True)
@@ -130,8 +126,7 @@ class _ChipCore(wiring.Component):
         m.domains.compute = ClockDomain("compute", local=True)
         m.d.comb += [ClockSignal("compute").eq(ClockSignal("sync")),
                      ResetSignal("compute").eq(ResetSignal("sync") | self.start | self.clear)]
-        compute = ComputeEngine(c, pe_module=self.pe_module, datapath_module=self.datapath_module,
-                                pending_module=self.pending_module)
+        compute = ComputeEngine(c, hooks=self.hooks)
         m.submodules.compute = DomainRenamer("compute")(compute)
         m.submodules.load_dma = load_dma = Dma(c)
         store_dma = Dma(c)
@@ -170,7 +165,7 @@ class _ChipCore(wiring.Component):
         m.d.comb += [outer.length.eq(run_length), inner.length.eq(run_length)]
         engines = [("load", load), ("compute", compute), ("store", store)]
         if c.vpu:
-            vector = VectorUnit(c, unit_modules=self.vpu_modules)
+            vector = VectorUnit(c, hooks=self.hooks)
             self._add_units(m, "vector", {"vector": (vector, True)}, vector)
             engines.append(("vector", vector))
             wiring.connect(m, vector.read_a, acc.vector_read_a)
@@ -278,31 +273,14 @@ class MxuChip(wiring.Component):
     Parameters
     ----------
     config : ChipConfig
-    pe_module : str or None
-        See `SystolicArray`: instantiate this Verilog module for every PE
-        (`mxu.sim.backends.verilog.chip_verilog` supplies it, so that generating Verilog costs one PE).
-    datapath_module : str or None
-        See `SystolicArray`: instantiate this Verilog module for the whole PE
-        grid (a simulation model, `mxu.sim.backends.fast_array`).
-    pending_module : str or None
-        See `ComputeEngine`: instantiate this Verilog module for the compute
-        engine's record of pending rows (a simulation model,
-        `mxu.sim.backends.fast_pending`).
-    vpu_modules : dict or None
-        See `VectorAlu`'s ``unit_modules``: the vector lanes (and fp32 units) as
-        named Verilog modules generated once.
-    clock_gate : str or None
-        A simulation clock gate's Verilog module (ports ``clk``, ``en``,
-        ``gclk``): the vector unit, and the store engine with its DMA, then
-        each run on a gated clock, enabled in the cycles where the engine is
-        busy, is offered a command or is reset. In the others its next state
-        is its state, so the gated chip is cycle for cycle the same, and
-        Verilator skips their logic (docs/simulation.md, "Idle gating").
-    gate_ports : bool
-        The same gated clocks, with the gates outside the chip: for each
-        gated engine ``e`` (`gate_port_members`) an input ``gate_e_clk``,
-        its clock, and an output ``gate_e_awake``, the enable that the
-        simulation harness samples to drive it (docs/simulation.md).
+    trace : bool
+        Adds the ``trace_events`` port. Not a build hook: it changes the
+        chip's interface and its controller's logic, for the profiler.
+    hooks : BuildHooks or None
+        Units replaced by named Verilog modules, idle clock gating (with
+        ``gate_ports``, the ``gate_<e>_clk``/``gate_<e>_awake`` ports of
+        `gate_port_members`): the same bits and cycles (`BuildHooks`).
+        None: none.
 
     Interface
     ---------
@@ -319,21 +297,16 @@ class MxuChip(wiring.Component):
         (`mxu.hdl.trace`): for the profiler of simulation builds.
     """
 
-    def __init__(self, config, *, pe_module=None, trace=False, vpu_modules=None,
-                 datapath_module=None, clock_gate=None, pending_module=None, gate_ports=False):
+    def __init__(self, config, *, trace=False, hooks=None):
         from .config import ChipConfig
         if not isinstance(config, ChipConfig):
             raise TypeError(f"MxuChip needs a ChipConfig, not {type(config).__name__}")
-        if gate_ports and clock_gate is not None:
-            raise ValueError("gate_ports and clock_gate exclude each other")
-        self.gate_ports = gate_ports
+        hooks = BuildHooks() if hooks is None else hooks
+        if not isinstance(hooks, BuildHooks):
+            raise TypeError(f"MxuChip's hooks must be a BuildHooks, not {type(hooks).__name__}")
         self.config = config
-        self.pe_module = pe_module
-        self.datapath_module = datapath_module
-        self.pending_module = pending_module
-        self.vpu_modules = vpu_modules
-        self.clock_gate = clock_gate
         self.trace_port = trace
+        self.hooks = hooks
         super().__init__({
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
                                      data_width=config.axi_data_bits)),
@@ -341,15 +314,13 @@ class MxuChip(wiring.Component):
             "irq": Out(1),
             **({"trace_events": Out(ChipTrace)} if trace else {}),
             **({"links": Out(link_signature(config)).array(config.links)} if config.links else {}),
-            **(gate_port_members(config) if gate_ports else {}),
+            **(gate_port_members(config) if hooks.gate_ports else {}),
         })
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.regs = regs = RegisterFile(self.config)
-        core = _ChipCore(self.config, self.pe_module, self.trace_port, self.vpu_modules,
-                         self.datapath_module, self.clock_gate, self.pending_module,
-                         self.gate_ports)
+        core = _ChipCore(self.config, self.trace_port, self.hooks)
         m.submodules.core = ResetInserter(regs.soft_reset)(core)
         wiring.connect(m, wiring.flipped(self.host), regs.bus)
         wiring.connect(m, core.axi, wiring.flipped(self.axi))
@@ -363,7 +334,8 @@ class MxuChip(wiring.Component):
         ]
         if self.trace_port:
             m.d.comb += self.trace_events.eq(core.trace_events)
-        for port, member in (gate_port_members(self.config) if self.gate_ports else {}).items():
+        gate_ports = gate_port_members(self.config) if self.hooks.gate_ports else {}
+        for port, member in gate_ports.items():
             inner, outer = getattr(core, port), getattr(self, port)
             m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
         # Outside the core: a soft reset leaves the links' credits and buffers

@@ -13,8 +13,8 @@ The pipelines come from `mxu.hdl.pipeline` (`PipelineOps`,
   on a `VectorAlu`.
 
 For synthesis (`mxu synth --unit vpu`), the fp32 adder, the multiplier and the
-lane can each be generated once and instantiated by name (``unit_modules``), as
-the array does with its PE.
+lane can each be generated once and instantiated by name
+(``BuildHooks.vpu_modules``), as the array does with its PE.
 """
 
 import itertools
@@ -28,6 +28,7 @@ from amaranth.lib.wiring import In, Out
 
 from . import vecmath
 from .blackbox import black_box, signature_of
+from .hooks import BuildHooks
 from .accmem import acc_row_layout
 from .isa import BINARY_VPU_OPS, BMode, ErrorCode, Opcode, Pushes, VectorInstr, VpuOp
 from .numerics import Fp32ToBf16
@@ -232,12 +233,12 @@ class VectorAlu(wiring.Component):
     ----------
     config : ChipConfig
         ``cols`` lanes.
-    unit_modules : dict or None
-        See `PipelineOps`; with a "lane" entry, the lanes themselves are
-        black-box instances of that module (a `VectorLane` generated once);
-        with a "lanes" entry, the whole row of lanes is one instance of that
-        module, with the ports of `lane_row_signature` (the simulation's
-        stand-in: the lanes run in lockstep).
+    hooks : BuildHooks or None
+        Its ``vpu_modules``: see `PipelineOps`; with a "lane" entry, the lanes
+        themselves are black-box instances of that module (a `VectorLane`
+        generated once); with a "lanes" entry, the whole row of lanes is one
+        instance of that module, with the ports of `lane_row_signature` (the
+        simulation's stand-in: the lanes run in lockstep).
 
     Interface
     ---------
@@ -247,9 +248,10 @@ class VectorAlu(wiring.Component):
         The result row.
     """
 
-    def __init__(self, config, unit_modules=None):
+    def __init__(self, config, *, hooks=None):
         self.config = config
-        self.unit_modules = unit_modules or {}
+        hooks = BuildHooks() if hooks is None else hooks
+        self.unit_modules = hooks.vpu_modules or {}
         super().__init__(vector_alu_signature(config))
 
     def _lanes(self, m, cols):
@@ -745,9 +747,10 @@ class VectorUnit(wiring.Component):
     Parameters
     ----------
     config : ChipConfig
-    unit_modules : dict or None
-        See `VectorAlu`; a ``"transpose"`` entry is the `RowTranspose`'s
-        ``storage`` (``"memory"`` in the simulation's fast builds).
+    hooks : BuildHooks or None
+        See `VectorAlu`; a ``"transpose"`` entry in its ``vpu_modules`` is the
+        `RowTranspose`'s ``storage`` (``"memory"`` in the simulation's fast
+        builds).
 
     Interface
     ---------
@@ -767,9 +770,9 @@ class VectorUnit(wiring.Component):
     BUFFER_DEPTH = 4
     RANGES = 4
 
-    def __init__(self, config, unit_modules=None):
+    def __init__(self, config, *, hooks=None):
         self.config = config
-        self.unit_modules = unit_modules
+        self.hooks = BuildHooks() if hooks is None else hooks
         c = config
         aaddr, vaddr = _addr_shape(c.acc_rows), _addr_shape(c.vmem_rows)
         super().__init__({
@@ -786,12 +789,12 @@ class VectorUnit(wiring.Component):
         # The sections are attributes, so that formal checkers reach their ports.
         self.alu = self._make_alu()
         self.reader = _OperandReader(c, self.BUFFER_DEPTH)
-        self.writer = _ResultWriter(c, (unit_modules or {}).get("transpose", "registers"))
+        self.writer = _ResultWriter(c, (self.hooks.vpu_modules or {}).get("transpose", "registers"))
 
     def _make_alu(self):
         """The `VectorAlu` (a formal harness replaces it by a stand-in with
         the same handshake, docs/formal.md)."""
-        return VectorAlu(self.config, self.unit_modules)
+        return VectorAlu(self.config, hooks=self.hooks)
 
     def _alu_latency(self):
         return alu_latency(self.config)

@@ -229,6 +229,7 @@ def port_list(component, unit):
 
 def run_export(args):
     from mxu.hdl.array import SystolicArray
+    from mxu.hdl.hooks import BuildHooks
     from mxu.hdl.mac import MacUnit
     from mxu.hdl.pe import ProcessingElement
     from mxu.hdl.top import MxuChip
@@ -237,12 +238,13 @@ def run_export(args):
     config = config_from_args(args)
     stages = config.mac_stages
     pe_name = pe_module_name(stages)
+    hooks = BuildHooks(pe_module=pe_name)
     if args.unit == "chip":
-        top, shared_pe = MxuChip(config, pe_module=pe_name), True
+        top, shared_pe = MxuChip(config, hooks=hooks), True
     elif args.unit == "array":
         top, shared_pe = SystolicArray(config.rows, config.cols, stages,
                                        weight_rows=config.weight_rows_per_cycle,
-                                       pe_module=pe_name), True
+                                       hooks=hooks), True
     elif args.unit == "pe":
         top, shared_pe = ProcessingElement(stages), False
     else:

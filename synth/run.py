@@ -25,6 +25,7 @@ from pathlib import Path
 from amaranth.hdl import Value
 
 from mxu.hdl.array import SystolicArray
+from mxu.hdl.hooks import BuildHooks
 from mxu.hdl.mac import MacUnit
 from mxu.hdl.pe import ProcessingElement
 from mxu.hdl.top import MxuChip
@@ -149,23 +150,24 @@ def design(unit, config, *, target):
                       wrapper_ffs=ffs)
     if unit == "vpu":
         prelude, modules = _vpu_modules()
-        alu = VectorAlu(config, unit_modules=modules)
+        alu = VectorAlu(config, hooks=BuildHooks(vpu_modules=modules))
         return _wrapped(unit, config, alu, prelude, target, pes=0)
     # The PE once, instantiated by name: seconds to generate at any size.
     pe_name = pe_module_name(stages)
     prelude = pe_module_verilog(stages)
     if unit == "array":
         inner = SystolicArray(config.rows, config.cols, stages,
-                              weight_rows=config.weight_rows_per_cycle, pe_module=pe_name)
+                              weight_rows=config.weight_rows_per_cycle,
+                              hooks=BuildHooks(pe_module=pe_name))
     else:
         vpu_prelude, modules = _vpu_modules() if config.vpu else ("", None)
         prelude += vpu_prelude
-        inner = MxuChip(config, pe_module=pe_name, vpu_modules=modules)
+        inner = MxuChip(config, hooks=BuildHooks(pe_module=pe_name, vpu_modules=modules))
     return _wrapped(unit, config, inner, prelude, target, pes=config.rows * config.cols)
 
 
 def _vpu_modules():
-    """(Verilog, unit_modules) of the vector unit's fp32 adder, multipliers and
+    """(Verilog, `BuildHooks.vpu_modules`) of the vector unit's fp32 adder, multipliers and
     lane, each generated once and instantiated by name (like the PE)."""
     units = {"fadd": "mxu_fp32_add", "fmul": "mxu_fp32_mul", "fscale": "mxu_fp32_scale"}
     prelude = (component_verilog(Fp32Adder(), units["fadd"])

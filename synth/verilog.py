@@ -7,7 +7,7 @@ Two forms of the design:
 * flat: every PE is elaborated as an Amaranth submodule of the array (what the
   FPGA flow flattens and optimises across anyway);
 * shared PE: the PE is generated once as module ``mxu_pe_s<mac_stages>`` and the
-  array instantiates it by name (`SystolicArray(..., pe_module=...)`), so that a
+  array instantiates it by name (`BuildHooks(pe_module=...)`), so that a
   hierarchical Yosys run synthesises one PE instead of ``rows * cols`` copies and
   reports it as one block.
 """

@@ -90,7 +90,6 @@ def check(C, A, W, S, rows, cols, what, seed):
     (dict(rows=2, cols=2, mac_stages=8), "mac_stages must be one of (1, 2, 3, 4, 5, 6, 7), not 8"),
     (dict(rows=2, cols=2, weight_queue_depth=0),
      "weight_queue_depth must be a positive integer, not 0"),
-    (dict(rows=2, cols=2, pe_module="a b"), "pe_module must be a Verilog module name, not 'a b'"),
     (dict(rows=2, cols=2, weight_rows=0), "weight_rows must be a positive integer, not 0"),
 ])
 def test_constructor_errors(kwargs, message):

@@ -4,7 +4,7 @@ C++ model (``sim/backends/csrc/fast_array.h``), called once per clock edge.
 
 The array around it stays RTL: the weight queue, the tile admission
 (``weights_ready``), the stall logic and ``busy``
-(`mxu.hdl.array.SystolicArray` with ``datapath_module``). The model keeps the
+(`mxu.hdl.array.SystolicArray` with ``BuildHooks(datapath_module=...)``). The model keeps the
 datapath's contract (`mxu.hdl.array.datapath_signature`) cycle for cycle: a
 beat's result leaves exactly `array_latency` enabled cycles after the beat was
 taken, computed as the sequential IEEE binary32 dot product of

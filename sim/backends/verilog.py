@@ -11,6 +11,7 @@ from amaranth.lib.wiring import In
 
 from mxu.hdl.array import SystolicArray
 from mxu.hdl.compute import pending_entry_layout, pending_rows_depth
+from mxu.hdl.hooks import BuildHooks
 from mxu.hdl.pe import ProcessingElement
 from mxu.hdl.vmem import _addr_shape
 
@@ -144,18 +145,19 @@ def array_verilog(rows, cols, stages, weight_queue_depth=None, fast=False, weigh
     if fast:
         name, datapath = fast_datapath_verilog(rows, cols, stages, weight_rows)
         top = SystolicArray(rows, cols, stages, weight_rows=weight_rows,
-                            weight_queue_depth=weight_queue_depth, datapath_module=name)
+                            weight_queue_depth=weight_queue_depth,
+                            hooks=BuildHooks(datapath_module=name))
         return datapath + to_verilog(top)
     pe_name, pe = pe_verilog(stages)
     top = SystolicArray(rows, cols, stages, weight_rows=weight_rows,
-                        weight_queue_depth=weight_queue_depth, pe_module=pe_name)
+                        weight_queue_depth=weight_queue_depth, hooks=BuildHooks(pe_module=pe_name))
     return pe + to_verilog(top)
 
 
 @functools.lru_cache(maxsize=None)
 def pe_verilog(stages):
     """(module name, Verilog) of ``ProcessingElement(stages)``, for designs that
-    instantiate the PE by name (``SystolicArray(..., pe_module=name)``)."""
+    instantiate the PE by name (``BuildHooks(pe_module=name)``)."""
     pe_name = f"mxu_pe_s{stages}"
     # Keep the PE a module of its own in Verilator: one C++ class instantiated
     # rows*cols times instead of rows*cols inlined copies. Measured on 16x16:
@@ -166,7 +168,7 @@ def pe_verilog(stages):
 @functools.lru_cache(maxsize=None)
 def vpu_lane_verilog():
     """(module name, Verilog) of `VectorLane`, for designs that instantiate the
-    lane by name (``VectorAlu(..., unit_modules={"lane": name})``): one C++
+    lane by name (``BuildHooks(vpu_modules={"lane": name})``): one C++
     class in Verilator however many lanes, as for the PE."""
     from mxu.hdl.vpu import VectorLane
     name = "mxu_vpu_lane"
@@ -205,7 +207,7 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     With `one_eval` too, the model takes one ``eval()`` per cycle: every
     clocked block runs at both edges of its clock (`both_edges`), so the
     harness toggles ``clk`` once a cycle, and the gates are outside the chip
-    (``MxuChip(gate_ports=True)``): the harness toggles ``gate_<e>_clk``
+    (``BuildHooks(gate_ports=True)``): the harness toggles ``gate_<e>_clk``
     with ``clk`` in the cycles whose ``gate_<e>_awake`` was high before the
     edge. The harness must be built with ``MXU_ONE_EVAL``."""
     from mxu.hdl.top import MxuChip
@@ -240,9 +242,10 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     one_eval = one_eval and gated
     gate_name, gate = clock_gate_verilog() if gated and not one_eval else (None, "")
     pending_name, pending = fast_pending_module(config) if fast_mac else (None, "")
-    chip = MxuChip(config, pe_module=pe_name, datapath_module=datapath_name, trace=trace,
-                   vpu_modules=vpu_modules, clock_gate=gate_name, pending_module=pending_name,
-                   gate_ports=one_eval)
+    hooks = BuildHooks(pe_module=pe_name, datapath_module=datapath_name,
+                       pending_module=pending_name, vpu_modules=vpu_modules,
+                       clock_gate=gate_name, gate_ports=one_eval)
+    chip = MxuChip(config, trace=trace, hooks=hooks)
     memory_name, memory_text = (axi_memory_verilog(config.axi_data_bits, config.axi_addr_bits)
                                 if memory else (None, ""))
     links_name, links_text = (link_model_verilog(config.links, 8 * config.link_flit_bytes)

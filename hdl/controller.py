@@ -83,7 +83,7 @@ class Decoder(wiring.Component):
                              engine.eq(Mux(op == Opcode.LOAD, Engine.LOAD, Engine.STORE))]
             with m.Case(Opcode.SEND, Opcode.RECV):
                 m.d.comb += [known.eq(1),
-                             reserved.eq((link.flags.format.as_value() != 0) | (link.reserved != 0)),
+                             reserved.eq((link.flags.quant.as_value() != 0) | (link.reserved != 0)),
                              engine.eq(Mux(op == Opcode.RECV, Engine.LOAD, Engine.STORE))]
             with m.Case(Opcode.LOADW):
                 m.d.comb += [known.eq(1), engine.eq(Engine.COMPUTE),
@@ -123,7 +123,7 @@ class Decoder(wiring.Component):
                    | too_wide(dma.chip_row, "chip_row") | too_wide(dma.ext_addr, "ext_base")
                    | too_wide(dma.ext_stride, "ext_stride")
                    # a chip without the expander takes no format (the DMA checks the rest)
-                   | ((dma.flags.format.as_value() != 0) if not c.quant_formats else 0))
+                   | ((dma.flags.quant.as_value() != 0) if not c.quant_formats else 0))
         dma_empty = (dma.rows == 0) | (dma.row_bytes == 0)
 
         is_link = (op == Opcode.SEND) | (op == Opcode.RECV)

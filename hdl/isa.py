@@ -137,14 +137,14 @@ class DmaFlags(data.Struct):
     space: 1        # 0 VMEM, 1 accumulator
     to_bf16: 1      # STORE from the accumulator: convert fp32 -> bf16 (RNE)
     relu: 1         # STORE: max(x, +0) before conversion
-    format: QuantFormat   # LOAD to VMEM: tile-blocks of this GGUF format, expanded to bf16
+    quant: QuantFormat    # LOAD to VMEM: tile-blocks of this GGUF format, expanded to bf16
                           # weight rows (docs/memory.md, "Quantized loads"); NONE: bytes as they are
     vector: 1       # STORE: the prev-side tokens are the vector engine's
 
 
 class DmaInstr(data.Struct):
     """LOAD and STORE: a 2-D strided block, one external row per on-chip row.
-    A LOAD with a ``format`` writes ``rows`` expanded weight rows instead, from
+    A LOAD with a ``flags.quant`` format writes ``rows`` expanded weight rows instead, from
     ``rows / block`` tile-blocks of ``row_bytes`` bytes, tile-block i at
     ``ext_addr + i * ext_stride`` (docs/memory.md, "Quantized loads")."""
     opcode: Opcode
@@ -164,7 +164,7 @@ class LinkInstr(data.Struct):
     (RECV, with those of a LOAD). The rows travel as a byte stream of
     ``rows * row_bytes`` bytes in whole flits; a SEND and the RECV that takes
     it give the same ``rows * row_bytes``. The fields after ``link`` sit where
-    DmaInstr has them. ``flags.format`` is reserved (zero)."""
+    DmaInstr has them. ``flags.quant`` is reserved (zero)."""
     opcode: Opcode
     deps: Deps
     flags: DmaFlags

@@ -80,7 +80,7 @@ class TransferEngine(wiring.Component):
             d.ext_stride.eq(ext_stride),
         ]
         if self.config.quant_formats:
-            m.d.comb += d.format.eq(ins.flags.format)
+            m.d.comb += d.format.eq(ins.flags.quant)
         # A SYNC waits until every transfer before it has completed. A command
         # offered to the DMA stays offered until taken, even if an earlier one
         # fails meanwhile (a stream's valid is never withdrawn).

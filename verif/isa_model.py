@@ -52,7 +52,7 @@ def check_instruction(config, word):
     deps = f["deps"]
     if _reserved_set(f) or (opcode is Opcode.VECTOR and not config.vpu):
         return ErrorCode.ILLEGAL_INSTR, opcode, f
-    if opcode in (Opcode.SEND, Opcode.RECV) and f["flags"]["format"]:
+    if opcode in (Opcode.SEND, Opcode.RECV) and f["flags"]["quant"]:
         return ErrorCode.ILLEGAL_INSTR, opcode, f      # reserved on a link
     engine = _engine(opcode, f, config)
     if opcode is Opcode.HALT:
@@ -90,7 +90,7 @@ def check_instruction(config, word):
         return _vector_error(config, f), opcode, f
     if opcode in (Opcode.SEND, Opcode.RECV) and f["link"] >= config.links:
         return ErrorCode.LINK_INDEX, opcode, f
-    if opcode in (Opcode.LOAD, Opcode.STORE) and f["flags"]["format"] and not config.quant_formats:
+    if opcode in (Opcode.LOAD, Opcode.STORE) and f["flags"]["quant"] and not config.quant_formats:
         return ErrorCode.DMA_DESCRIPTOR, opcode, f     # no expander on this chip
     return ErrorCode.NONE, opcode, f
 
@@ -368,13 +368,13 @@ class IsaModel:
 
     def _dma(self, opcode, f, result, dma=None):
         flags = f["flags"]
-        if flags.get("format", 0) not in {q.value for q in QuantFormat}:
+        if flags.get("quant", 0) not in {q.value for q in QuantFormat}:
             return ErrorCode.DMA_DESCRIPTOR          # a format no chip expands
         d = Descriptor(dir=DmaDir.LOAD if opcode is Opcode.LOAD else DmaDir.STORE,
                        space=DmaSpace(flags["space"]), ext_base=f["ext_addr"], rows=f["rows"],
                        row_bytes=f["row_bytes"], ext_stride=f["ext_stride"],
                        chip_row=f["chip_row"], to_bf16=bool(flags["to_bf16"]),
-                       relu=bool(flags["relu"]), format=QuantFormat(flags.get("format", 0)))
+                       relu=bool(flags["relu"]), format=QuantFormat(flags.get("quant", 0)))
         error = (dma or self.dma).execute(d)
         if error in (DmaError.SLVERR, DmaError.DECERR):
             return ErrorCode.AXI_ERROR

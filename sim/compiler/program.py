@@ -97,7 +97,7 @@ class Program:
         (docs/memory.md, "Quantized loads")."""
         space, row = self._space(vmem_row, acc_row)
         plain = format is None or format is QuantFormat.NONE or format in (0, "NONE")
-        flags = {"space": space, **({} if plain else {"format": quant_format(format).value})}
+        flags = {"space": space, **({} if plain else {"quant": quant_format(format).value})}
         return self._emit(Opcode.LOAD, deps, flags=flags, ext_addr=ext_addr,
                           ext_stride=row_bytes if ext_stride is None else ext_stride,
                           chip_row=row, rows=rows, row_bytes=row_bytes)

@@ -19,7 +19,7 @@ from mxu.sim.models import CausalLM
 from mxu.sim.models.causal_lm import PACK_TOKENS
 from mxu.sim.models.registry import find_decoder
 from mxu.sim.models.llama import read_gguf
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 
 
 def main():
@@ -48,11 +48,13 @@ def main():
             rows.append([label, f"{p.steps}", f"{p.tokens}", f"{p.cycles:,}",
                          f"{p.cycles / p.tokens:,.0f}", f"{100 * p.mfu:.1f} %",
                          f"{time.perf_counter() - start:.0f}"])
-    print(f"{args.prompts} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens "
-          f"({sum(map(len, prompts))} in all), SmolLM2-135M-Instruct "
-          f"{weights.config.layers} layers, llm preset chip, fast MAC")
-    print(format_table(["prefill", "steps", "tokens", "cycles", "cycles/token", "MFU",
-                        "wall s"], rows))
+    results = Results("packed_prefill" if args.layers is None else
+                      f"packed_prefill_{weights.config.layers}layers")
+    results.table(f"{args.prompts} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} "
+                  f"tokens ({sum(map(len, prompts))} in all), SmolLM2-135M-Instruct "
+                  f"{weights.config.layers} layers, llm preset chip, fast MAC",
+                  ["prefill", "steps", "tokens", "cycles", "cycles/token", "MFU", "wall s"], rows)
+    results.write()
     a, b = first.values()
     print("same first tokens: " + ("yes" if a == b else f"NO: {a} vs {b}"))
 

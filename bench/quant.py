@@ -15,7 +15,7 @@ import numpy as np
 from mxu.hdl import ChipConfig
 from mxu.hdl.quant import QUANT_INFO, QuantFormat
 from mxu.sim import Chip
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 from mxu.verif import golden
 from mxu.verif.quant import D_AT, dequantize, random_blocks
 
@@ -47,8 +47,11 @@ def main():
         rows.append([name, f"{k}x{n}", quantized, f"{Wq.nbytes / config.axi_data_bytes:.0f}",
                      bf16, f"{2 * k * n / config.axi_data_bytes:.0f}", f"{bf16 / quantized:.2f}"])
         Wq.free()
-    print(format_table(["format", "weight", "quantized cycles", "its bus floor", "bf16 cycles",
-                        "bf16 bus floor", "bf16 / quantized"], rows))
+    results = Results("quant")
+    results.table(f"1 x {k} @ {k} x {n} on the {config.rows}x{config.cols} chip, fast MAC",
+                  ["format", "weight", "quantized cycles", "its bus floor", "bf16 cycles",
+                   "bf16 bus floor", "bf16 / quantized"], rows)
+    results.write()
 
 
 if __name__ == "__main__":

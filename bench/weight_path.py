@@ -20,7 +20,7 @@ import numpy as np
 
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip
-from mxu.sim.report import format_table
+from mxu.sim.report import Results
 from mxu.verif import golden
 from mxu.verif.programs import loadw_bound_program
 
@@ -64,9 +64,12 @@ def main():
         for M, K, N in [(128, 384, 384), (1, 576, 1536)]:
             cycles, utilization = matmul(chip, M, K, N)
             shapes.append([f"{M}x{K}x{N}", f"{width}", f"{cycles:,}", f"{100 * utilization:.2f} %"])
-    print(format_table(["weight rows a cycle", "weight_load_cycles", "LOADW-bound tiles",
-                        "chip cycles", "cycles per further tile"], rows))
-    print(format_table(["matmul", "weight rows a cycle", "chip cycles", "utilization"], shapes))
+    results = Results("weight_path")
+    results.table("LOADW-bound programs", ["weight rows a cycle", "weight_load_cycles",
+                  "LOADW-bound tiles", "chip cycles", "cycles per further tile"], rows)
+    results.table("Matmuls", ["matmul", "weight rows a cycle", "chip cycles", "utilization"],
+                  shapes)
+    results.write()
 
 
 if __name__ == "__main__":

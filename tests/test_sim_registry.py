@@ -1,8 +1,10 @@
 """The model registry (docs/llm.md, "Models"): one list of names for the
 encoders and the decoders, decoders by name or by GGUF path, the family
-picked by the file's ``general.architecture``; clear errors for an unknown
-name, an unsupported architecture, and a truncated or corrupt file. The
-GGUF files are tiny ones written here with `gguf.GGUFWriter`."""
+picked by the file's ``general.architecture``, Gemma 3 270M assembled from
+its wheel's parts; clear errors for an unknown name, an unsupported
+architecture, a truncated or corrupt file and a prompt longer than the
+context, from the API and from `mxu generate --model`. The GGUF files are
+tiny ones written here with `gguf.GGUFWriter`."""
 
 import numpy as np
 import pytest
@@ -12,8 +14,8 @@ from mxu.sim import Chip
 from mxu.sim.models import CausalLM, SentenceEncoder
 from mxu.sim.models.causal_lm import rope_mode
 from mxu.sim.models.llama import LlamaConfig, LlamaWeights
-from mxu.sim.models.registry import (ARCHITECTURES, find_decoder, find_model, model_names,
-                                     read_decoder)
+from mxu.sim.models.registry import (ARCHITECTURES, assembled, decoder_metadata, find_decoder,
+                                     find_model, model_names, read_decoder)
 from mxu.verif import golden
 from mxu.verif.llama import GoldenLlama
 
@@ -71,14 +73,14 @@ def tiny_gguf(tmp_path_factory):
 def test_one_registry_of_names():
     """Encoders and decoders in one registry; aliases resolve; an unknown name
     lists the known names of its kind; a name of the other kind says so."""
-    assert model_names("decoder") == ["SmolLM2-135M-Instruct"]
+    assert model_names("decoder") == ["SmolLM2-135M-Instruct", "gemma-3-270m"]
     assert model_names("encoder") == ["all-MiniLM-L6-v2"]
     assert find_decoder("smollm2")[0] == "SmolLM2-135M-Instruct"
     assert find_decoder("HuggingFaceTB/SmolLM2-135M-Instruct")[1].endswith(".gguf")
     assert find_model("sentence-transformers/all-MiniLM-L6-v2", "encoder").name == \
         "all-MiniLM-L6-v2"
     with pytest.raises(ValueError, match=r"unknown model 'llama-70b'; known models: "
-                                         r"\['SmolLM2-135M-Instruct'\]"):
+                                         r"\['SmolLM2-135M-Instruct', 'gemma-3-270m'\]"):
         CausalLM("llama-70b")
     with pytest.raises(ValueError, match=r"unknown model 'bert'; known models: "
                                          r"\['all-MiniLM-L6-v2'\]"):
@@ -131,3 +133,105 @@ def test_a_truncated_or_corrupt_file_is_a_clear_error_naming_it(tiny_gguf, tmp_p
 def test_a_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no GGUF file"):
         CausalLM(str(tmp_path / "nowhere.gguf"))
+
+
+def test_the_metadata_alone_is_enough_to_check_a_prompt(tiny_gguf):
+    """The architecture, the tokenizer and the context without the tensors."""
+    arch, meta, context = decoder_metadata(tiny_gguf[1])
+    assert (arch, context, meta["tokens"]) == ("llama", TINY.context, TOKENS)
+
+
+# ---- Gemma 3 270M by name ---------------------------------------------------------------------
+
+def test_gemma_3_270m_is_assembled_from_its_wheel_and_verified(monkeypatch):
+    """The name finds the file the wheel's parts assemble (sha256 as
+    published); until a gemma3 family is registered, CausalLM says which
+    architectures it runs."""
+    import hashlib
+    name, path = find_decoder("gemma-3-270m")
+    assert name == "gemma-3-270m" and find_decoder("google/gemma-3-270m")[1] == path
+    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    assert digest.startswith("a5fd3b62") and digest.endswith("6818")
+    monkeypatch.delitem(ARCHITECTURES, "gemma3", raising=False)
+    with pytest.raises(ValueError, match=r"gemma-3-270m-q4_k_m.gguf' holds a 'gemma3' model; "
+                                         r"supported architectures: \['llama'\]"):
+        CausalLM("gemma-3-270m")
+
+
+def test_a_wheels_parts_are_assembled_once_and_atomically(tmp_path):
+    """A fake model wheel: the file appears whole (a process's own part file
+    renamed into place), is reused, and a file that does not match its
+    sha256 is assembled again."""
+    import hashlib
+    from types import SimpleNamespace
+    content = b"GGUF" + bytes(range(256)) * 3
+    calls = []
+
+    def assemble(output_path, overwrite=False):
+        calls.append(output_path)
+        assert overwrite and output_path.name.startswith(".") and output_path.suffix == ".part"
+        output_path.write_bytes(content)
+        return output_path
+
+    wheel = SimpleNamespace(MODEL_NAME="m.gguf", assemble=assemble,
+                            EXPECTED_SHA256=hashlib.sha256(content).hexdigest(),
+                            default_output_path=lambda: tmp_path / "default" / "m.gguf")
+    path = assembled(wheel, tmp_path / "cache")
+    assert path == tmp_path / "cache" / "m.gguf" and path.read_bytes() == content
+    assert assembled(wheel, tmp_path / "cache") == path and len(calls) == 1
+    path.write_bytes(b"GGUF corrupt")
+    assert assembled(wheel, tmp_path / "cache").read_bytes() == content and len(calls) == 2
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["m.gguf"]
+    assert assembled(wheel) == tmp_path / "default" / "m.gguf"
+
+
+# ---- a prompt longer than the context ------------------------------------------------------
+
+def test_a_prompt_longer_than_the_context_fails_before_any_chip_work(tiny_gguf, monkeypatch):
+    lm = CausalLM(str(tiny_gguf[1]), chip=Chip(VPU_SHAPES["4x4"], fast_mac=True))
+
+    def no_chip_work(*args, **kwargs):
+        raise AssertionError("the chip ran a step")
+
+    monkeypatch.setattr(lm.model, "step", no_chip_work)
+    with pytest.raises(ValueError, match=r"30 prompt tokens \+ 3 new ones = 33 positions, longer "
+                                         r"than the model's context of 32"):
+        lm.generate("ab" * 30, max_new_tokens=3)
+    assert lm.last_stats is None
+
+
+# ---- mxu generate --model ------------------------------------------------------------------
+
+def _generate(argv, capsys, monkeypatch):
+    """`mxu generate` with a chip that must not be built."""
+    import mxu.sim.runtime.chip as chip_module
+    from mxu.sim.cli import main
+    monkeypatch.setattr(chip_module, "Chip", None)
+    status = main(["generate"] + argv)
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["unknown", "missing", "corrupt", "unsupported", "too long",
+                                  "no template"])
+def test_generate_with_a_bad_model_is_a_one_line_error_before_the_build(case, tiny_gguf, tmp_path,
+                                                                        capsys, monkeypatch):
+    path = str(tiny_gguf[1])
+    argv, message = {
+        "unknown": (["hi", "--model", "llama-70b"],
+                    "unknown model 'llama-70b'; known models: ['SmolLM2-135M-Instruct', "
+                    "'gemma-3-270m']"),
+        "missing": (["hi", "--model", str(tmp_path / "none.gguf")], "no GGUF file"),
+        "corrupt": (["hi", "--model", str(tmp_path / "cut.gguf")],
+                    "cut.gguf' is not a readable GGUF file (truncated or corrupt?)"),
+        "unsupported": (["hi", "--model", str(tmp_path / "other.gguf")],
+                        "holds a 'gpt2' model; supported architectures: ['llama']"),
+        "too long": (["ab" * 20, "--model", path, "--max-new-tokens", "13"],
+                     "20 prompt tokens + 13 new ones = 33 positions, longer than the model's "
+                     "context of 32"),
+        "no template": (["hi", "--model", path, "--chat"], "has no chat template"),
+    }[case]
+    (tmp_path / "cut.gguf").write_bytes(tiny_gguf[1].read_bytes()[:300])
+    _write_llama(tmp_path / "other.gguf", LlamaWeights.random(TINY, seed=5), arch="gpt2")
+    status, err = _generate(argv, capsys, monkeypatch)
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("mxu generate: error: ") and message in err, err

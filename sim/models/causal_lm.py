@@ -98,6 +98,28 @@ def check_utf8(text, what="the prompt"):
                          ) from None
 
 
+def encode_prompt(tokenizer, text, chat=False):
+    """The token ids of prompt `text` (in the model's chat template if
+    `chat`); ValueError for bytes that are not UTF-8 or an empty prompt."""
+    if not isinstance(text, str):
+        raise TypeError(f"a prompt must be a string, not {type(text).__name__}")
+    check_utf8(text)
+    if chat:
+        text = tokenizer.apply_chat_template(text)
+    ids = tokenizer.encode(text, special=chat)
+    if not ids:
+        raise ValueError("the prompt is empty: give at least one token of text")
+    return ids
+
+
+def check_context(prompt_tokens, new_tokens, context):
+    """ValueError unless a prompt and its new tokens fit the model's context."""
+    total = prompt_tokens + new_tokens
+    if total > context:
+        raise ValueError(f"{prompt_tokens} prompt tokens + {new_tokens} new ones = {total} "
+                         f"positions, longer than the model's context of {context}")
+
+
 def rope_mode(config, head_dim):
     """How a chip turns RoPE's pairs: "swap" (the vector unit's lane swap:
     an even number of columns that divides the head) or "fold" (the
@@ -514,15 +536,7 @@ class CausalLM:
     def _encode(self, text, chat=False):
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer: use generate_ids / logits_ids")
-        if not isinstance(text, str):
-            raise TypeError(f"a prompt must be a string, not {type(text).__name__}")
-        check_utf8(text)
-        if chat:
-            text = self.tokenizer.apply_chat_template(text)
-        ids = self.tokenizer.encode(text, special=chat)
-        if not ids:
-            raise ValueError("the prompt is empty: give at least one token of text")
-        return ids
+        return encode_prompt(self.tokenizer, text, chat)
 
     def _check_ids(self, ids, max_new_tokens=0):
         ids = [int(i) for i in ids]
@@ -531,11 +545,7 @@ class CausalLM:
         bad = [i for i in ids if not 0 <= i < self.config.vocab]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.config.vocab}")
-        total = len(ids) + max_new_tokens
-        if total > self.config.context:
-            raise ValueError(f"{len(ids)} prompt tokens + {max_new_tokens} new ones = {total} "
-                             f"positions, longer than the model's context of "
-                             f"{self.config.context}")
+        check_context(len(ids), max_new_tokens, self.config.context)
         return ids
 
     # ---- one prefill --------------------------------------------------------------------

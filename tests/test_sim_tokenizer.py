@@ -91,7 +91,8 @@ def gemma3():
 
 def test_gemma3_gives_llama_cpps_ids(gemma3):
     """Every string of the fixture: llama.cpp's ids (BOS included) and its
-    detokenized text; the text round-trips."""
+    detokenized text. The text comes back (after the printed BOS with
+    special tokens), but for a literal "▁": SentencePiece's mark of a space."""
     fixture = json.loads((DATA / "gemma3_tokens.json").read_text())
     assert isinstance(gemma3, SpmTokenizer) and gemma3.add_bos and not gemma3.add_space_prefix
     assert len(fixture["plain"]) + len(fixture["special"]) >= 16
@@ -99,7 +100,11 @@ def test_gemma3_gives_llama_cpps_ids(gemma3):
         for text, ids, printed in cases:
             assert gemma3.encode(text, special=special) == ids, text
             assert gemma3.decode(ids, special=special) == printed, text
-            assert gemma3.decode(ids) == text or "</s>" in text, text
+            if "\u2581" not in text:
+                assert printed == ("<bos>" if special else "") + text, text
+    # Byte fallback (rare characters, "\r") and whitespace runs are exercised.
+    ids = {i for _, case, _ in fixture["plain"] for i in case}
+    assert {gemma3.tokens[i] for i in ids} >= {"<0xF0>", "<0x0D>", "   ", "\t\t\t", "\n\n"}
 
 
 def test_gemma3_chat_markup(gemma3):

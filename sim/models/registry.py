@@ -118,7 +118,8 @@ MODELS = {m.name: m for m in (
 )}
 
 # Decoder families by GGUF ``general.architecture``: a reader of a
-# `gguf.GGUFReader` -> (weights, metadata).
+# `gguf.GGUFReader` -> (weights, metadata), the metadata
+# `tokenizer.tokenizer_metadata(reader)` (what `GgufTokenizer` takes).
 ARCHITECTURES = {"llama": read_llama}
 
 

@@ -172,21 +172,18 @@ class GgufTokenizer:
         return b""             # unused and undefined tokens print nothing
 
     def decode(self, ids, special=False):
-        """The text of token ids, as llama.cpp's ``detokenize`` (a
-        leading BOS dropped; bytes that are no UTF-8 become U+FFFD)."""
+        """The text of token ids, as llama.cpp's ``llama_detokenize`` (without
+        remove_special, as its ``common_detokenize``): the first token's
+        leading space stripped if the encoder puts one in front of the text
+        (`add_space_prefix`); bytes that are no UTF-8 become U+FFFD."""
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.vocab_size}")
-        strip = self.add_space_prefix
-        if not special and self.add_bos and ids and ids[0] == self.bos:
-            ids, strip = ids[1:], False
-        out = b"".join(self._token_bytes(i, special) for i in ids)
-        if strip and ids and out.startswith(b" "):
-            # llama.cpp strips the space the encoder put in front of the text.
-            first = self._token_bytes(ids[0], special)
-            out = out[1:] if first.startswith(b" ") else out
-        return out.decode("utf-8", errors="replace")
+        pieces = [self._token_bytes(i, special) for i in ids]
+        if self.add_space_prefix and pieces and pieces[0].startswith(b" "):
+            pieces[0] = pieces[0][1:]
+        return b"".join(pieces).decode("utf-8", errors="replace")
 
     # ---- chat ------------------------------------------------------------------------
     def apply_chat_template(self, messages, add_generation_prompt=True):

@@ -58,6 +58,7 @@ GEMMA3_STRINGS = STRINGS + [
     "<0x41> is not a byte token; <unused0> and <bos> in plain text",
     "   ",
     "a\u2581b \u2581 c",
+    "rare: \U00020000\U0002070e \U00010300\U00010301 \U00012000 \ue000 \U0010fffd",
 ]
 GEMMA3_SPECIAL = [
     "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
@@ -73,6 +74,21 @@ MODELS = {
 }
 
 
+def detokenize(llm, ids, special):
+    """llama.cpp's own llama_detokenize (as its common_detokenize calls it:
+    remove_special false), not llama-cpp-python's Llama.detokenize, which
+    pieces tokens together itself and drops a space after a BOS."""
+    import ctypes
+
+    import llama_cpp
+    tokens = (llama_cpp.llama_token * max(len(ids), 1))(*ids)
+    size = 64 + 64 * len(ids)
+    buf = ctypes.create_string_buffer(size)
+    n = llama_cpp.llama_detokenize(llm._model.vocab, tokens, len(ids), buf, size, False, special)
+    assert 0 <= n <= size, n
+    return buf.raw[:n].decode("utf-8", "replace")
+
+
 def main(model, path):
     import llama_cpp
     strings, special, add_bos, decoded = MODELS[model]
@@ -82,7 +98,7 @@ def main(model, path):
         ids = llm.tokenize(text.encode(), add_bos=add_bos, special=parse_special)
         out = [text, ids]
         if decoded:     # how llama.cpp prints the ids back
-            out.append(llm.detokenize(ids, special=parse_special).decode("utf-8", "replace"))
+            out.append(detokenize(llm, ids, parse_special))
         return out
 
     out = {"plain": [entry(s, False) for s in strings],
@@ -90,8 +106,8 @@ def main(model, path):
            "made_with": f"llama-cpp-python {llama_cpp.__version__}"}
     if decoded:
         out["made_by"] = (f"tests/data/make_gguf_tokens.py {model} <the GGUF file>: "
-                          f"Llama(vocab_only=True).tokenize(text, add_bos=True, special=...) "
-                          f"and .detokenize(ids, special=...)")
+                          f"Llama(vocab_only=True).tokenize(text, add_bos=True, special=s), "
+                          f"llama_detokenize(ids, remove_special=False, unparse_special=s)")
     with open(f"tests/data/{model}_tokens.json", "w") as f:
         json.dump(out, f, ensure_ascii=False)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mxu.sim.models.gguf_metadata import read_metadata
+from mxu.sim.models.gguf_file import read_metadata
 from mxu.sim.models.tokenizer import (CONTROL, GgufTokenizer, SpmTokenizer, TOKENIZER_MODELS,
                                       tokenizer_metadata)
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from mxu.hdl import hostops
 
+from .gguf_file import GgufFile
 from .tokenizer import tokenizer_metadata
 
 __all__ = ["LlamaConfig", "LlamaLayerWeights", "LlamaWeights", "rope_tables", "model_macs",
@@ -70,7 +71,7 @@ class LlamaConfig:
 
     @classmethod
     def from_gguf(cls, reader):
-        """The sizes in a `gguf.GGUFReader`'s ``llama.*`` metadata."""
+        """The sizes in an open GGUF file's ``llama.*`` metadata."""
         get = lambda key: _field(reader, key)
         arch = get("general.architecture")
         if arch != "llama":
@@ -178,13 +179,12 @@ def _field(reader, key):
 
 
 def read_gguf(path):
-    """(LlamaWeights float32, metadata dict) of a llama GGUF file (a path or
-    an open `gguf.GGUFReader`). Quantized tensors are dequantized with
-    `gguf.quants.dequantize` (Q4_1, Q8_0, ...)."""
-    import gguf
+    """(LlamaWeights float32, metadata dict) of a llama GGUF file (a path, or
+    an open `gguf_file.GgufFile` or `gguf.GGUFReader`). Quantized tensors are
+    dequantized with `gguf.quants.dequantize` (Q4_1, Q8_0, ...)."""
     from gguf.quants import dequantize
 
-    reader = path if isinstance(path, gguf.GGUFReader) else gguf.GGUFReader(str(path))
+    reader = path if hasattr(path, "tensors") else GgufFile(path)
     config = LlamaConfig.from_gguf(reader)
     tensors = {t.name: t for t in reader.tensors}
 

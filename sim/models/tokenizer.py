@@ -55,10 +55,10 @@ _SPACE = "\u2581"      # SentencePiece's "▁"
 def tokenizer_metadata(fields):
     """The ``general.*`` and ``tokenizer.*`` metadata of a GGUF file, what
     `GgufTokenizer` takes, from its key-value pairs (a dict, as
-    `gguf_metadata.read_metadata` gives, or an open `gguf.GGUFReader`): the
-    vocabulary's arrays under short keys ("tokens", "token_type", and
-    "merges" and "scores" when the file has them)."""
-    if hasattr(fields, "fields"):                       # a gguf.GGUFReader
+    `gguf_file.read_metadata` gives, or an open `gguf_file.GgufFile` or
+    `gguf.GGUFReader`): the vocabulary's arrays under short keys ("tokens",
+    "token_type", and "merges" and "scores" when the file has them)."""
+    if hasattr(fields, "fields"):                       # an open file
         fields = {key: field.contents() for key, field in fields.fields.items()}
     arrays = {"tokenizer.ggml.tokens": "tokens", "tokenizer.ggml.token_type": "token_type",
               "tokenizer.ggml.merges": "merges", "tokenizer.ggml.scores": "scores"}

@@ -35,21 +35,35 @@ def small_gguf(tmp_path_factory):
     return path
 
 
-def test_the_same_fields_and_tensors_as_gguf_reader(small_gguf):
+def _same_as_gguf_reader(path):
     import gguf
-    mine, theirs = GgufFile(small_gguf), gguf.GGUFReader(str(small_gguf))
+    mine, theirs = GgufFile(path), gguf.GGUFReader(str(path))
     want = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
     assert set(mine.fields) == set(want)
     for key, value in want.items():
         got = mine.fields[key].contents()
         assert got == (list(value) if isinstance(value, (list, np.ndarray)) else value), key
-    assert read_metadata(small_gguf) == {k: f.contents() for k, f in mine.fields.items()}
-    assert [t.name for t in mine.tensors] == ["f32", "f16", "q8_0", "q5_0"]
+    assert read_metadata(path) == {k: f.contents() for k, f in mine.fields.items()}
     for a, b in zip(mine.tensors, theirs.tensors, strict=True):
         assert (a.name, a.tensor_type, list(a.shape), a.n_bytes, a.data_offset) == \
             (b.name, b.tensor_type, list(b.shape), b.n_bytes, b.data_offset)
         assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape
         assert np.array_equal(np.asarray(a.data).view(np.uint8), np.asarray(b.data).view(np.uint8))
+    return mine
+
+
+def test_the_same_fields_and_tensors_as_gguf_reader(small_gguf):
+    mine = _same_as_gguf_reader(small_gguf)
+    assert [t.name for t in mine.tensors] == ["f32", "f16", "q8_0", "q5_0"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct", "gemma-3-270m"])
+def test_the_model_files_read_as_gguf_reader_reads_them(name):
+    """Every field and tensor of the real files (GGUFReader takes 7 s and
+    33 s over them: slow)."""
+    from mxu.sim.models.registry import find_decoder
+    _same_as_gguf_reader(find_decoder(name)[1])
 
 
 @pytest.mark.parametrize("cut", [3, 30, 150, -700, -40])

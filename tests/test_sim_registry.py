@@ -185,6 +185,9 @@ def test_a_wheels_parts_are_assembled_once_and_atomically(tmp_path):
     assert assembled(wheel, tmp_path / "cache").read_bytes() == content and len(calls) == 2
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["m.gguf"]
     assert assembled(wheel) == tmp_path / "default" / "m.gguf"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError, match=r"cannot assemble m.gguf into '.*file/cache'"):
+        assembled(wheel, tmp_path / "file" / "cache")
 
 
 # ---- a prompt longer than the context ------------------------------------------------------

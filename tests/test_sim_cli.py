@@ -172,21 +172,18 @@ def test_an_error_after_the_echoed_prompt_goes_on_its_own_line(capsys, monkeypat
     """The streamed prompt ends its line before the error is printed."""
     import io
 
-    import mxu.sim.cli as cli
     import mxu.sim.models as models
     import mxu.sim.runtime.chip as chip_module
     from mxu.sim.cli import generate_text
 
     class FailingLM:
-        @classmethod
-        def from_weights(cls, weights, tokenizer, chip, name):
-            return cls()
+        def __init__(self, name, chip):
+            pass
 
         def generate(self, *args, **kwargs):
             raise ValueError("too long")
 
     monkeypatch.setattr(chip_module, "Chip", lambda *a, **k: None)
-    monkeypatch.setattr(cli, "load_decoder", lambda *a: ("model", None, None))
     monkeypatch.setattr(models, "CausalLM", FailingLM)
     out = io.StringIO()
     with pytest.raises(ValueError, match="too long"):

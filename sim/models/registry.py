@@ -123,10 +123,8 @@ MODELS = {m.name: m for m in (
           ("google/gemma-3-270m", "gemma3-270m")),
 )}
 
-# Decoder families by GGUF ``general.architecture``: a reader of an open
-# file (`open_gguf`: ``fields[key].contents()``, ``tensors`` as
-# `gguf.GGUFReader`'s) -> (weights, metadata), the metadata
-# `tokenizer.tokenizer_metadata(reader)` (what `GgufTokenizer` takes).
+# Decoder families by GGUF ``general.architecture``: a reader of a
+# `gguf.GGUFReader` -> (weights, metadata).
 ARCHITECTURES = {"llama": read_llama}
 
 
@@ -170,8 +168,9 @@ def find_decoder(name):
 
 
 def open_gguf(path):
-    """The open GGUF file `path` (a `gguf_file.GgufFile`: its fields and
-    tensors as `gguf.GGUFReader` gives them, read in a fraction of the time);
+    """The open GGUF file `path` for a family reader (a `gguf_file.GgufFile`:
+    a `gguf.GGUFReader` read in a fraction of the time; its metadata dict,
+    what `GgufTokenizer` takes, is `tokenizer.tokenizer_metadata(reader)`);
     a file that is not a readable GGUF (truncated, corrupt, not GGUF at all)
     is a ValueError naming it."""
     return GgufFile(path)

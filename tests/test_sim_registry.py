@@ -229,7 +229,8 @@ def test_generate_with_a_bad_model_is_a_one_line_error_before_the_build(case, ti
         "corrupt": (["hi", "--model", str(tmp_path / "cut.gguf")],
                     "cut.gguf' is not a readable GGUF file (truncated or corrupt?)"),
         "unsupported": (["hi", "--model", str(tmp_path / "other.gguf")],
-                        "holds a 'gpt2' model; supported architectures: ['llama']"),
+                        f"holds a 'gpt2' model; supported architectures: "
+                        f"{sorted(ARCHITECTURES)}"),
         "too long": (["ab" * 20, "--model", path, "--max-new-tokens", "13"],
                      "20 prompt tokens + 13 new ones = 33 positions, longer than the model's "
                      "context of 32"),

@@ -14,9 +14,10 @@ from amaranth.hdl import Signal
 
 from mxu.hdl.array import SystolicArray, _StaggeredWeights
 from mxu.hdl.dma import Dma, DmaDir, _Gearbox
+from mxu.hdl.regs import SoftReset
 
 from .sby import Proof
-from .units import CUT_MAC, array_harness, controller_harness, dma_harness, regs_harness
+from .units import CUT_DMA, CUT_MAC, array_harness, controller_harness, dma_harness, regs_harness
 
 __all__ = ["Mutant", "mutants"]
 
@@ -60,6 +61,15 @@ class _EarlyWeightArray(SystolicArray):
         return _EarlyWeights
 
 
+class _ResetMidBurst(SoftReset):
+    """A soft reset that does not wait for the drain: the core is reset in
+    the cycle after the request, bursts in flight or not (the chip before
+    issue 49)."""
+
+    def _done(self, pending):
+        return pending
+
+
 @dataclass(frozen=True)
 class Mutant:
     """A planted bug, the proof that runs on it, and the property (a name
@@ -87,6 +97,11 @@ def mutants(config):
                                                                    dma=_ShortBurst),
                      mode="bmc", depth=10, cover_depth=1, covers=False),
                "dma.axi.w.last_on_awlen"),
+        Mutant("soft_reset_mid_burst",
+               Proof("mutant.soft_reset_mid_burst",
+                     lambda: dma_harness(c, DmaDir.STORE, soft_reset=True, soft=_ResetMidBurst),
+                     mode="bmc", depth=10, cover_depth=1, covers=False, script=CUT_DMA),
+               "dma.soft_reset.drained"),
         Mutant("controller_ignores_a_token",
                Proof("mutant.ctrl_ignores_token", lambda: controller_harness(vpu),
                      mode="bmc", depth=8, cover_depth=1, covers=False, script=ignore_token),

@@ -86,6 +86,7 @@ class InstructionFetch(wiring.Component):
         length = Signal(32)
         outstanding = Signal(range(_BURST_BEATS + 1))
         end_sent = Signal()
+        # (Named for the formal proofs' induction lemmas: docs/formal.md.)
         misaligned = (self.base % program_alignment(c)) != 0
         too_far = (self.base + self.length * INSTR_BYTES) > c.ext_mem_bytes
         with m.If(self.start):
@@ -113,6 +114,8 @@ class InstructionFetch(wiring.Component):
         room = queue.level + (beats * per_beat) + 2 <= _QUEUE_INSTRS
         want = active & ~self.stop & ~self.error & (beats_left != 0) & (outstanding == 0) & room
         ar_pending = Signal()
+        # (Named for the formal proofs' induction lemmas: docs/formal.md.)
+        self.lemma_state = {"active": active, "addr": addr, "outstanding": outstanding}
         with m.If(want & ~ar_pending):
             m.d.sync += [ar_pending.eq(1), axi.arlen.eq(beats - 1), axi.araddr.eq(addr),
                          outstanding.eq(beats), addr.eq(addr + beats * bb),

@@ -238,6 +238,31 @@ def fetch_harness(config):
         past = Past(m, "fetch")
         stream_check(m, dut.instr, source=DUT, sink=ENV, name="fetch.instr",
                      exempt=past(dut.start, "start"))
+        # Induction lemmas: the AR register always holds a legal burst (it is
+        # only written with one), and the next burst's address is beat-aligned
+        # while the fetch is active (so the beats to the 4 KiB boundary are
+        # at least 1).
+        from .checkers import _burst_in_page
+        lg = (c.axi_data_bytes - 1).bit_length()
+        prop(m, DUT, "fetch.inv.ar_legal", (dut.axi.arlen < 16)
+             & _burst_in_page(dut.axi.araddr, dut.axi.arlen, dut.axi.arsize), cover=False)
+
+        def inside(m):
+            state = dut.lemma_state
+            prop(m, DUT, "fetch.inv.addr_aligned", ~state["active"] | (state["addr"][:lg] == 0),
+                 cover=False)
+            # One burst at a time: the beats the fetch still expects are its
+            # AR's (while it waits) or what the checker's burst has left.
+            left = state["outstanding"]
+            prop(m, DUT, "fetch.inv.one_burst",
+                 (axi.ar_count + dut.axi.arvalid) == (left != 0), cover=False)
+            prop(m, DUT, "fetch.inv.beats_left",
+                 Mux(dut.axi.arvalid, left == dut.axi.arlen + 1,
+                     (axi.ar_count == 0) | (left == axi.rlens[0] + 1 - axi.r_beat)),
+                 cover=False)
+            prop(m, DUT, "fetch.inv.no_beat", (axi.ar_count != 0) | (axi.r_beat == 0),
+                 cover=False)
+        return After(inside)
 
     return Harness(dut, extra)
 
@@ -791,6 +816,11 @@ CUT_DMA = ("flatten", "cutpoint t:$mul r:B_WIDTH>=16 %i", "opt_clean")
 CUT_MEMORY = ("flatten", "cutpoint t:$mem_v2", "opt_clean")
 
 
+# Induction lengths (each proof succeeds at a k no longer than this).
+LOOP_K = 3
+FETCH_K = 4
+
+
 def _bounded(name, design, depth, why, script=()):
     """A bounded proof at `depth` (a `Depth`: its formula goes into `why`)."""
     return Proof(name, design, mode="bmc", depth=depth.cycles, cover_depth=depth.cycles,
@@ -824,10 +854,17 @@ def proofs_for(config, *, depth=None):
               why="k-induction"),
         Proof("streams.transfer", lambda: transfer_harness(c), depth=4, cover_depth=8,
               why="k-induction"),
-        _bounded("streams.fetch", lambda: fetch_harness(c), depths.fetch_depth(c),
-                 "a start, the AR, a whole burst through the gearbox and the queue, a stall"),
-        _bounded("streams.loop", lambda: loop_harness(c), depths.loop_depth(c),
-                 "a LOOP, its body stored, two iterations issued, a stall"),
+        # (k-induction; the covers are searched as deep as a start, the AR, a
+        # whole burst through the gearbox and the queue and a stall: `fetch_depth`.)
+        Proof("streams.fetch", lambda: fetch_harness(c), depth=FETCH_K,
+              cover_depth=depths.fetch_depth(c).cycles,
+              why="k-induction; lemmas: the AR register holds a legal burst, the next "
+                  "address is beat-aligned"),
+        # (k-induction; the covers are searched as deep as a LOOP, its body of
+        # two pairs stored, two iterations issued and a stall: `loop_depth`.)
+        Proof("streams.loop", lambda: loop_harness(c), depth=LOOP_K,
+              cover_depth=depths.loop_depth(c).cycles,
+              why="k-induction; the output stage's hold rules need no lemma"),
         Proof("streams.vmem", lambda: memory_harness(vpu, "vmem"), depth=2, cover_depth=4,
               script=CUT_MEMORY, why="k-induction; the arbitration is combinational"),
         Proof("streams.accmem", lambda: memory_harness(vpu, "accmem"), depth=2, cover_depth=4,

@@ -86,7 +86,6 @@ class InstructionFetch(wiring.Component):
         length = Signal(32)
         outstanding = Signal(range(_BURST_BEATS + 1))
         end_sent = Signal()
-        # (Named for the formal proofs' induction lemmas: docs/formal.md.)
         misaligned = (self.base % program_alignment(c)) != 0
         too_far = (self.base + self.length * INSTR_BYTES) > c.ext_mem_bytes
         with m.If(self.start):

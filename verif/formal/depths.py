@@ -26,9 +26,6 @@ class Depth:
     cycles: int
     formula: str
 
-    def __int__(self):
-        return self.cycles
-
 
 # DMA: a descriptor taken (1), checked (2), the AR/AW register (1), the row
 # output and the completion (2).

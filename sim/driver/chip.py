@@ -740,11 +740,14 @@ class SimulatedChip:
             status = self.read_reg("STATUS")
             # A soft reset: the bursts in flight complete first, so that the
             # memory sees no burst cut short (docs/driver.md).
-            self.soft_reset()
+            stop = f"watchdog: the chip did not finish within {limit} cycles (STATUS=0x{status:x})"
+            try:
+                self.soft_reset()
+            except ChipError as error:
+                raise ChipError(f"{stop}; then {error}") from None
             self._check_violations()
             self._needs_reset = False
-            raise ChipError(f"watchdog: the chip did not finish within {limit} cycles "
-                            f"(STATUS=0x{status:x}); its bursts drained, {RESET_NOTE}")
+            raise ChipError(f"{stop}; its bursts drained, {RESET_NOTE}")
         self._check_violations()
         status = self.read_reg("STATUS")
         result = RunResult(error=ErrorCode((status >> 4) & 0xF), error_pc=self.read_reg("ERROR_PC"),

@@ -496,9 +496,66 @@ def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
                     prop(m, DUT, f"array.pe_{r}_{c}.no_overwrite", ~full | switch, when=load,
                          witness=load & full & switch)
                     prop(m, DUT, f"array.pe_{r}_{c}.switch_loaded", full, when=switch)
+                    fulls[r, c] = full
+            _weight_lemmas(m, dut, fulls)
+        fulls = {}
         return After(inside)
 
     return Harness(dut, extra)
+
+
+def _weight_lemmas(m, dut, fulls):
+    """Induction lemmas of the array's weight path (`_RowFreeWeights`, two
+    rows, two MAC stages: the proofs' array):
+
+    * PE column c sees column 0's loads and switches c steps of the global
+      enable later, so a PE's ghost "shadow full" bit is its west
+      neighbour's, undone by the load and the switch on their way between
+      them (the PE's inputs now); column 0's is the admission's ``pending``
+      bit of its row (``shadow_*``, ``pending_*``); a switch marker between
+      two columns finds its PE's shadow loaded (``switch_*``), a row on the
+      weight bus finds it free or switching (``load_*``);
+    * the queue holds at most its depth (``queue_level``: its own
+      counter's range is larger); ``staged`` counts the rows in the queue,
+      plus the drained rows of the tile not yet switched in at row 0
+      (``pending[0]``), less the rows of a switched-in tile still in the
+      queue (``staged``);
+    * a switch marker on its way to row 1 finds row 1 written, or written in
+      the next step: its tile's row 1 is pending (and no earlier marker
+      reaches row 1 now), or it is at the queue's head and row 1 is free
+      (``marker``).
+
+    With them every weight property of ``array.weights_s2`` is inductive;
+    ``array.result_per_beat`` is not yet (docs/formal.md, "Not proved
+    yet"), so the proof stays bounded and these are checked to its bound."""
+    from mxu.hdl.array import _RowFreeWeights
+    weights = dut.weights
+    if not isinstance(weights, _RowFreeWeights):
+        return
+    rows = dut.rows
+    pending, d, level = weights.pending, weights.drain_row, weights.queue.level
+    for r in range(rows):
+        prop(m, DUT, f"array.inv.pending_{r}", fulls[r, 0] == pending[r], cover=False)
+        if r:
+            prop(m, DUT, f"array.inv.switch_{r}_0",
+                 ~dut.switch_taps[r * dut.mac_stages] | pending[r], cover=False)
+        for c in range(1, dut.cols):
+            pe = dut.pes[r][c]
+            west = Mux(pe.weight.load, 1, Mux(pe.west.switch, 0, fulls[r, c]))
+            prop(m, DUT, f"array.inv.shadow_{r}_{c}", fulls[r, c - 1] == west, cover=False)
+            # A switch marker on its way (also while the array stalls) finds
+            # the shadow register loaded.
+            prop(m, DUT, f"array.inv.switch_{r}_{c}", ~pe.west.switch | fulls[r, c], cover=False)
+            prop(m, DUT, f"array.inv.load_{r}_{c}",
+                 ~pe.weight.load | ~fulls[r, c] | pe.west.switch, cover=False)
+    prop(m, DUT, "array.inv.queue_level", level <= dut.weight_queue_depth, cover=False)
+    drained = Mux(pending[0], Mux(d == 0, rows, d), Mux(d == 0, 0, d - rows))
+    prop(m, DUT, "array.inv.staged", weights.staged == level + drained, cover=False)
+    if rows == 2 and dut.mac_stages == 2:
+        t1, t2 = dut.switch_taps[1], dut.switch_taps[2]
+        prop(m, DUT, "array.inv.marker",
+             ~t1 | (pending[1] & ~t2) | ((d == 1) & (level != 0) & (~pending[1] | t2)),
+             cover=False)
 
 
 # ---- compute: the compute engine's streams ---------------------------------------------

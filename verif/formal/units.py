@@ -479,6 +479,15 @@ def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
         done = dut.result.valid & dut.result.ready
         m.d.sync += flight.eq(flight + taken - done)
         prop(m, DUT, "array.result_per_beat", flight != 0, when=dut.result.valid)
+        # Ghost: the beats taken, delayed by the global enable as the array's
+        # valid bits are (for the lemmas of `_weight_lemmas`).
+        en = ~dut.result.valid | dut.result.ready
+        ghost = [taken]
+        for i in range(dut.latency):
+            reg = Signal(name=f"ghost_beat_{i + 1}")
+            with m.If(en):
+                m.d.sync += reg.eq(ghost[-1])
+            ghost.append(reg)
         prop(m, DUT, "array.first_when_ready", dut.weights_ready,
              when=taken & dut.act.payload.first)
 
@@ -498,10 +507,33 @@ def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
                     prop(m, DUT, f"array.pe_{r}_{c}.switch_loaded", full, when=switch)
                     fulls[r, c] = full
             _weight_lemmas(m, dut, fulls)
+            _valid_lemmas(m, dut, flight, ghost)
         fulls = {}
         return After(inside)
 
     return Harness(dut, extra)
+
+
+def _valid_lemmas(m, dut, flight, ghost):
+    """Induction lemmas of the array's beat count (`_RowFreeWeights` arrays,
+    as `_weight_lemmas`): every valid register of the array (the seed's
+    skew, each MAC's stages) holds the beat taken as many enabled cycles
+    ago as it is deep, and the count of beats in flight is the number of
+    those in the ghost delay line."""
+    from mxu.hdl.array import _RowFreeWeights
+    if not isinstance(dut.weights, _RowFreeWeights):
+        return
+    S = dut.mac_stages
+    for r in range(dut.rows):
+        for c in range(dut.cols):
+            stages = dut.pes[r][c].mac.valid_stages
+            for j, reg in enumerate(stages, 1):
+                prop(m, DUT, f"array.inv.valid_{r}_{c}_{j}", reg == ghost[c + r * S + j],
+                     cover=False)
+    for c in range(1, dut.cols):
+        prop(m, DUT, f"array.inv.seed_valid_{c}", dut.pes[0][c].north.valid == ghost[c],
+             cover=False)
+    prop(m, DUT, "array.inv.flight", flight == sum(ghost[1:]), cover=False)
 
 
 def _weight_lemmas(m, dut, fulls):
@@ -519,11 +551,13 @@ def _weight_lemmas(m, dut, fulls):
       counter's range is larger); ``staged`` counts the rows in the queue,
       plus the drained rows of the tile not yet switched in at row 0
       (``pending[0]``), less the rows of a switched-in tile still in the
-      queue (``staged``);
+      queue (``staged``); that tile's drained rows are all pending
+      (``drained_*``);
     * a switch marker on its way to row 1 finds row 1 written, or written in
       the next step: its tile's row 1 is pending (and no earlier marker
-      reaches row 1 now), or it is at the queue's head and row 1 is free
-      (``marker``).
+      reaches row 1 now), or it is at the queue's head (no later tile's
+      row 0 written yet) and row 1 is free (``marker``); none is on its way while a whole tile waits
+      (``no_marker``).
 
     With them every weight property of ``array.weights_s2`` is inductive;
     ``array.result_per_beat`` is not yet (docs/formal.md, "Not proved
@@ -550,12 +584,20 @@ def _weight_lemmas(m, dut, fulls):
                  ~pe.weight.load | ~fulls[r, c] | pe.west.switch, cover=False)
     prop(m, DUT, "array.inv.queue_level", level <= dut.weight_queue_depth, cover=False)
     drained = Mux(pending[0], Mux(d == 0, rows, d), Mux(d == 0, 0, d - rows))
+    # The tile not yet switched in at row 0 has its drained rows pending.
+    for k in range(1, rows):
+        prop(m, DUT, f"array.inv.drained_{k}", ~pending[0] | ((d != 0) & (d <= k)) | pending[k],
+             cover=False)
     prop(m, DUT, "array.inv.staged", weights.staged == level + drained, cover=False)
     if rows == 2 and dut.mac_stages == 2:
         t1, t2 = dut.switch_taps[1], dut.switch_taps[2]
         prop(m, DUT, "array.inv.marker",
-             ~t1 | (pending[1] & ~t2) | ((d == 1) & (level != 0) & (~pending[1] | t2)),
+             ~t1 | (pending[1] & ~t2)
+             | ((d == 1) & ~pending[0] & (level != 0) & (~pending[1] | t2)),
              cover=False)
+        # A whole tile written and not switched in: its row 1 was written after
+        # the tile before it switched in there, so no marker is on its way.
+        prop(m, DUT, "array.inv.no_marker", ~(pending[0] & (d == 0)) | ~(t1 | t2), cover=False)
 
 
 # ---- compute: the compute engine's streams ---------------------------------------------
@@ -876,6 +918,7 @@ CUT_MEMORY = ("flatten", "cutpoint t:$mem_v2", "opt_clean")
 # Induction lengths (each proof succeeds at a k no longer than this).
 LOOP_K = 3
 FETCH_K = 4
+ARRAY_K = 2
 
 
 def _bounded(name, design, depth, why, script=()):
@@ -926,10 +969,8 @@ def proofs_for(config, *, depth=None):
               script=CUT_MEMORY, why="k-induction; the arbitration is combinational"),
         Proof("streams.accmem", lambda: memory_harness(vpu, "accmem"), depth=2, cover_depth=4,
               script=CUT_MEMORY, why="k-induction; the arbitration is combinational"),
-        _bounded(f"array.weights_s{c.mac_stages}" + _wide(c.weight_rows_per_cycle),
-                 lambda: array_harness(c.rows, c.cols, c.mac_stages, c.weight_rows_per_cycle),
-                 depths.array_depth(c.rows, c.cols, c.mac_stages, c.weight_rows_per_cycle),
-                 ARRAY_WHY, CUT_MAC),
+        _array_proof(f"array.weights_s{c.mac_stages}" + _wide(c.weight_rows_per_cycle),
+                     c.rows, c.cols, c.mac_stages, c.weight_rows_per_cycle, ARRAY_WHY),
         Proof("controller.tokens", lambda: controller_harness(vpu), depth=6, cover_depth=12,
               why="k-induction; the ghost counters equal the controller's (an invariant)"),
         _bounded("streams.vector", lambda: vector_harness(vpu),
@@ -941,18 +982,33 @@ def proofs_for(config, *, depth=None):
                  ARRAY_WHY + " (its array)", CUT_COMPUTE),
     ]
     if c.weight_rows_per_cycle > 1:
-        proofs.insert(-1, _bounded(f"array.weights_s{c.mac_stages}",
-                                   lambda: array_harness(c.rows, c.cols, c.mac_stages),
-                                   depths.array_depth(c.rows, c.cols, c.mac_stages),
-                                   ARRAY_WHY + "; the narrow port of one row a beat", CUT_MAC))
+        proofs.insert(-1, _array_proof(f"array.weights_s{c.mac_stages}", c.rows, c.cols,
+                                       c.mac_stages, 1,
+                                       ARRAY_WHY + "; the narrow port of one row a beat"))
     if c.mac_stages < 3:
-        proofs.insert(-1, _bounded("array.weights_s3", lambda: array_harness(c.rows, c.cols, 3),
-                                   depths.array_depth(c.rows, c.cols, 3),
-                                   ARRAY_WHY + "; mac_stages >= 3 stagger the weights", CUT_MAC))
+        proofs.insert(-1, _array_proof("array.weights_s3", c.rows, c.cols, 3, 1,
+                                       ARRAY_WHY + "; mac_stages >= 3 stagger the weights"))
     if depth is not None:
         from dataclasses import replace
         proofs = [replace(p, depth=depth) for p in proofs]
     return proofs
+
+
+def _array_proof(name, rows, cols, stages, weight_rows, why):
+    """An `array_harness` proof: k-induction where the lemmas of
+    `_weight_lemmas` and `_valid_lemmas` apply (one weight row a beat, two
+    rows, two MAC stages: `_RowFreeWeights`), else bounded; the covers are
+    searched to `depths.array_depth` either way."""
+    from . import depths
+    depth = depths.array_depth(rows, cols, stages, weight_rows)
+
+    def design():
+        return array_harness(rows, cols, stages, weight_rows)
+    if weight_rows == 1 and stages == 2 and rows == 2:
+        return Proof(name, design, depth=ARRAY_K, cover_depth=depth.cycles, script=CUT_MAC,
+                     why="k-induction; lemmas: the weight path's shadow bits, pending rows, "
+                         "markers and queue, the valid registers against a ghost delay line")
+    return _bounded(name, design, depth, why, CUT_MAC)
 
 
 def _two_beat_tiles(config):

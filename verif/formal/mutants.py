@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from amaranth.hdl import Signal
 
-from mxu.hdl.array import SystolicArray, _StaggeredWeights
+from mxu.hdl.array import SystolicArray, _RowFreeWeights, _StaggeredWeights
 from mxu.hdl.dma import Dma, DmaDir, _Gearbox
 from mxu.hdl.regs import SoftReset
 
@@ -59,6 +59,20 @@ class _EarlyWeights(_StaggeredWeights):
 class _EarlyWeightArray(SystolicArray):
     def _weight_scheme(self):
         return _EarlyWeights
+
+
+class _EarlyTile(_RowFreeWeights):
+    """Row-free weights that admit a tile one row before it is staged
+    completely (``staged >= rows - 1``)."""
+
+    def __init__(self, array, m, *args):
+        super().__init__(array, m, *args)
+        self.ready = (self.staged >= self.rows - 1) & self.pending[0]
+
+
+class _EarlyTileArray(SystolicArray):
+    def _weight_scheme(self):
+        return _EarlyTile
 
 
 class _ResetMidBurst(SoftReset):
@@ -113,6 +127,13 @@ def mutants(config):
                                            array=_EarlyWeightArray),
                      mode="bmc", depth=14, cover_depth=1, covers=False, script=CUT_MAC),
                ".no_overwrite"),
+        Mutant("array_tile_admitted_a_row_early",
+               Proof("mutant.array_early_tile",
+                     lambda: array_harness(c.rows, c.cols, 2, 1, array=_EarlyTileArray),
+                     mode="bmc", depth=14, cover_depth=1, covers=False, script=CUT_MAC),
+               # (The induction lemmas are asserted too and fail first: a switch
+               # marker on its way to row 1 finds that row neither written nor next.)
+               "array.inv.marker"),
         Mutant("regs_slverr_for_prog_len",
                Proof("mutant.regs_bresp", lambda: regs_harness(c), mode="bmc", depth=4,
                      cover_depth=1, covers=False,

@@ -635,8 +635,10 @@ def compute_harness(config):
         # The accumulator's result port never refuses: results never wait.
         prop(m, DUT, "compute.array.result_taken", dut.array.result.ready,
              when=dut.array.result.valid)
-        # MATMULs and SYNCs taken and not yet completed (a ghost count).
-        open_ = Signal(range(8))
+        # MATMULs and SYNCs taken and not yet completed (a ghost count, wide
+        # enough for a command a cycle through any bound: at the formula's 16
+        # cycles a 3-bit count wrapped, after seven MATMULs open).
+        open_ = Signal(range(64))
         counted = dut.cmd.valid & dut.cmd.ready & (cmd.opcode != Opcode.LOADW) & (dut.error.as_value() == 0)
         done = dut.complete.valid
         m.d.sync += open_.eq(open_ + counted - done)

@@ -253,6 +253,8 @@ class SystolicArray(wiring.Component):
         switch_at_row = [switch_taps[r * stages] for r in range(rows)]
 
         weights = self._weight_scheme()(self, m, en, switch_in, switch_at_row)
+        # (The formal proofs' induction lemmas read these: docs/formal.md.)
+        self.weights, self.switch_taps = weights, switch_taps
         m.d.comb += self.weights_ready.eq(weights.ready)
 
         if self.datapath_module is None:
@@ -406,6 +408,7 @@ class _RowFreeWeights(_WeightQueue):
         accepted = array.weight.valid & array.weight.ready
         m.d.sync += staged.eq(staged + accepted - Mux(switch_in, rows, 0))
         self.ready = (staged >= rows) & pending[0]
+        self.pending, self.staged, self.drain_row = pending, staged, drain_row
 
         self._row = _chain(m, en, drain_row, self.cols - 1, "wbus_row")
         self._valid = _chain(m, en, drain, self.cols - 1, "wbus_valid")

@@ -430,7 +430,11 @@ class _RowReader(wiring.Component):
             m.d.sync += [rd_r.eq(0), rd_a.eq(d.ext_base)]
         resp_data = Mux(is_vmem, self.vmem_read.resp.payload.as_value(),
                         self.acc_read.resp.payload.as_value())
-        m.d.comb += [rd_q.w_en.eq(self.vmem_read.resp.valid | self.acc_read.resp.valid),
+        # Only a response this reader waits for: one to a request taken just
+        # before a soft reset of the core arrives after it (the memories are not
+        # reset) and must not become the next store's first row (docs/formal.md).
+        m.d.comb += [rd_q.w_en.eq((self.vmem_read.resp.valid | self.acc_read.resp.valid)
+                                  & rd_pending),
                      rd_q.w_data.eq(Cat(resp_data, rd_meta))]
         q_meta = meta(rd_q.r_data[rd_width:])
         m.d.comb += [
@@ -674,6 +678,11 @@ class Dma(wiring.Component):
         and `AccMem`.
     busy : Out(1)
         A descriptor is being checked, moved or completed.
+    drain : In(1)
+        A soft reset drains the bus (`mxu.hdl.regs.SoftReset`): no new burst;
+        those in flight complete (their R beats taken, their W beats sent).
+    quiet : Out(1)
+        No burst in flight (every one issued has its last R beat or its B).
 
     The sections are attributes (``bursts``, ``load_path``, ``contexts``,
     ``row_reader``, ``gearbox``), so that checkers can attach to their ports.
@@ -690,7 +699,7 @@ class Dma(wiring.Component):
             "vmem_write": Out(WritePortSignature(_addr_shape(c.vmem_rows), vmem_row_layout(c))),
             "acc_read": Out(ReadPortSignature(_addr_shape(c.acc_rows), acc_row_layout(c))),
             "acc_write": Out(WritePortSignature(_addr_shape(c.acc_rows), acc_row_layout(c))),
-            "busy": Out(1),
+            "busy": Out(1), "drain": In(1), "quiet": Out(1),
         })
         self.bursts = _BurstGenerator(c)
         self.load_path = _LoadPath(c)
@@ -742,7 +751,8 @@ class Dma(wiring.Component):
                             m.d.comb += units.eq(d.rows >> _log2(QUANT_INFO[QuantFormat[name]].block))
         m.d.comb += self._qrun.eq(run & self._quant)
         m.d.comb += [
-            bursts.stride.eq(d.ext_stride), bursts.enable.eq(run), bursts.abort.eq(status.abort),
+            bursts.stride.eq(d.ext_stride), bursts.enable.eq(run),
+            bursts.abort.eq(status.abort | self.drain), self.quiet.eq(bursts.inflight == 0),
             rr.desc.eq(d), rr.coalesced.eq(derived.coalesced),
             rr.enable.eq(run & ~is_load), rr.clear.eq(clear),
             gb.row_bytes.eq(d.row_bytes), gb.enable.eq(run & ~is_load), gb.clear.eq(clear),

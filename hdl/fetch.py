@@ -113,6 +113,8 @@ class InstructionFetch(wiring.Component):
         room = queue.level + (beats * per_beat) + 2 <= _QUEUE_INSTRS
         want = active & ~self.stop & ~self.error & (beats_left != 0) & (outstanding == 0) & room
         ar_pending = Signal()
+        # (Named for the formal proofs' induction lemmas: docs/formal.md.)
+        self.lemma_state = {"active": active, "addr": addr, "outstanding": outstanding}
         with m.If(want & ~ar_pending):
             m.d.sync += [ar_pending.eq(1), axi.arlen.eq(beats - 1), axi.araddr.eq(addr),
                          outstanding.eq(beats), addr.eq(addr + beats * bb),

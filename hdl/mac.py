@@ -73,12 +73,18 @@ class MacPipeline(wiring.Component):
         m.submodules.norm_plan = norm_plan = Fp32AddNormAmount(lzc="onehot")
         m.submodules.round = rnd = Fp32AddNormalize()
 
+        # The valid bit's registers, in order (the formal proofs' induction
+        # lemmas read them: docs/formal.md).
+        self.valid_stages = []
+
         def stage(value, registered, name):
             if not registered:
                 return value
             reg = Signal.like(value, name=name)
             with m.If(self.en):
                 m.d.sync += reg.eq(value)
+            if any(value is v for v in (self.valid, *self.valid_stages)):
+                self.valid_stages.append(reg)
             return reg
 
         def boundary(depth, name, value, *others):

@@ -11,7 +11,7 @@ The load DMA uses AR/R with ID 0, the fetch unit AR/R with ID 1, and the store
 DMA AW/W/B, so loads and stores use the bus's two directions at the same time.
 """
 
-from amaranth.hdl import (ClockDomain, ClockSignal, DomainRenamer, Instance, Module, Mux,
+from amaranth.hdl import (Cat, ClockDomain, ClockSignal, DomainRenamer, Instance, Module, Mux,
                           ResetInserter, ResetSignal, Signal)
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -26,7 +26,7 @@ from .hooks import BuildHooks
 from .isa import ErrorCode
 from .link import LinkBridge, LinkPort, link_signature
 from .loop import LoopExpander
-from .regs import COUNTERS, HOST_ADDR_BITS, RegisterFile
+from .regs import BUS_USERS, COUNTERS, HOST_ADDR_BITS, RegisterFile
 from .slice import RegisterSlice
 from .trace import ChipTrace
 from .transfer import TransferEngine
@@ -62,6 +62,8 @@ class _ChipCore(wiring.Component):
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
                                      data_width=config.axi_data_bits)),
             "start": In(1), "clear": In(1), "prog_base": In(32), "prog_len": In(32),
+            # A soft reset's drain: no new AXI burst; which users still have one in flight.
+            "drain": In(1), "bus_busy": Out(len(BUS_USERS)),
             "status": Out(data.ArrayLayout(64, len(COUNTERS))),
             "busy": Out(1), "done": Out(1), "error": Out(ErrorCode), "error_pc": Out(32),
             **({"trace_events": Out(ChipTrace)} if trace else {}),
@@ -141,7 +143,7 @@ class _ChipCore(wiring.Component):
 
         m.d.comb += [
             fetch.start.eq(self.start), fetch.base.eq(self.prog_base),
-            fetch.length.eq(self.prog_len), fetch.stop.eq(ctrl.fetch_stop),
+            fetch.length.eq(self.prog_len), fetch.stop.eq(ctrl.fetch_stop | self.drain),
             ctrl.start.eq(self.start),
             ctrl.fetch_error.eq(fetch.error), ctrl.fetch_error_pc.eq(fetch.error_pc),
             ctrl.fetch_busy.eq(fetch.busy),
@@ -178,6 +180,9 @@ class _ChipCore(wiring.Component):
             wiring.connect(m, engine.complete, getattr(ctrl, f"{name}_complete"))
             m.d.comb += [getattr(ctrl, f"{name}_error").eq(engine.error),
                          getattr(ctrl, f"{name}_idle").eq(engine.idle)]
+        m.d.comb += [load_dma.drain.eq(self.drain), store_dma.drain.eq(self.drain),
+                     # (In BUS_USERS order.)
+                     self.bus_busy.eq(Cat(fetch.busy, ~load_dma.quiet, ~store_dma.quiet))]
         wiring.connect(m, load.dma_cmd, load_dma.cmd)
         wiring.connect(m, load_dma.done, load.dma_done)
         wiring.connect(m, store.dma_cmd, store_dma.cmd)
@@ -321,11 +326,13 @@ class MxuChip(wiring.Component):
         m = Module()
         m.submodules.regs = regs = RegisterFile(self.config)
         core = _ChipCore(self.config, self.trace_port, self.hooks)
+        # A soft reset drains the core's AXI bursts first (`SoftReset`).
         m.submodules.core = ResetInserter(regs.soft_reset)(core)
         wiring.connect(m, wiring.flipped(self.host), regs.bus)
         wiring.connect(m, core.axi, wiring.flipped(self.axi))
         m.d.comb += [
             core.start.eq(regs.start), core.clear.eq(regs.soft_reset),
+            core.drain.eq(regs.draining), regs.bus_busy.eq(core.bus_busy),
             core.prog_base.eq(regs.prog_base),
             core.prog_len.eq(regs.prog_len),
             regs.busy.eq(core.busy), regs.done.eq(core.done), regs.error.eq(core.error),

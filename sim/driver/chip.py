@@ -31,7 +31,7 @@ import numpy as np
 
 from mxu.hdl.config import ChipConfig
 from mxu.hdl.isa import INSTR_BYTES, ErrorCode
-from mxu.hdl.regs import CHIP_ID, COUNTERS, REG
+from mxu.hdl.regs import BUS_USERS, CHIP_ID, COUNTERS, REG
 
 from ..backends.fast_vpu import vpu_cpp_source
 from ..backends.native import native_library
@@ -65,6 +65,7 @@ _SIGNATURES = {
     "mxu_chip_cycles": (_U64, [_PTR]),
     "mxu_chip_violations": (ctypes.c_char_p, [_PTR, ctypes.POINTER(_U64)]),
     "mxu_chip_clear_violations": (None, [_PTR]),
+    "mxu_chip_mem_busy": (_U64, [_PTR]),
     "mxu_chip_trace": (ctypes.c_int, [_PTR, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]),
     "mxu_chip_trace_window": (None, [_PTR, _U64, _U64]),
     "mxu_chip_trace_flush": (None, [_PTR]),
@@ -82,6 +83,13 @@ _SIGNATURES = {
 }
 
 RESET_NOTE = "the chip has been reset and is ready for the next run"
+# Cycles a soft reset may take to drain the bus (docs/driver.md): the longest
+# bursts in flight under the slowest memory timing the model allows.
+SOFT_RESET_CYCLES = 2_000_000
+# The AXI channels of each bus user (STATUS bits 10:8, `BUS_USERS` order).
+_BUS_CHANNELS = {"fetch": "the instruction fetch's read bursts (AR/R, ID 1)",
+                 "load_dma": "the load DMA's read bursts (AR/R, ID 0)",
+                 "store_dma": "the store DMA's write bursts (AW/W/B)"}
 CLOSED_NOTE = ("this chip has been closed (close()): its simulator and external memory are "
                "freed, and its tensors with them; make a new chip")
 
@@ -463,10 +471,30 @@ class SimulatedChip:
             out[name] = lo | hi << 32
         return out
 
-    def soft_reset(self):
+    def soft_reset(self, max_cycles=SOFT_RESET_CYCLES):
         """The register file's soft reset (CTRL bit 1): everything but the
-        registers and the memories' contents. `reset` is the stronger one."""
+        registers and the memories' contents, once the bursts in flight
+        have completed (the chip drains the bus first: docs/driver.md).
+        Waits until STATUS no longer shows ``resetting``; after `max_cycles`
+        the chip is hard-reset and `ChipError` names the bursts that did not
+        complete. `reset` is the stronger one."""
+        max_cycles = check_integer(max_cycles, "max_cycles", 1)
         self.write_reg("CTRL", 0b10)
+        waited, step = 0, 16
+        while True:
+            status = self.read_reg("STATUS")
+            if not status & 0b100:
+                return
+            if waited >= max_cycles:
+                break
+            step = min(step * 2, 65_536, max_cycles - waited)
+            self._lib.mxu_chip_clock(self._handle, step)
+            waited += step
+        stuck = [_BUS_CHANNELS[u] for i, u in enumerate(BUS_USERS) if status >> (8 + i) & 1]
+        self.reset()
+        raise ChipError(f"soft reset: the bus did not drain within {max_cycles} cycles: "
+                        f"{', '.join(stuck) or 'no bursts (yet still resetting)'} did not "
+                        f"complete (STATUS=0x{status:x}); {RESET_NOTE}")
 
     def reset(self):
         """Hard reset: the whole chip, and the memory model's transactions in
@@ -478,6 +506,11 @@ class SimulatedChip:
     @property
     def busy(self):
         return bool(self.read_reg("STATUS") & 1)
+
+    @property
+    def memory_busy(self):
+        """The memory model holds a transaction in flight (read without clocking)."""
+        return bool(self._lib.mxu_chip_mem_busy(self._handle))
 
     # ---- running ---------------------------------------------------------------------
     def _program_bytes(self, program):
@@ -690,20 +723,32 @@ class SimulatedChip:
                             f"a smaller run; the run itself finished and its results are in memory")
         return decode_trace(raw.reshape(n, 2 + width), buckets, self.trace_bucket)
 
-    def _finish(self, cycles, limit, wall):
-        if self.waves is not None:
-            self._lib.mxu_chip_trace_flush(self._handle)
-        if cycles is None:
-            status = self.read_reg("STATUS")
-            self.reset()
-            raise ChipError(f"watchdog: the chip did not finish within {limit} cycles "
-                            f"(STATUS=0x{status:x}); {RESET_NOTE}")
+    def _check_violations(self):
+        """Raise `ChipError` (after a hard reset) if the memory model saw the
+        chip break the AXI protocol."""
         count = _U64()
         text = self._lib.mxu_chip_violations(self._handle, ctypes.byref(count))
         if count.value:
             message = text.decode()
             self.reset()
             raise ChipError(f"AXI protocol violation by the chip: {message}; {RESET_NOTE}")
+
+    def _finish(self, cycles, limit, wall):
+        if self.waves is not None:
+            self._lib.mxu_chip_trace_flush(self._handle)
+        if cycles is None:
+            status = self.read_reg("STATUS")
+            # A soft reset: the bursts in flight complete first, so that the
+            # memory sees no burst cut short (docs/driver.md).
+            stop = f"watchdog: the chip did not finish within {limit} cycles (STATUS=0x{status:x})"
+            try:
+                self.soft_reset()
+            except ChipError as error:
+                raise ChipError(f"{stop}; then {error}") from None
+            self._check_violations()
+            self._needs_reset = False
+            raise ChipError(f"{stop}; its bursts drained, {RESET_NOTE}")
+        self._check_violations()
         status = self.read_reg("STATUS")
         result = RunResult(error=ErrorCode((status >> 4) & 0xF), error_pc=self.read_reg("ERROR_PC"),
                            counters=self.counters(), memory=self.memory, wall_s=wall,

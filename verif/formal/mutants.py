@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 from amaranth.hdl import Signal
 
-from mxu.hdl.array import SystolicArray, _StaggeredWeights
+from mxu.hdl.array import SystolicArray, _RowFreeWeights, _StaggeredWeights
 from mxu.hdl.dma import Dma, DmaDir, _Gearbox
+from mxu.hdl.regs import SoftReset
 
 from .sby import Proof
-from .units import CUT_MAC, array_harness, controller_harness, dma_harness, regs_harness
+from .units import CUT_DMA, CUT_MAC, array_harness, controller_harness, dma_harness, regs_harness
 
 __all__ = ["Mutant", "mutants"]
 
@@ -60,6 +61,29 @@ class _EarlyWeightArray(SystolicArray):
         return _EarlyWeights
 
 
+class _EarlyTile(_RowFreeWeights):
+    """Row-free weights that admit a tile one row before it is staged
+    completely (``staged >= rows - 1``)."""
+
+    def __init__(self, array, m, *args):
+        super().__init__(array, m, *args)
+        self.ready = (self.staged >= self.rows - 1) & self.pending[0]
+
+
+class _EarlyTileArray(SystolicArray):
+    def _weight_scheme(self):
+        return _EarlyTile
+
+
+class _ResetMidBurst(SoftReset):
+    """A soft reset that does not wait for the drain: the core is reset in
+    the cycle after the request, bursts in flight or not (the chip before
+    issue 49)."""
+
+    def _done(self, pending):
+        return pending
+
+
 @dataclass(frozen=True)
 class Mutant:
     """A planted bug, the proof that runs on it, and the property (a name
@@ -87,6 +111,11 @@ def mutants(config):
                                                                    dma=_ShortBurst),
                      mode="bmc", depth=10, cover_depth=1, covers=False),
                "dma.axi.w.last_on_awlen"),
+        Mutant("soft_reset_mid_burst",
+               Proof("mutant.soft_reset_mid_burst",
+                     lambda: dma_harness(c, DmaDir.STORE, soft_reset=True, soft=_ResetMidBurst),
+                     mode="bmc", depth=10, cover_depth=1, covers=False, script=CUT_DMA),
+               "dma.soft_reset.drained"),
         Mutant("controller_ignores_a_token",
                Proof("mutant.ctrl_ignores_token", lambda: controller_harness(vpu),
                      mode="bmc", depth=8, cover_depth=1, covers=False, script=ignore_token),
@@ -98,6 +127,13 @@ def mutants(config):
                                            array=_EarlyWeightArray),
                      mode="bmc", depth=14, cover_depth=1, covers=False, script=CUT_MAC),
                ".no_overwrite"),
+        Mutant("array_tile_admitted_a_row_early",
+               Proof("mutant.array_early_tile",
+                     lambda: array_harness(c.rows, c.cols, 2, 1, array=_EarlyTileArray),
+                     mode="bmc", depth=14, cover_depth=1, covers=False, script=CUT_MAC),
+               # (The induction lemmas are asserted too and fail first: a switch
+               # marker on its way to row 1 finds that row neither written nor next.)
+               "array.inv.marker"),
         Mutant("regs_slverr_for_prog_len",
                Proof("mutant.regs_bresp", lambda: regs_harness(c), mode="bmc", depth=4,
                      cover_depth=1, covers=False,

@@ -9,7 +9,7 @@ equals a counter of the design) are "glue": they are asserted too, so they
 are proved, and they make the induction step see only reachable states.
 """
 
-from amaranth.hdl import Cat, Elaboratable, Module, Mux, Signal, Value
+from amaranth.hdl import C, Cat, Const, Elaboratable, Module, Mux, Signal, Value
 from amaranth.asserts import AnySeq, Cover
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In
@@ -106,8 +106,10 @@ def _word_in(index, words):
 def regs_harness(config):
     """`RegisterFile`: the AXI4-Lite rules, the documented response codes (a
     write to a register with W access answers OKAY, any other SLVERR; a read
-    of a mapped register OKAY, of an unmapped address SLVERR), and start /
-    soft reset pulses only from a CTRL write (start only while not busy)."""
+    of a mapped register OKAY, of an unmapped address SLVERR), start only
+    from a CTRL write while not busy or resetting, and a soft reset's drain
+    only from a CTRL write, its reset of the core only after a cycle with no
+    burst in flight."""
     dut = RegisterFile(config)
 
     def extra(m, dut):
@@ -136,10 +138,27 @@ def regs_harness(config):
              witness=bus.rvalid & (want_r == AxiResp.SLVERR))
         past = Past(m, "regs")
         ctrl_write = aw_fire & (bus.awaddr[2:] == REG["CTRL"] >> 2)
-        was_start = past(ctrl_write & bus.wdata[0] & ~dut.busy, "start_write")
-        was_reset = past(ctrl_write & bus.wdata[1], "reset_write")
+        was_start = past(ctrl_write & bus.wdata[0] & ~dut.busy & ~dut.draining, "start_write")
         prop(m, DUT, "regs.start_from_ctrl", was_start, when=dut.start)
-        prop(m, DUT, "regs.soft_reset_from_ctrl", was_reset, when=dut.soft_reset)
+        # A soft reset: a drain from a CTRL write until the core's reset, which
+        # comes only after a cycle in which no bus user had a burst in flight.
+        asked = Signal()
+        # (A request in the reset's cycle starts the next drain.)
+        with m.If(dut.soft_reset & ~past(ctrl_write & bus.wdata[1], "soft_write")):
+            m.d.sync += asked.eq(0)
+        with m.If(ctrl_write & bus.wdata[1]):
+            m.d.sync += asked.eq(1)
+        prop(m, DUT, "regs.soft_reset_from_ctrl", asked, when=dut.draining)
+        quiet_before = past(dut.draining & (dut.bus_busy == 0), "quiet")
+        waited = Signal()       # the drain waited for a burst in flight
+        with m.If(dut.draining & (dut.bus_busy != 0)):
+            m.d.sync += waited.eq(1)
+        with m.If(dut.soft_reset):
+            m.d.sync += waited.eq(0)
+        prop(m, DUT, "regs.soft_reset_when_quiet", quiet_before, when=dut.soft_reset,
+             witness=dut.soft_reset & waited)
+        prop(m, DUT, "regs.inv.draining", dut.draining == asked, cover=False)
+        prop(m, DUT, "regs.inv.reset_once", ~(dut.soft.pending & dut.soft_reset), cover=False)
         # Invariants: one request answered at a time.
         k = checker
         prop(m, DUT, "regs.inv.b_pending", bus.bvalid == (k.aw_out != 0), cover=False)
@@ -219,6 +238,31 @@ def fetch_harness(config):
         past = Past(m, "fetch")
         stream_check(m, dut.instr, source=DUT, sink=ENV, name="fetch.instr",
                      exempt=past(dut.start, "start"))
+        # Induction lemmas: the AR register always holds a legal burst (it is
+        # only written with one), and the next burst's address is beat-aligned
+        # while the fetch is active (so the beats to the 4 KiB boundary are
+        # at least 1).
+        from .checkers import _burst_in_page
+        lg = (c.axi_data_bytes - 1).bit_length()
+        prop(m, DUT, "fetch.inv.ar_legal", (dut.axi.arlen < 16)
+             & _burst_in_page(dut.axi.araddr, dut.axi.arlen, dut.axi.arsize), cover=False)
+
+        def inside(m):
+            state = dut.lemma_state
+            prop(m, DUT, "fetch.inv.addr_aligned", ~state["active"] | (state["addr"][:lg] == 0),
+                 cover=False)
+            # One burst at a time: the beats the fetch still expects are its
+            # AR's (while it waits) or what the checker's burst has left.
+            left = state["outstanding"]
+            prop(m, DUT, "fetch.inv.one_burst",
+                 (axi.ar_count + dut.axi.arvalid) == (left != 0), cover=False)
+            prop(m, DUT, "fetch.inv.beats_left",
+                 Mux(dut.axi.arvalid, left == dut.axi.arlen + 1,
+                     (axi.ar_count == 0) | (left == axi.rlens[0] + 1 - axi.r_beat)),
+                 cover=False)
+            prop(m, DUT, "fetch.inv.no_beat", (axi.ar_count != 0) | (axi.r_beat == 0),
+                 cover=False)
+        return After(inside)
 
     return Harness(dut, extra)
 
@@ -435,6 +479,15 @@ def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
         done = dut.result.valid & dut.result.ready
         m.d.sync += flight.eq(flight + taken - done)
         prop(m, DUT, "array.result_per_beat", flight != 0, when=dut.result.valid)
+        # Ghost: the beats taken, delayed by the global enable as the array's
+        # valid bits are (for the lemmas of `_weight_lemmas`).
+        en = ~dut.result.valid | dut.result.ready
+        ghost = [taken]
+        for i in range(dut.latency):
+            reg = Signal(name=f"ghost_beat_{i + 1}")
+            with m.If(en):
+                m.d.sync += reg.eq(ghost[-1])
+            ghost.append(reg)
         prop(m, DUT, "array.first_when_ready", dut.weights_ready,
              when=taken & dut.act.payload.first)
 
@@ -452,9 +505,99 @@ def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
                     prop(m, DUT, f"array.pe_{r}_{c}.no_overwrite", ~full | switch, when=load,
                          witness=load & full & switch)
                     prop(m, DUT, f"array.pe_{r}_{c}.switch_loaded", full, when=switch)
+                    fulls[r, c] = full
+            _weight_lemmas(m, dut, fulls)
+            _valid_lemmas(m, dut, flight, ghost)
+        fulls = {}
         return After(inside)
 
     return Harness(dut, extra)
+
+
+def _valid_lemmas(m, dut, flight, ghost):
+    """Induction lemmas of the array's beat count (`_RowFreeWeights` arrays,
+    as `_weight_lemmas`): every valid register of the array (the seed's
+    skew, each MAC's stages) holds the beat taken as many enabled cycles
+    ago as it is deep, and the count of beats in flight is the number of
+    those in the ghost delay line."""
+    from mxu.hdl.array import _RowFreeWeights
+    if not isinstance(dut.weights, _RowFreeWeights):
+        return
+    S = dut.mac_stages
+    for r in range(dut.rows):
+        for c in range(dut.cols):
+            stages = dut.pes[r][c].mac.valid_stages
+            for j, reg in enumerate(stages, 1):
+                prop(m, DUT, f"array.inv.valid_{r}_{c}_{j}", reg == ghost[c + r * S + j],
+                     cover=False)
+    for c in range(1, dut.cols):
+        prop(m, DUT, f"array.inv.seed_valid_{c}", dut.pes[0][c].north.valid == ghost[c],
+             cover=False)
+    prop(m, DUT, "array.inv.flight", flight == sum(ghost[1:]), cover=False)
+
+
+def _weight_lemmas(m, dut, fulls):
+    """Induction lemmas of the array's weight path (`_RowFreeWeights`, two
+    rows, two MAC stages: the proofs' array):
+
+    * PE column c sees column 0's loads and switches c steps of the global
+      enable later, so a PE's ghost "shadow full" bit is its west
+      neighbour's, undone by the load and the switch on their way between
+      them (the PE's inputs now); column 0's is the admission's ``pending``
+      bit of its row (``shadow_*``, ``pending_*``); a switch marker between
+      two columns finds its PE's shadow loaded (``switch_*``), a row on the
+      weight bus finds it free or switching (``load_*``);
+    * the queue holds at most its depth (``queue_level``: its own
+      counter's range is larger); ``staged`` counts the rows in the queue,
+      plus the drained rows of the tile not yet switched in at row 0
+      (``pending[0]``), less the rows of a switched-in tile still in the
+      queue (``staged``); that tile's drained rows are all pending
+      (``drained_*``);
+    * a switch marker on its way to row 1 finds row 1 written, or written in
+      the next step: its tile's row 1 is pending (and no earlier marker
+      reaches row 1 now), or it is at the queue's head (no later tile's
+      row 0 written yet) and row 1 is free (``marker``); none is on its way while a whole tile waits
+      (``no_marker``).
+
+    With them every weight property of ``array.weights_s2`` is inductive;
+    ``array.result_per_beat`` is not yet (docs/formal.md, "Not proved
+    yet"), so the proof stays bounded and these are checked to its bound."""
+    from mxu.hdl.array import _RowFreeWeights
+    weights = dut.weights
+    if not isinstance(weights, _RowFreeWeights):
+        return
+    rows = dut.rows
+    pending, d, level = weights.pending, weights.drain_row, weights.queue.level
+    for r in range(rows):
+        prop(m, DUT, f"array.inv.pending_{r}", fulls[r, 0] == pending[r], cover=False)
+        if r:
+            prop(m, DUT, f"array.inv.switch_{r}_0",
+                 ~dut.switch_taps[r * dut.mac_stages] | pending[r], cover=False)
+        for c in range(1, dut.cols):
+            pe = dut.pes[r][c]
+            west = Mux(pe.weight.load, 1, Mux(pe.west.switch, 0, fulls[r, c]))
+            prop(m, DUT, f"array.inv.shadow_{r}_{c}", fulls[r, c - 1] == west, cover=False)
+            # A switch marker on its way (also while the array stalls) finds
+            # the shadow register loaded.
+            prop(m, DUT, f"array.inv.switch_{r}_{c}", ~pe.west.switch | fulls[r, c], cover=False)
+            prop(m, DUT, f"array.inv.load_{r}_{c}",
+                 ~pe.weight.load | ~fulls[r, c] | pe.west.switch, cover=False)
+    prop(m, DUT, "array.inv.queue_level", level <= dut.weight_queue_depth, cover=False)
+    drained = Mux(pending[0], Mux(d == 0, rows, d), Mux(d == 0, 0, d - rows))
+    # The tile not yet switched in at row 0 has its drained rows pending.
+    for k in range(1, rows):
+        prop(m, DUT, f"array.inv.drained_{k}", ~pending[0] | ((d != 0) & (d <= k)) | pending[k],
+             cover=False)
+    prop(m, DUT, "array.inv.staged", weights.staged == level + drained, cover=False)
+    if rows == 2 and dut.mac_stages == 2:
+        t1, t2 = dut.switch_taps[1], dut.switch_taps[2]
+        prop(m, DUT, "array.inv.marker",
+             ~t1 | (pending[1] & ~t2)
+             | ((d == 1) & ~pending[0] & (level != 0) & (~pending[1] | t2)),
+             cover=False)
+        # A whole tile written and not switched in: its row 1 was written after
+        # the tile before it switched in there, so no marker is on its way.
+        prop(m, DUT, "array.inv.no_marker", ~(pending[0] & (d == 0)) | ~(t1 | t2), cover=False)
 
 
 # ---- compute: the compute engine's streams ---------------------------------------------
@@ -492,8 +635,10 @@ def compute_harness(config):
         # The accumulator's result port never refuses: results never wait.
         prop(m, DUT, "compute.array.result_taken", dut.array.result.ready,
              when=dut.array.result.valid)
-        # MATMULs and SYNCs taken and not yet completed (a ghost count).
-        open_ = Signal(range(8))
+        # MATMULs and SYNCs taken and not yet completed (a ghost count, wide
+        # enough for a command a cycle through any bound: at the formula's 16
+        # cycles a 3-bit count wrapped, after seven MATMULs open).
+        open_ = Signal(range(64))
         counted = dut.cmd.valid & dut.cmd.ready & (cmd.opcode != Opcode.LOADW) & (dut.error.as_value() == 0)
         done = dut.complete.valid
         m.d.sync += open_.eq(open_ + counted - done)
@@ -594,17 +739,69 @@ def vector_harness(config):
 
 # ---- dma: the AXI4 manager ------------------------------------------------------------
 
-def dma_harness(config, direction, *, dma=None):
+class SoftResetDma(wiring.Component):
+    """A `Dma` behind the chip's soft reset (`mxu.hdl.regs.SoftReset`, as
+    `MxuChip` has it): ``soft_request`` starts a drain (the DMA's ``drain``),
+    and the DMA is reset once it is ``quiet``. The ports are the DMA's but
+    ``drain``, with ``soft_request`` (In) and ``core_reset`` (Out: the reset
+    pulse) added; the sections are reached as on the `Dma`.
+
+    Parameters
+    ----------
+    dut : Dma
+    soft : SoftReset (a mutant's subclass in `mxu.verif.formal.mutants`)
+    """
+
+    def __init__(self, dut, soft):
+        self.dut, self.soft = dut, soft
+        members = {k: v for k, v in dut.signature.members.items() if k != "drain"}
+        super().__init__({**members, "soft_request": In(1), "core_reset": wiring.Out(1)})
+        for name in ("bursts", "load_path", "contexts", "row_reader", "gearbox"):
+            setattr(self, name, getattr(dut, name))
+
+    def elaborate(self, platform):
+        from amaranth.hdl import ResetInserter
+        m = Module()
+        m.submodules.soft = soft = self.soft
+        m.submodules.dma = ResetInserter(soft.reset)(self.dut)
+        dut = self.dut
+        m.d.comb += [soft.request.eq(self.soft_request), soft.quiet.eq(dut.quiet),
+                     dut.drain.eq(soft.draining), self.core_reset.eq(soft.reset)]
+        for path, member, value in self.signature.flatten(self):
+            if path[0] in ("soft_request", "core_reset"):
+                continue
+            inner = dut
+            for part in path:
+                inner = inner[part] if isinstance(part, int) else getattr(inner, part)
+            target, source = (inner, value) if member.flow == In else (value, inner)
+            if not isinstance(Value.cast(target), Const):    # (always_ready members)
+                m.d.comb += Value.cast(target).eq(source)
+        return m
+
+
+def dma_harness(config, direction, *, dma=None, soft_reset=False, soft=None):
     """`Dma` with descriptors of one direction (the chip's load DMA only
     loads, its store DMA only stores): the AXI4 manager rules on its bus
     (`AXI4ManagerChecker`, with the subordinate's assumed), the stream rules on
     its descriptor, completion and memory ports, one completion per
     descriptor; the memories answer a read one cycle after it is taken
-    (`ReadPortSignature`). `dma` replaces the `Dma` class (mutants)."""
+    (`ReadPortSignature`). `dma` replaces the `Dma` class (mutants).
+
+    With `soft_reset`, the DMA sits behind the chip's soft reset
+    (`SoftResetDma`; `soft`: its `SoftReset` class), requested at any cycle:
+    the AXI checker is not reset with it, so its rules must hold across the
+    reset, and ``dma.soft_reset.drained`` asserts that the reset comes only
+    when no burst is in flight (the checker's ghost counts are zero) and no
+    VALID is up. The stream rules on the DMA's other ports are not checked in
+    the cycle after the reset (their other side is reset with it in the chip).
+    """
     from mxu.hdl.axi import AXI4Signature
     from mxu.hdl.dma import Dma, DmaDir
+    from mxu.hdl.regs import SoftReset
     from .checkers import AXI4ManagerChecker
     dut = (dma or Dma)(config)
+    if soft_reset:
+        dut = SoftResetDma(dut, (soft or SoftReset)())
     load = direction == DmaDir.LOAD
     c = config
 
@@ -621,17 +818,27 @@ def dma_harness(config, direction, *, dma=None):
         for ch in ("aw", "w") if load else ("ar",):
             prop(m, DUT, f"dma.axi.{ch}.unused", ~getattr(dut.axi, f"{ch}valid"), cover=False)
         prop(m, ENV, "dma.env.no_answer_unused", ~(dut.axi.bvalid if load else dut.axi.rvalid))
-        stream_check(m, dut.cmd, source=ENV, sink=DUT, name="dma.cmd")
-        prop(m, ENV, "dma.env.direction", dut.cmd.payload.dir == direction, when=dut.cmd.valid)
-        stream_check(m, dut.done, source=DUT, sink=ENV, name="dma.done")
         past = Past(m, "dma")
+        reset = dut.core_reset if soft_reset else C(0, 1)
+        # The cycle after a soft reset: the DMA's other sides were reset with it.
+        after = past(reset, "core_reset") if soft_reset else None
+
+        def exempt(more=None):
+            return after if more is None else (more if after is None else after | more)
+        if soft_reset:
+            _soft_reset_checks(m, dut, axi, load)
+        stream_check(m, dut.cmd, source=ENV, sink=DUT, name="dma.cmd", exempt=exempt())
+        prop(m, ENV, "dma.env.direction", dut.cmd.payload.dir == direction, when=dut.cmd.valid)
+        stream_check(m, dut.done, source=DUT, sink=ENV, name="dma.done", exempt=exempt())
         # Loads write on-chip rows, stores read them.
         for port in ("vmem_write", "acc_write") if load else ():
-            stream_check(m, getattr(dut, port), source=DUT, sink=ENV, name=f"dma.{port}")
+            stream_check(m, getattr(dut, port), source=DUT, sink=ENV, name=f"dma.{port}",
+                         exempt=exempt())
         for port in ("vmem_read", "acc_read"):
             p = getattr(dut, port)
             if not load:
-                stream_check(m, p.req, source=DUT, sink=ENV, name=f"dma.{port}")
+                stream_check(m, p.req, source=DUT, sink=ENV, name=f"dma.{port}",
+                             exempt=exempt())
             prop(m, ENV, f"dma.env.{port}_one_cycle",
                  p.resp.valid == (past(p.req.valid & p.req.ready, port) & ~past.after_reset))
         # Between the DMA's sections (docs/formal.md): a load's bursts
@@ -640,9 +847,11 @@ def dma_harness(config, direction, *, dma=None):
         # burst lengths (both queues are emptied when a descriptor completes).
         if load:
             stream_check(m, dut.bursts.burst, source=DUT, sink=DUT, name="dma.bursts.burst",
-                         exempt=dut.bursts.abort)
-            stream_check(m, dut.load_path.row, source=DUT, sink=DUT, name="dma.load_path.row")
-            stream_check(m, dut.contexts.done, source=DUT, sink=DUT, name="dma.contexts.done")
+                         exempt=exempt(dut.bursts.abort))
+            stream_check(m, dut.load_path.row, source=DUT, sink=DUT, name="dma.load_path.row",
+                         exempt=exempt())
+            stream_check(m, dut.contexts.done, source=DUT, sink=DUT, name="dma.contexts.done",
+                         exempt=exempt())
             # The load path takes the next load's context in the cycle of the
             # last row (back-to-back loads): the rules above must meet it.
             m.d.comb += Cover(dut.load_path.last & dut.load_path.restart, "dma.load_path.moves_on")
@@ -652,9 +861,11 @@ def dma_harness(config, direction, *, dma=None):
                  when=dut.bursts.burst.valid)
             # (`clear` empties them at the next edge: the rows go a cycle later.)
             stream_check(m, dut.row_reader.rows, source=DUT, sink=DUT,
-                         name="dma.row_reader.rows", exempt=past(dut.row_reader.clear, "rr_clear"))
+                         name="dma.row_reader.rows",
+                         exempt=exempt(past(dut.row_reader.clear, "rr_clear")))
             stream_check(m, dut.gearbox.lengths, source=DUT, sink=DUT,
-                         name="dma.gearbox.lengths", exempt=past(dut.gearbox.clear, "gb_clear"))
+                         name="dma.gearbox.lengths",
+                         exempt=exempt(past(dut.gearbox.clear, "gb_clear")))
         # One completion per descriptor; a load overlaps three descriptors (its
         # two receive contexts, and one taken into the descriptor register
         # that waits for a context), a store runs one at a time.
@@ -662,13 +873,36 @@ def dma_harness(config, direction, *, dma=None):
         open_ = Signal(range(most + 2))
         taken = dut.cmd.valid & dut.cmd.ready
         done = dut.done.valid & dut.done.ready
-        m.d.sync += open_.eq(open_ + taken - done)
+        m.d.sync += open_.eq(Mux(reset, 0, open_ + taken - done))
         # (Witness for a load: the third one taken, a cycle within the bound.)
         prop(m, DUT, "dma.descriptors_max", open_ <= most,
              witness=(taken & (open_ == most - 1)) if load else (done & (open_ == most)))
         prop(m, DUT, "dma.done_after_cmd", open_ != 0, when=dut.done.valid)
 
     return Harness(dut, extra)
+
+
+def _soft_reset_checks(m, dut, axi, load):
+    """The soft reset of a `SoftResetDma` keeps the bus rules: at the reset
+    no burst is in flight (the AXI checker's ghost counts are zero) and no
+    VALID is up, so that nothing on the bus notices it; covered by a reset
+    whose request came while a burst was in flight."""
+    bus = dut.axi
+    if load:
+        busy = (axi.ar_count != 0) | bus.arvalid
+        clean = (axi.ar_count == 0) & (axi.r_beat == 0) & ~bus.arvalid
+    else:
+        busy = (axi.aw_count != 0) | (axi.w_bursts != 0) | (axi.w_beat != 0) | bus.awvalid \
+            | bus.wvalid
+        clean = ((axi.aw_count == 0) & (axi.w_bursts == 0) & (axi.w_beat == 0)
+                 & ~bus.awvalid & ~bus.wvalid)
+    mid = Signal(name="soft_reset_mid_burst")      # a request came while a burst was out
+    with m.If(dut.soft_request & busy):
+        m.d.sync += mid.eq(1)
+    with m.If(dut.core_reset):
+        m.d.sync += mid.eq(0)
+    prop(m, DUT, "dma.soft_reset.drained", clean, when=dut.core_reset,
+         witness=dut.core_reset & mid)
 
 
 # ---- the proofs ---------------------------------------------------------------------
@@ -678,98 +912,105 @@ def dma_harness(config, direction, *, dma=None):
 # that check, and the AXI rules must hold for them too (docs/formal.md).
 CUT_DMA = ("flatten", "cutpoint t:$mul r:B_WIDTH>=16 %i", "opt_clean")
 
-# Cycles of a descriptor beside its beats: taken (1), checked (2), the AR/AW
-# register (1), the row output and the completion (2).
-DMA_PIPELINE = 6
 # The banks' contents are cut out (a read returns any row): the arbitration
 # does not depend on them, and a 1 MiB VMEM would be a 16 Mbit array for the solver.
 CUT_MEMORY = ("flatten", "cutpoint t:$mem_v2", "opt_clean")
 
-# A load also needs two descriptors issued one after the other (taken,
-# checked, decided, a one-burst RUN and back to IDLE: 5 cycles each) and a
-# third taken, while both receive contexts wait for their data.
-DMA_THIRD_LOAD = 12
-DMA_LOAD_BOUND = ("; for a load at least 12: two descriptors issued back to back (5 cycles "
-                  "each) and a third taken while both wait for their data")
-DMA_BOUND = ("bounded: the longest burst plus the pipeline (taking and checking a descriptor, "
-             "the address register, the row output and the completion: 6 cycles), plus 2")
+
+# Induction lengths (each proof succeeds at a k no longer than this).
+LOOP_K = 3
+FETCH_K = 4
+ARRAY_K = 2
 
 
-# Fetch: a start (1), the AR register and handshake (2), a 16-beat burst, two
-# beats per instruction on a 64-bit bus into the queue and out of it (2), and
-# a stall that ends (2). The queue's memory stays: its read data is the
-# instruction stream's payload, whose stability is a property.
-FETCH_DEPTH = 24
-FETCH_BOUND = ("bounded: a start, the AR, a whole 16-beat burst through the gearbox and the "
-               "queue, and a stall that ends: 24 cycles")
-# Loop: a LOOP word (1), a two-pair body stored (4), two iterations issued at one
-# instruction every two cycles (8), a stall that ends (2).
-LOOP_DEPTH = 15
-LOOP_BOUND = ("bounded: a LOOP, a two-pair body stored, two iterations issued (one "
-              "instruction every two cycles) and a stall that ends: 15 cycles; longer bodies "
-              "take the same index comparisons")
-
-
-# Vector: a VECTOR taken (1), into the issue stage (1), its reads and their
-# rows into the buffers (2), the ALU (3), the write (1), and a stall that ends
-# (2). Every cover is reached by step 7 (four VECTORs in flight among them).
-VECTOR_DEPTH = 10
-VECTOR_BOUND = ("bounded: a VECTOR through intake, reads, buffers, the 3-stage stand-in ALU "
-                "and the write (8 cycles) and a stall that ends: 10 cycles; every cover, four "
-                "VECTORs in flight among them, is reached by step 7")
+def _bounded(name, design, depth, why, script=()):
+    """A bounded proof at `depth` (a `Depth`: its formula goes into `why`)."""
+    return Proof(name, design, mode="bmc", depth=depth.cycles, cover_depth=depth.cycles,
+                 script=script, why=f"bounded: {why}: {depth.formula}")
 
 
 def proofs_for(config, *, depth=None):
     """The `Proof` list for a chip configuration: every unit's harnesses with
-    their depths (`depth` overrides every one: the induction length or the
-    bound)."""
+    their depths (`mxu.verif.formal.depths`; `depth` overrides every one: the
+    induction length or the bound)."""
     from mxu.hdl.dma import DmaDir
+    from . import depths
     c = config
     vpu = c if c.vpu else c.replace(vpu=True)
-    dma_depth = c.dma_max_burst_beats + DMA_PIPELINE + 2
+    load, store = depths.dma_depth(c, True), depths.dma_depth(c, False)
+    array = _two_beat_tiles(c)
     proofs = [
-        Proof("dma.load", lambda: dma_harness(c, DmaDir.LOAD), mode="bmc",
-              depth=max(dma_depth, DMA_THIRD_LOAD), cover_depth=max(dma_depth, DMA_THIRD_LOAD),
-              script=CUT_DMA, why=DMA_BOUND + DMA_LOAD_BOUND),
-        Proof("dma.store", lambda: dma_harness(c, DmaDir.STORE), mode="bmc", depth=dma_depth,
-              cover_depth=dma_depth, script=CUT_DMA, why=DMA_BOUND),
+        _bounded("dma.load", lambda: dma_harness(c, DmaDir.LOAD), load,
+                 "the longest burst through the pipeline, and three descriptors", CUT_DMA),
+        _bounded("dma.store", lambda: dma_harness(c, DmaDir.STORE), store,
+                 "the longest burst through the pipeline", CUT_DMA),
+        _bounded("dma.soft_reset_load", lambda: dma_harness(c, DmaDir.LOAD, soft_reset=True),
+                 depths.soft_reset_depth(c, True),
+                 "bursts out, then a soft reset's drain and the reset", CUT_DMA),
+        _bounded("dma.soft_reset_store", lambda: dma_harness(c, DmaDir.STORE, soft_reset=True),
+                 depths.soft_reset_depth(c, False),
+                 "bursts out, then a soft reset's drain and the reset", CUT_DMA),
         Proof("regs.host", lambda: regs_harness(c), depth=4, cover_depth=8,
               why="k-induction; the register file answers one request at a time"),
         Proof("streams.slice", lambda: slice_harness(), depth=4, cover_depth=8,
               why="k-induction"),
         Proof("streams.transfer", lambda: transfer_harness(c), depth=4, cover_depth=8,
               why="k-induction"),
-        Proof("streams.fetch", lambda: fetch_harness(c), mode="bmc", depth=FETCH_DEPTH,
-              cover_depth=FETCH_DEPTH, why=FETCH_BOUND),
-        Proof("streams.loop", lambda: loop_harness(c), mode="bmc", depth=LOOP_DEPTH,
-              cover_depth=LOOP_DEPTH, why=LOOP_BOUND),
+        # (k-induction; the covers are searched as deep as a start, the AR, a
+        # whole burst through the gearbox and the queue and a stall: `fetch_depth`.)
+        Proof("streams.fetch", lambda: fetch_harness(c), depth=FETCH_K,
+              cover_depth=depths.fetch_depth(c).cycles,
+              why="k-induction; lemmas: the AR register holds a legal burst, the next "
+                  "address is beat-aligned"),
+        # (k-induction; the covers are searched as deep as a LOOP, its body of
+        # two pairs stored, two iterations issued and a stall: `loop_depth`.)
+        Proof("streams.loop", lambda: loop_harness(c), depth=LOOP_K,
+              cover_depth=depths.loop_depth(c).cycles,
+              why="k-induction; the output stage's hold rules need no lemma"),
         Proof("streams.vmem", lambda: memory_harness(vpu, "vmem"), depth=2, cover_depth=4,
               script=CUT_MEMORY, why="k-induction; the arbitration is combinational"),
         Proof("streams.accmem", lambda: memory_harness(vpu, "accmem"), depth=2, cover_depth=4,
               script=CUT_MEMORY, why="k-induction; the arbitration is combinational"),
-        Proof(f"array.weights_s{c.mac_stages}" + _wide(c.weight_rows_per_cycle),
-              lambda: array_harness(c.rows, c.cols, c.mac_stages, c.weight_rows_per_cycle),
-              mode="bmc", depth=14, cover_depth=14, script=CUT_MAC, why=ARRAY_BOUND),
+        _array_proof(f"array.weights_s{c.mac_stages}" + _wide(c.weight_rows_per_cycle),
+                     c.rows, c.cols, c.mac_stages, c.weight_rows_per_cycle, ARRAY_WHY),
         Proof("controller.tokens", lambda: controller_harness(vpu), depth=6, cover_depth=12,
               why="k-induction; the ghost counters equal the controller's (an invariant)"),
-        Proof("streams.vector", lambda: vector_harness(vpu), mode="bmc", depth=VECTOR_DEPTH,
-              cover_depth=VECTOR_DEPTH, why=VECTOR_BOUND),
-        Proof("streams.compute", lambda: compute_harness(_two_beat_tiles(c)), mode="bmc",
-              depth=14, cover_depth=14, script=CUT_COMPUTE, why=ARRAY_BOUND),
+        _bounded("streams.vector", lambda: vector_harness(vpu),
+                 depths.vector_depth(FREE_ALU_LATENCY),
+                 "a VECTOR through intake, reads, the stand-in ALU and the write, a stall"),
+        _bounded("streams.compute", lambda: compute_harness(array),
+                 depths.array_depth(array.rows, array.cols, array.mac_stages,
+                                    array.weight_rows_per_cycle),
+                 ARRAY_WHY + " (its array)", CUT_COMPUTE),
     ]
     if c.weight_rows_per_cycle > 1:
-        proofs.insert(-1, Proof(f"array.weights_s{c.mac_stages}",
-                                lambda: array_harness(c.rows, c.cols, c.mac_stages), mode="bmc",
-                                depth=14, cover_depth=14, script=CUT_MAC,
-                                why=ARRAY_BOUND + "; the narrow port of one row a beat"))
+        proofs.insert(-1, _array_proof(f"array.weights_s{c.mac_stages}", c.rows, c.cols,
+                                       c.mac_stages, 1,
+                                       ARRAY_WHY + "; the narrow port of one row a beat"))
     if c.mac_stages < 3:
-        proofs.insert(-1, Proof("array.weights_s3", lambda: array_harness(c.rows, c.cols, 3),
-                                mode="bmc", depth=14, cover_depth=14, script=CUT_MAC,
-                                why=ARRAY_BOUND + "; mac_stages >= 3 stagger the weights"))
+        proofs.insert(-1, _array_proof("array.weights_s3", c.rows, c.cols, 3, 1,
+                                       ARRAY_WHY + "; mac_stages >= 3 stagger the weights"))
     if depth is not None:
         from dataclasses import replace
         proofs = [replace(p, depth=depth) for p in proofs]
     return proofs
+
+
+def _array_proof(name, rows, cols, stages, weight_rows, why):
+    """An `array_harness` proof: k-induction where the lemmas of
+    `_weight_lemmas` and `_valid_lemmas` apply (one weight row a beat, two
+    rows, two MAC stages: `_RowFreeWeights`), else bounded; the covers are
+    searched to `depths.array_depth` either way."""
+    from . import depths
+    depth = depths.array_depth(rows, cols, stages, weight_rows)
+
+    def design():
+        return array_harness(rows, cols, stages, weight_rows)
+    if weight_rows == 1 and stages == 2 and rows == 2:
+        return Proof(name, design, depth=ARRAY_K, cover_depth=depth.cycles, script=CUT_MAC,
+                     why="k-induction; lemmas: the weight path's shadow bits, pending rows, "
+                         "markers and queue, the valid registers against a ghost delay line")
+    return _bounded(name, design, depth, why, CUT_MAC)
 
 
 def _two_beat_tiles(config):
@@ -787,8 +1028,7 @@ def _wide(weight_rows):
     return f"_w{weight_rows}" if weight_rows > 1 else ""
 
 
-ARRAY_BOUND = ("bounded: two tiles loaded back to back (2 rows each, the weight queue full), "
-               "the second switching in and its wave reaching the last PE (array latency 5): "
-               "11 cycles, plus 3")
+ARRAY_WHY = ("two tiles loaded back to back (the weight queue full), the second switching "
+             "in and its wave reaching the last PE, a stall")
 
 UNITS = ("dma", "regs", "streams", "array", "controller")

@@ -300,7 +300,7 @@ def _op_steps(config, op, vmem_rows, acc_rows):
 
 
 def _full_steps(config, op):
-    return _op_steps(config, op, config.vmem_rows - ring_rows(config, op.b), config.acc_rows)
+    return _op_steps(config, op, config.vmem_rows - ring_rows(config, op), config.acc_rows)
 
 
 def _consumer_plan(config, op, vmem_rows, acc_rows, a_handed, resident):
@@ -361,13 +361,13 @@ def _in_place(config, given, state, k, sources):
     if s.operand != prod.c or prod.epilogue is None or not prod.epilogue.row_wise:
         return None
     pplan = state.fixed(s.producer) or _op_plan(
-        config, prod, state.limits[s.producer] - ring_rows(config, prod.b),
+        config, prod, state.limits[s.producer] - ring_rows(config, prod),
         state.acc_limits[s.producer])
     if pplan is None or pplan.blocks > pplan.out_buffers:
         return None
     h = Handoff(k, "other", config.acc_rows - pplan.out_rows, None, tuple(sources), config.cols,
                 in_place=True)
-    plan = _consumer_plan(config, op, state.limits[k] - ring_rows(config, op.b), h.base, False,
+    plan = _consumer_plan(config, op, state.limits[k] - ring_rows(config, op), h.base, False,
                           True)
     if (plan is None or (plan.Mb, plan.blocks) != (pplan.Mb, pplan.blocks)
             or plan.steps > _full_steps(config, op) or pplan.acc_rows - pplan.out_rows > h.base):
@@ -390,7 +390,7 @@ def _take(config, given, state, k, operand, sources):
     """`state` with op k's `operand` handed off from `sources`, or None if it
     does not fit or would make an op take more steps."""
     op = state.ops[k]
-    ring = ring_rows(config, op.b)
+    ring = ring_rows(config, op)
     fixed = state.fixed(k)
     if operand == "other" and fixed is None:
         new = _in_place(config, given, state, k, sources)
@@ -449,7 +449,7 @@ def _no_worse(config, state, given, j):
     """Whether op j still fits below the regions live at it, in no more steps
     than the op as given with the whole chip: a hand-off must not cut another
     op into smaller blocks."""
-    ring, fixed = ring_rows(config, getattr(state.ops[j], "b", None)), state.fixed(j)
+    ring, fixed = ring_rows(config, state.ops[j]), state.fixed(j)
     vmem, acc = state.limits[j] - ring, state.acc_limits[j]
     if fixed is not None:
         return fixed.acc_rows <= acc and (state.to(j, "a") is not None or fixed.vmem_rows <= vmem)
@@ -470,7 +470,7 @@ def _refit(config, state, sources):
         new = _consumer_plan(config, state.ops[s.producer],
                              old.vmem_rows if a_handed else
                              state.limits[s.producer]
-                             - ring_rows(config, state.ops[s.producer].b),
+                             - ring_rows(config, state.ops[s.producer]),
                              state.acc_limits[s.producer], a_handed, old.resident)
         if new is None or (new.Mb, new.blocks) != (old.Mb, old.blocks):
             return False
@@ -487,7 +487,7 @@ def _aligned(config, state):
             if s.transposed:
                 op = state.ops[s.producer]
                 plan = _cached_plan(config, op.M, op.K, op.N, op.bias_kind, "transpose",
-                                    state.limits[s.producer] - ring_rows(config, op.b),
+                                    state.limits[s.producer] - ring_rows(config, op),
                                     state.acc_limits[s.producer])
                 if plan is None or (plan.blocks > 1 and plan.Mb % config.cols):
                     return False

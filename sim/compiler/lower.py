@@ -41,7 +41,7 @@ def rows_of(x, r0, r1):
 def _plans(config, op):
     """`op`'s plan on the whole chip beside its weight ring, or None."""
     return plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args(),
-                   vmem_rows=config.vmem_rows - ring_rows(config, op.b))
+                   vmem_rows=config.vmem_rows - ring_rows(config, op))
 
 
 @dataclass

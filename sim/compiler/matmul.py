@@ -139,7 +139,7 @@ def plan_segments(config, ops, handoffs=None, first=0):
             limit, acc_limit = handoffs.limits[first + i], handoffs.acc_limits[first + i]
             handed, weights, residual = (handoffs.to(first + i, x) for x in ("a", "b", "other"))
             fixed = handoffs.plan(first + i)
-        ring = ring_rows(config, op.b)
+        ring = ring_rows(config, op)
         plan = fixed or plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args(),
                                 vmem_rows=limit - ring, acc_rows=acc_limit)
         if plan is None:
@@ -187,7 +187,7 @@ def _place(config, items, hold_tables=True):
     handed off (docs/compiler.md) reads them where the hand-off put them."""
     limit = min(item[3][0] for item in items)
     acc_limit = min(item[3][1] for item in items)
-    ring = max(ring_rows(config, item[1].b) for item in items)
+    ring = max(ring_rows(config, item[1]) for item in items)
     vmem = ring + sum(item[2].vmem_rows for item in items if not item[4])
     a_base = ring
 
@@ -331,16 +331,19 @@ class _Segment(FusedGroups):
     def _units(self):
         """Quantized weights: {(group, jj, first K tile): VMEM row} of each
         unit (`unit_tiles` K tiles of one strip, one quantized LOAD in the
-        batch of its first step) in a ring of U units from row 0. U: the
-        fewest (a power of two) for which a unit's slot is free when its load
-        is issued, ``W`` steps after the last step that read its previous
-        unit (docs/compiler.md, "Quantized weights")."""
-        cfg, units = self.config, []
+        batch of its first step), in a ring of U units from row 0. A unit's
+        slot must be free when its load is issued, ``W`` steps after the last
+        step that read the slot's previous unit. U: the fewest that are a
+        multiple of every group's size (the ring then turns in step with the
+        groups' tiles, and their LOOPs line up with it), else the fewest
+        (docs/compiler.md, "Quantized weights")."""
+        cfg, units, sizes = self.config, [], set()
         for grp in self.groups:
-            b = self.placed[grp.op].op.b
-            if not self.placed[grp.op].op.quantized or self.placed[grp.op].weights is not None:
+            p = self.placed[grp.op]
+            if not p.op.quantized or p.weights is not None:
                 continue
-            tb = unit_tiles(cfg, b)
+            tb = unit_tiles(cfg, p.op.b)
+            sizes.add(grp.size)
             for t0 in range(0, grp.KT, tb):
                 last = min(grp.KT, t0 + tb) - 1
                 for jj in range(grp.size):
@@ -350,13 +353,13 @@ class _Segment(FusedGroups):
         if not units:
             return {}
         size = max(unit_tiles(cfg, p.op.b) for p in self.placed) * cfg.rows
-        cap = ring_rows(cfg, max((p.op.b for p in self.placed), key=lambda b: ring_rows(cfg, b)))
-        cap //= size
-        sizes = [1 << i for i in range(cap.bit_length())] + [cap]
-        for U in sizes:
-            if all(units[u - U][2] <= units[u][1] - self.W for u in range(U, len(units))):
-                break
-        else:
+        cap = max(ring_rows(cfg, p.op) for p in self.placed) // size
+        whole = math.lcm(*sizes)
+        order = list(range(whole, cap + 1, whole)) + list(range(1, cap + 1))
+        U = next((U for U in order
+                  if all(units[u - U][2] <= units[u][1] - self.W for u in range(U, len(units)))),
+                 None)
+        if U is None:
             raise AssertionError(f"quantized weight units need more than the {cap} slots "
                                  f"reserved (plan.quant_units)")
         self.U = U

@@ -155,27 +155,31 @@ def lead(b):
     return QUANT_LEAD if getattr(b, "block", None) is not None else RING_SLOTS
 
 
-def quant_units(config, b):
-    """Units of the quantized weight ring that an op with weights `b` may
-    need (0 for bf16 weights). A unit (one strip's `unit_tiles` K tiles)
-    lives from its load, `QUANT_LEAD` steps before its group's K step, until
-    that group's last K tile of it: at most a group's tiles of units per
-    block of K tiles it spans; a power of two, so that LOOPs line up with
-    the ring (docs/compiler.md, "Quantized weights")."""
+def quant_units(config, op):
+    """Units of the quantized weight ring that `op` (a `MatmulOp`, or its
+    weights operand) may need; 0 for bf16 weights. A unit (one strip's
+    `unit_tiles` K tiles) lives from its load, `QUANT_LEAD` steps before its
+    K step, until its group's last K tile of it: a group of G tiles holds
+    ``G * (ceil((QUANT_LEAD + (tb - 1) * G) / (tb * G)) + 1)`` at most (G:
+    every N tile for a row-wise epilogue, else at most `MAX_GROUP`)."""
+    b = getattr(op, "b", op)
     if getattr(b, "block", None) is None:
         return 0
-    G, tb = min(ceil_div(b.cols, config.cols), MAX_GROUP), unit_tiles(config, b)
-    need = G * (ceil_div(QUANT_LEAD + (tb - 1) * G, tb * G) + 1)
-    return 1 << (need - 1).bit_length()
+    ep = getattr(op, "epilogue", None)
+    NT = ceil_div(b.cols, config.cols)
+    G, tb = NT if ep is not None and ep.row_wise else min(NT, MAX_GROUP), unit_tiles(config, b)
+    return G * (ceil_div(QUANT_LEAD + (tb - 1) * G, tb * G) + 1)
 
 
-def ring_rows(config, b=None):
-    """VMEM rows of the weight ring, below everything else: `RING_SLOTS`
-    bf16 tiles, or for quantized weights `b` their `quant_units` units of
-    ``unit_tiles * rows`` rows."""
+def ring_rows(config, op=None):
+    """VMEM rows of the weight ring of `op` (a `MatmulOp`, or its weights
+    operand), below everything else: `RING_SLOTS` bf16 tiles, or for
+    quantized weights their `quant_units` units of ``unit_tiles * rows``
+    rows."""
+    b = getattr(op, "b", op)
     if getattr(b, "block", None) is None:
         return RING_SLOTS * config.rows
-    return quant_units(config, b) * unit_tiles(config, b) * config.rows
+    return quant_units(config, op) * unit_tiles(config, b) * config.rows
 
 
 def _pow2_floor(n):

@@ -71,10 +71,7 @@ class MatmulCall:
 def _device_operand(chip, x, name, dtype):
     """`x` as a 2-D device tensor of `dtype`: ndarrays are uploaded (a
     temporary), device tensors are checked."""
-    if isinstance(x, QuantizedTensor):
-        role = "the activations A" if name == "A" else name
-        raise TypeError(f"{x.name}: a quantized tensor holds weights; it cannot be {role} of a "
-                        f"matmul (only its weights B)")
+    _not_quantized(x, name)
     if isinstance(x, DeviceTensor):
         _own(chip, x, name)
         if x.dtype != np.dtype(dtype):
@@ -91,6 +88,15 @@ def _device_operand(chip, x, name, dtype):
     if 0 in x.shape:
         raise ValueError(f"{name} has an empty dimension: shape {x.shape}")
     return _as_row(chip.upload(x, dtype=dtype))
+
+
+def _not_quantized(x, name):
+    """TypeError naming `x` if it is a `QuantizedTensor`: weights, never
+    another operand of a matmul."""
+    if isinstance(x, QuantizedTensor):
+        role = "the activations A" if name == "A" else name
+        raise TypeError(f"{x.name}: a quantized tensor holds weights; it cannot be {role} of a "
+                        f"matmul (only its weights B)")
 
 
 def _own(chip, x, name):
@@ -148,6 +154,8 @@ def prepare_matmul(chip, A, B, bias=None, out_dtype=np.float32, relu=False, out=
         raise TypeError(f"{', '.join(sorted(then_operands))} go with then= (a layer op after "
                         f"the matmul)")
     dtype = _out_dtype(out_dtype)
+    for name, x in (("A", A), ("bias", bias), ("out", out), *then_operands.items()):
+        _not_quantized(x, name)
     for name, x in (("A", A), ("B", B)):
         if isinstance(x, np.ndarray) and x.ndim != 2:
             raise ValueError(f"{name} must be 2-D, not {x.ndim}-D with shape {x.shape}")

@@ -366,15 +366,12 @@ class _Segment(FusedGroups):
         return {key: (u % U) * size for u, (key, _, _) in enumerate(units)}
 
     def loop_period(self, grp):
-        """A LOOP of quantized weights also spans whole turns of their ring:
-        ``unit_tiles * lcm(G, U)`` steps."""
-        period = super().loop_period(grp)
+        """A LOOP of quantized weights spans whole turns of their ring,
+        ``unit_tiles * lcm(G, U)`` steps (they use no bf16 ring slot)."""
         op = self.placed[grp.op].op
         if op.quantized and self.U:
-            units = grp.size * self.U // math.gcd(grp.size, self.U)
-            q = unit_tiles(self.config, op.b) * units
-            period = period * q // math.gcd(period, q)
-        return period
+            return unit_tiles(self.config, op.b) * math.lcm(grp.size, self.U)
+        return super().loop_period(grp)
 
     # ---- where step n is --------------------------------------------------------------
     def locate(self, n):

@@ -15,6 +15,7 @@ from mxu.sim import Chip
 from mxu.sim.models import CausalLM
 from mxu.sim.models.llama import GgufBlocks, LlamaConfig, LlamaWeights
 from mxu.verif import golden
+from mxu.verif.hazards import races
 
 # K-quants take rows of whole super-blocks of 256: hidden and ffn are 256.
 CONFIG = LlamaConfig(hidden=256, heads=4, kv_heads=2, ffn=256, layers=1, eps=1e-5,
@@ -104,6 +105,12 @@ def test_gguf_and_bf16_weights_give_the_same_bits(models):
     tokens = gguf_lm.generate_ids(prompts, max_new_tokens=3)
     assert tokens == bf16_lm.generate_ids(prompts, max_new_tokens=3)
     assert gguf_lm.last_stats.decode.cycles < bf16_lm.last_stats.decode.cycles
+    # Every program with quantized weight units (their ring, LOOPs and
+    # loads) is race-free.
+    chip = gguf_lm.chip
+    quantized = [c.program for c in chip._programs.values()
+                 if any("'quant'" in str(t) for t in c.program.text)]
+    assert quantized and all(races(chip.config, p) == [] for p in quantized)
 
 
 def test_stats_count_the_bytes_each_mode_moves(models):

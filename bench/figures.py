@@ -80,28 +80,16 @@ HEADLINES = [
        "simspeed", "simulation speed", ["vpu", "MiniLM 128 tokens (chip layer ops)"], "wall s"),
     _h("sim.matmul.cycles_per_s", "Simulation speed, 256x768x1536 matmul, vpu preset: cycles/s",
        "simspeed", "simulation speed", ["vpu", "matmul 256x768x1536"], "cycles/s"),
-    _h("llm.prefill64.mfu", "SmolLM2-135M, 64-token prefill (GGUF blocks on the chip): MFU",
-       "llm", "SmolLM2", ["prefill 64 tokens", "gguf"], "MFU"),
-    _h("llm.prefill64.cycles", "SmolLM2-135M, 64-token prefill (GGUF blocks): cycles", "llm",
-       "SmolLM2", ["prefill 64 tokens", "gguf"], "cycles per step"),
-    _h("llm.prefill64.bf16.cycles", "SmolLM2-135M, 64-token prefill (bf16 weights): cycles",
-       "llm", "SmolLM2", ["prefill 64 tokens", "bf16"], "cycles per step"),
-    _h("llm.decode1.cycles", "SmolLM2-135M, decode at batch 1 (GGUF blocks): cycles per step",
-       "llm", "SmolLM2", ["decode batch 1", "gguf"], "cycles per step"),
-    _h("llm.decode1.roofline", "SmolLM2-135M, decode at batch 1 (GGUF blocks): share of the "
-       "roofline", "llm", "SmolLM2", ["decode batch 1", "gguf"], "roofline share"),
-    _h("llm.decode1.bf16.cycles", "SmolLM2-135M, decode at batch 1 (bf16 weights): cycles per "
-       "step", "llm", "SmolLM2", ["decode batch 1", "bf16"], "cycles per step"),
-    _h("llm.decode1.bf16.roofline", "SmolLM2-135M, decode at batch 1 (bf16 weights): share of "
-       "the roofline", "llm", "SmolLM2", ["decode batch 1", "bf16"], "roofline share"),
-    _h("llm.decode16.cycles", "SmolLM2-135M, decode at batch 16 (GGUF blocks): cycles per step",
-       "llm", "SmolLM2", ["decode batch 16", "gguf"], "cycles per step"),
-    _h("llm.decode16.roofline", "SmolLM2-135M, decode at batch 16 (GGUF blocks): share of the "
-       "roofline", "llm", "SmolLM2", ["decode batch 16", "gguf"], "roofline share"),
-    _h("llm.decode16.bf16.cycles", "SmolLM2-135M, decode at batch 16 (bf16 weights): cycles per "
-       "step", "llm", "SmolLM2", ["decode batch 16", "bf16"], "cycles per step"),
-    _h("llm.decode16.bf16.roofline", "SmolLM2-135M, decode at batch 16 (bf16 weights): share of "
-       "the roofline", "llm", "SmolLM2", ["decode batch 16", "bf16"], "roofline share"),
+    _h("llm.prefill64.mfu", "SmolLM2-135M, 64-token prefill: MFU", "llm", "SmolLM2",
+       ["prefill 64 tokens"], "MFU"),
+    _h("llm.decode1.cycles", "SmolLM2-135M, decode at batch 1: cycles per step", "llm",
+       "SmolLM2", ["decode batch 1"], "cycles per step"),
+    _h("llm.decode1.roofline", "SmolLM2-135M, decode at batch 1: share of the roofline", "llm",
+       "SmolLM2", ["decode batch 1"], "roofline share"),
+    _h("llm.decode16.cycles", "SmolLM2-135M, decode at batch 16: cycles per step", "llm",
+       "SmolLM2", ["decode batch 16"], "cycles per step"),
+    _h("llm.decode16.roofline", "SmolLM2-135M, decode at batch 16: share of the roofline",
+       "llm", "SmolLM2", ["decode batch 16"], "roofline share"),
     _h("pod.allreduce64k.busbw", "Pod of 4, ring all-reduce of 64 KiB: busbw of a 64 B/cycle link",
        "pod", "Ring all-reduce on", ["64 KiB"], "of a link"),
     _h("pod.allreduce64k.16both", "Pod of 4, all-reduce of 64 KiB, 16 B/cycle links both ways: "

@@ -5,9 +5,13 @@ wall time and simulated cycles per second.
     python bench/llm.py                       # the llm preset (128-bit bus)
     python bench/llm.py --bus 128,512         # the same chip with other buses
     python bench/llm.py --prefill 16 --batch 1,16
+    python bench/llm.py --weights bf16        # one weight mode only
 
-The roofline of a step is max(bytes / bus bytes per cycle, MACs / PEs), the
-bytes being every weight once and each sequence's KV cache (docs/llm.md).
+Each phase runs with both weight modes side by side (``CausalLM(...,
+weights=)``): "gguf", the file's blocks on the chip, and "bf16". The
+roofline of a step is max(bytes / bus bytes per cycle, MACs / PEs), the
+bytes being every weight once, as the chip holds it, and each sequence's KV
+cache (docs/llm.md).
 Decode steps run on caches of `--context` positions: a sequence is
 prefilled with one real prompt, and the other sequences of a batch have
 their caches' positions marked as filled without a prefill of their own
@@ -32,22 +36,41 @@ def _int_list(text):
     return [int(x) for x in text.split(",") if x]
 
 
-def _phase_row(label, bus, phase, cycles_s):
-    return [label, f"{bus}", f"{phase.tokens}", f"{phase.cycles:,}",
-            f"{phase.cycles / max(1, phase.steps):,.0f}", f"{100 * phase.mfu:.1f} %",
-            f"{100 * phase.roofline_share:.1f} %", f"{phase.wall_seconds:.1f}",
-            f"{cycles_s / 1e3:,.0f}k"]
+def _phase_row(label, mode, bus, phase, cycles_s):
+    steps = max(1, phase.steps)
+    return [label, mode, f"{bus}", f"{phase.tokens}", f"{phase.cycles:,}",
+            f"{phase.cycles / steps:,.0f}", f"{(phase.weight_bytes + phase.kv_bytes) / steps:,.0f}",
+            f"{100 * phase.mfu:.1f} %", f"{100 * phase.roofline_share:.1f} %",
+            f"{phase.wall_seconds:.1f}", f"{cycles_s / 1e3:,.0f}k"]
 
 
-def run(bus, prefills, batches, context, steps):
+HEADER = ["phase", "weights", "bus bits", "tokens", "chip cycles", "cycles per step",
+          "bytes per step", "MFU", "roofline share", "wall s", "sim cycles/s"]
+
+
+def run(bus, prefills, batches, context, steps, modes):
+    """The rows of every phase, one per weight mode in `modes`, side by side."""
+    runs = [_run(bus, prefills, batches, context, steps, mode) for mode in modes]
+    rows = [row for phase in zip(*runs) for row in phase]
+    formats = [[mode, name, f"{nbytes:,}"] for mode, r in zip(modes, runs)
+               for name, nbytes in r.formats.items()]
+    return rows, formats
+
+
+class _Rows(list):
+    formats = None
+
+
+def _run(bus, prefills, batches, context, steps, mode):
     config = ChipConfig.preset("llm").replace(axi_data_bits=bus)
-    lm = CausalLM("SmolLM2-135M-Instruct", chip=Chip(config, fast_mac=True))
+    lm = CausalLM("SmolLM2-135M-Instruct", chip=Chip(config, fast_mac=True), weights=mode)
     tok = lm.tokenizer
     text = ("A tensor processing unit multiplies matrices with a systolic array of "
             "multiply-accumulate cells, streaming weights from its high-bandwidth memory "
             "while the vector unit applies the layer's nonlinearities. ") * 8
     ids = tok.encode(text)
-    rows = []
+    rows = _Rows()
+    rows.formats = lm.model.weight_formats
     for n in prefills:
         seq = lm._new_sequence(n)
         try:
@@ -56,7 +79,8 @@ def run(bus, prefills, batches, context, steps):
             lm._account(phase, stats, [seq], [n])
         finally:
             seq.free()
-        rows.append(_phase_row(f"prefill {n} tokens", bus, phase, stats.cycles / stats.sim_seconds))
+        rows.append(_phase_row(f"prefill {n} tokens", mode, bus, phase,
+                               stats.cycles / stats.sim_seconds))
     for b in batches:
         seqs = [lm._new_sequence(context + steps) for _ in range(b)]
         try:
@@ -69,7 +93,7 @@ def run(bus, prefills, batches, context, steps):
             for _ in range(steps):
                 logits, stats = lm.model.step(seqs, token)
                 lm._account(phase, stats, seqs, [1] * b)
-            rows.append(_phase_row(f"decode batch {b}", bus, phase,
+            rows.append(_phase_row(f"decode batch {b}", mode, bus, phase,
                                    phase.cycles / phase.run.sim_seconds))
         finally:
             for s in seqs:
@@ -173,6 +197,9 @@ def main():
     parser.add_argument("--context", type=int, default=16,
                         help="positions in each cache before the decode steps")
     parser.add_argument("--steps", type=int, default=1, help="decode steps per batch")
+    parser.add_argument("--weights", type=lambda t: [x for x in t.split(",") if x],
+                        default=["gguf", "bf16"],
+                        help="weight modes, side by side (default gguf,bf16)")
     parser.add_argument("--fidelity", action="store_true",
                         help="only the fidelity against the float32 reference (48-token text, "
                              "12-token greedy continuations of 8 prompts)")
@@ -191,11 +218,12 @@ def main():
     else:
         results = Results("llm")
         for bus in args.bus:
+            rows, formats = run(bus, args.prefill, args.batch, args.context, args.steps,
+                                args.weights)
             results.table(f"SmolLM2-135M-Instruct on the llm preset, {bus}-bit bus, decode on "
-                          f"caches of {args.context} positions",
-                          ["phase", "bus bits", "tokens", "chip cycles", "cycles per step", "MFU",
-                           "roofline share", "wall s", "sim cycles/s"],
-                          run(bus, args.prefill, args.batch, args.context, args.steps))
+                          f"caches of {args.context} positions", HEADER, rows)
+            results.table(f"SmolLM2-135M-Instruct's weight bytes per step by format, {bus}-bit "
+                          f"bus", ["weights", "format", "bytes per step"], formats)
     results.write()
 
 

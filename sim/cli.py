@@ -339,10 +339,11 @@ def check_decoder(model, prompt, max_new_tokens, chat):
 
 
 def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=None, seed=None,
-                  rtl=False, out=None, model="SmolLM2-135M-Instruct"):
+                  rtl=False, out=None, model="SmolLM2-135M-Instruct", weights="gguf"):
     """Generate with decoder `model` (a known name or a GGUF path) on the llm
-    preset chip, streaming the text to `out` as it comes, then print the
-    statistics table. Returns the generated text."""
+    preset chip (its `weights` "gguf" or "bf16", `CausalLM`), streaming the
+    text to `out` as it comes, then print the statistics table. Returns the
+    generated text."""
     from mxu.hdl import ChipConfig
     from mxu.hdl.config import MEASURED_FMAX_MHZ
     from .models import CausalLM
@@ -356,7 +357,7 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
     check_utf8(prompt)
     check_decoder(model, prompt, max_new_tokens, chat)
     start = time.perf_counter()
-    lm = CausalLM(model, chip=Chip(ChipConfig.preset("llm"), fast_mac=not rtl))
+    lm = CausalLM(model, chip=Chip(ChipConfig.preset("llm"), fast_mac=not rtl), weights=weights)
     loaded = time.perf_counter() - start
     shown = prompt if not chat else f"(chat) {prompt}"
     print(shown, end="", file=out, flush=True)
@@ -385,6 +386,9 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
                   f"{cfg.axi_data_bits}-bit bus), {'RTL' if rtl else 'fast MAC'} PEs "
                   f"(load {loaded:.1f} s)"],
         ["tokens", f"{s.prompt_tokens} prompt, {s.new_tokens} new"],
+        ["weights", f"{weights}: " + ", ".join(f"{k} {v / 1e6:.1f} MB"
+                                               for k, v in s.weight_formats.items())
+                    + " a step"],
         ["prefill", f"{s.prefill.cycles:,} cycles; {per_token(s.prefill)}"],
         ["decode", f"{s.decode.cycles:,} cycles in {s.decode.steps} steps; {per_token(s.decode)}"
          if s.decode.steps else "-"],
@@ -400,7 +404,7 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
 
 def cmd_generate(args):
     generate_text(args.prompt, args.max_new_tokens, args.chat, args.temperature, args.top_k,
-                  args.seed, args.rtl, model=args.model)
+                  args.seed, args.rtl, model=args.model, weights=args.weights)
     return 0
 
 
@@ -451,6 +455,9 @@ def register(sub):
     gen.add_argument("--top-k", type=positive_int, default=None,
                      help="with a temperature: sample among the k likeliest tokens")
     gen.add_argument("--seed", type=nonnegative_int, default=None, help="seed of the sampling")
+    gen.add_argument("--weights", choices=("gguf", "bf16"), default="gguf",
+                     help="gguf (default): the file's blocks on the chip, expanded as they "
+                          "load; bf16: every matrix rounded to bf16 (the same bits)")
     add_pe_flags(gen)
     gen.set_defaults(func=cmd_generate, uses_cache=True)
 

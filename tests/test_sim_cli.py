@@ -177,8 +177,8 @@ def test_an_error_after_the_echoed_prompt_goes_on_its_own_line(capsys, monkeypat
     from mxu.sim.cli import generate_text
 
     class FailingLM:
-        def __init__(self, name, chip):
-            pass
+        def __init__(self, name, chip, weights):
+            assert weights == "gguf"
 
         def generate(self, *args, **kwargs):
             raise ValueError("too long")

@@ -117,14 +117,70 @@ def test_upload_quantized_errors(chip):
         assert chip.free_bytes == free
     W = chip.upload_quantized(np.zeros(18 * 16, np.uint8), "Q4_0", (16, 32), name=name)
     with pytest.raises(TypeError, match="blk.3.attn_q.weight: a quantized tensor holds weights; "
-                                        "it cannot be the activations"):
+                                        "it cannot be the activations A of a matmul"):
         chip.matmul(W, np.zeros((32, 16), np.float32))
-    with pytest.raises(ValueError, match="blk.3.attn_q.weight: a matmul with quantized weights "
-                                         "takes no bias yet"):
-        chip.matmul(np.zeros((1, 32), np.float32), W, bias=np.zeros(16, np.float32))
-    with pytest.raises(ValueError, match=r"activations \(1, 64\) do not match weights \(32, 16\)"):
+    with pytest.raises(TypeError, match="blk.3.attn_q.weight: a quantized tensor holds weights; "
+                                        "it cannot be bias of a matmul"):
+        chip.matmul(np.zeros((1, 32), np.float32), W, bias=W)
+    with pytest.raises(ValueError, match=r"inner dimensions differ: A is \(1, 64\), B is "
+                                         r"\(32, 16\) \(blk.3.attn_q.weight\)"):
         chip.matmul(np.zeros((1, 64), np.float32), W)
     assert np.array_equal(chip.matmul(np.ones((1, 32), np.float32), W),
                           np.zeros((1, 16), np.float32))    # d = 0: every weight is -0 or +0
     W.free()
+    with pytest.raises(ValueError, match="was freed"):
+        chip.matmul(np.ones((1, 32), np.float32), W)
     assert chip.free_bytes == free
+
+
+def test_quantized_weights_take_what_bf16_weights_take(chip):
+    """A bias, ReLU, a bf16 result and a recording of several matmuls: the
+    same bits as with the bf16 upload of the same weights."""
+    fmt = QuantFormat.Q4_1
+    n, k = 40, 128
+    raw = random_blocks(fmt, n * k // 32, 3)
+    raw[:, :2] = np.array([0.02], np.float16).view(np.uint8)
+    raw[:, 2:4] = np.array([-0.1], np.float16).view(np.uint8)
+    W = chip.upload_quantized(raw, fmt, (n, k), name="w")
+    Wb = dequantize(raw, fmt, (n, k)).T.view(golden.bf16)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((7, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for kwargs in (dict(bias=bias), dict(bias=bias, relu=True, out_dtype=golden.bf16)):
+        got = chip.matmul(x, W, **kwargs)
+        golden.assert_bits_equal(np.asarray(got, np.float32),
+                                 np.asarray(chip.matmul(x, Wb, **kwargs), np.float32),
+                                 what=f"quantized vs bf16 weights, {sorted(kwargs)}")
+    with chip.record():
+        outs = [chip.matmul(x[i:i + 2], W) for i in range(3)]
+    for i, out in enumerate(outs):
+        golden.assert_bits_equal(out.numpy(), golden.matmul(x[i:i + 2], Wb, rows=CONFIG.rows),
+                                 what=f"recorded matmul {i}")
+        out.free()
+    W.free()
+
+
+def test_quantized_weights_split_k_between_blocks():
+    """When K does not fit VMEM, the lowering cuts it into chunks of whole
+    blocks (a quantized load starts at a tile-block), each seeded with the
+    previous chunk's sums; the program compiles with its quantized LOADs."""
+    from mxu.hdl import ChipConfig
+    from mxu.sim.compiler.lower import lower_matmul
+    from mxu.sim.compiler.matmul import compile_matmuls
+    from mxu.sim.compiler.operands import Operand, QuantOperand
+    config = ChipConfig(rows=8, cols=8, vmem_bytes=8 << 10)      # 512 VMEM rows
+    fmt, k, n, m = QuantFormat.Q4_1, 4096, 16, 2
+    strip = k // 32 * tile_block_bytes(fmt, 8)
+    b = QuantOperand(0x10000, k, n, fmt, strip, 8)
+    a = Operand(0x100000, m, k, 2 * k, "bf16")
+    c = Operand(0x200000, m, n, 4 * n, "fp32")
+    ops = lower_matmul(config, a, b, c).build([])
+    assert len(ops) > 1
+    assert all(op.b.rows % 32 == 0 for op in ops) and sum(op.K for op in ops) == k
+    assert [op.b.addr for op in ops] == [b.addr + sum(o.K for o in ops[:i]) // 32 *
+                                         tile_block_bytes(fmt, 8) for i in range(len(ops))]
+    compile_matmuls(config, ops)                               # with its LOOPs
+    program = compile_matmuls(config, ops, loops=False).program
+    quant = [t for t in program.text if f"'quant': {fmt.value}" in str(t)]
+    assert len(quant) == 2 * k // 32                           # each tile-block once
+    assert all(f"rows=32, row_bytes={tile_block_bytes(fmt, 8)}" in str(t) for t in quant)

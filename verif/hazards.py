@@ -18,6 +18,7 @@ pairs; an empty list means the program's outcome cannot depend on timing.
 """
 
 from mxu.hdl.isa import TOKEN_LINKS, Engine, Opcode, SeedMode
+from mxu.hdl.quant import QUANT_INFO, QuantFormat
 
 from .isa_model import _engine, check_instruction, expand_loops, token_counters, vector_accesses
 
@@ -58,7 +59,11 @@ def accesses(opcode, f, config=None):
         space = "acc" if f["flags"]["space"] else "vmem"
         chip = [(space, f["chip_row"] + i) for i in range(f["rows"])]
         ext = []
-        for i in range(f["rows"]):
+        # A quantized load's external units are its tile-blocks, one per
+        # block of rows (docs/isa.md).
+        quant = f["flags"].get("quant", 0)
+        units = f["rows"] // QUANT_INFO[QuantFormat(quant)].block if quant else f["rows"]
+        for i in range(units):
             a = f["ext_addr"] + i * f["ext_stride"]
             ext += [("ext", x) for x in range(a // 2, (a + f["row_bytes"] + 1) // 2)]
         written, read = (chip, ext) if opcode is Opcode.LOAD else (ext, chip)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from .epilogue import Epilogue
 from .operands import MatmulOp, Scatter
-from .plan import RING_SLOTS, OpPlan, ceil_div, plan_op
+from .plan import OpPlan, ceil_div, plan_op, ring_rows
 
 __all__ = ["Source", "Handoff", "Handoffs", "plan_handoffs"]
 
@@ -230,6 +230,8 @@ def _operand(op, name):
     if name == "other":
         ep = op.epilogue
         return ep.other if ep is not None and ep.desc.handoff_other else None
+    if name == "b" and op.quantized:
+        return None          # GGUF blocks in external memory: nothing writes them
     return getattr(op, name)
 
 
@@ -298,7 +300,7 @@ def _op_steps(config, op, vmem_rows, acc_rows):
 
 
 def _full_steps(config, op):
-    return _op_steps(config, op, config.vmem_rows - RING_SLOTS * config.rows, config.acc_rows)
+    return _op_steps(config, op, config.vmem_rows - ring_rows(config, op), config.acc_rows)
 
 
 def _consumer_plan(config, op, vmem_rows, acc_rows, a_handed, resident):
@@ -358,14 +360,15 @@ def _in_place(config, given, state, k, sources):
     prod = state.ops[s.producer]
     if s.operand != prod.c or prod.epilogue is None or not prod.epilogue.row_wise:
         return None
-    ring = RING_SLOTS * config.rows
     pplan = state.fixed(s.producer) or _op_plan(
-        config, prod, state.limits[s.producer] - ring, state.acc_limits[s.producer])
+        config, prod, state.limits[s.producer] - ring_rows(config, prod),
+        state.acc_limits[s.producer])
     if pplan is None or pplan.blocks > pplan.out_buffers:
         return None
     h = Handoff(k, "other", config.acc_rows - pplan.out_rows, None, tuple(sources), config.cols,
                 in_place=True)
-    plan = _consumer_plan(config, op, state.limits[k] - ring, h.base, False, True)
+    plan = _consumer_plan(config, op, state.limits[k] - ring_rows(config, op), h.base, False,
+                          True)
     if (plan is None or (plan.Mb, plan.blocks) != (pplan.Mb, pplan.blocks)
             or plan.steps > _full_steps(config, op) or pplan.acc_rows - pplan.out_rows > h.base):
         return None
@@ -386,7 +389,8 @@ def _in_place(config, given, state, k, sources):
 def _take(config, given, state, k, operand, sources):
     """`state` with op k's `operand` handed off from `sources`, or None if it
     does not fit or would make an op take more steps."""
-    ring, op = RING_SLOTS * config.rows, state.ops[k]
+    op = state.ops[k]
+    ring = ring_rows(config, op)
     fixed = state.fixed(k)
     if operand == "other" and fixed is None:
         new = _in_place(config, given, state, k, sources)
@@ -445,7 +449,7 @@ def _no_worse(config, state, given, j):
     """Whether op j still fits below the regions live at it, in no more steps
     than the op as given with the whole chip: a hand-off must not cut another
     op into smaller blocks."""
-    ring, fixed = RING_SLOTS * config.rows, state.fixed(j)
+    ring, fixed = ring_rows(config, state.ops[j]), state.fixed(j)
     vmem, acc = state.limits[j] - ring, state.acc_limits[j]
     if fixed is not None:
         return fixed.acc_rows <= acc and (state.to(j, "a") is not None or fixed.vmem_rows <= vmem)
@@ -465,7 +469,8 @@ def _refit(config, state, sources):
             h.consumer == s.producer and h.operand == "a" for h in state.items)
         new = _consumer_plan(config, state.ops[s.producer],
                              old.vmem_rows if a_handed else
-                             state.limits[s.producer] - RING_SLOTS * config.rows,
+                             state.limits[s.producer]
+                             - ring_rows(config, state.ops[s.producer]),
                              state.acc_limits[s.producer], a_handed, old.resident)
         if new is None or (new.Mb, new.blocks) != (old.Mb, old.blocks):
             return False
@@ -477,13 +482,12 @@ def _refit(config, state, sources):
 def _aligned(config, state):
     """Whether every transposed source's producer cuts its rows into blocks
     that start a tile (its transposed blocks then fill whole weight tiles)."""
-    ring = RING_SLOTS * config.rows
     for h in state.items:
         for s in h.sources:
             if s.transposed:
                 op = state.ops[s.producer]
                 plan = _cached_plan(config, op.M, op.K, op.N, op.bias_kind, "transpose",
-                                    state.limits[s.producer] - ring,
+                                    state.limits[s.producer] - ring_rows(config, op),
                                     state.acc_limits[s.producer])
                 if plan is None or (plan.blocks > 1 and plan.Mb % config.cols):
                     return False

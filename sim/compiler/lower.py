@@ -21,7 +21,7 @@ the runtime allocated for them into the op list.
 from dataclasses import dataclass, field, replace
 
 from .operands import MatmulOp
-from .plan import max_k_tiles, plan_op
+from .plan import ceil_div, max_k_tiles, plan_op, ring_rows, unit_tiles
 from .vectorop import VectorOp
 
 __all__ = ["Lowering", "lower_matmul", "cols_of", "rows_of"]
@@ -33,7 +33,15 @@ def cols_of(x, k0, k1):
 
 def rows_of(x, r0, r1):
     """Rows r0 .. r1-1 of operand `x`."""
+    if x.dtype == "quant":
+        return x.rows_of(r0, r1)
     return replace(x, addr=x.addr + r0 * x.stride, rows=r1 - r0)
+
+
+def _plans(config, op):
+    """`op`'s plan on the whole chip beside its weight ring, or None."""
+    return plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args(),
+                   vmem_rows=config.vmem_rows - ring_rows(config, op))
 
 
 @dataclass
@@ -56,7 +64,7 @@ def lower_matmul(config, a, b, c, bias=None, relu=False, epilogue=None):
         return _lower_fused(config, a, b, c, bias, epilogue)
     op = MatmulOp(a, b, c, bias, relu)
     op.check(config)
-    if plan_op(config, op.M, op.K, op.N, op.bias_kind):
+    if _plans(config, op):
         return Lowering([], lambda scratch: [op])
     return _lower_split(config, a, b, c, bias, relu)
 
@@ -65,14 +73,16 @@ def lower_matmul(config, a, b, c, bias=None, relu=False, epilogue=None):
 def _lower_split(config, a, b, c, bias, relu):
     M, K, N = a.rows, a.cols, b.cols
     bias_kind = "none" if bias is None else ("row" if bias.rows == 1 and M > 1 else "matrix")
-    fit = min(max_k_tiles(config, M, N, bias_kind), max_k_tiles(config, M, N, "matrix"))
+    fit = min(max_k_tiles(config, M, N, bias_kind, b), max_k_tiles(config, M, N, "matrix", b))
+    unit = unit_tiles(config, b)          # quantized weights split between blocks
+    fit = fit // unit * unit
     if fit == 0:
         raise ValueError(f"a {M}x{K} @ {K}x{N} matmul does not fit the chip even with one "
                          f"K tile at a time (VMEM {config.vmem_rows} rows, accumulator "
                          f"{config.acc_rows} rows)")
     tiles = -(-K // config.rows)
     chunks = -(-tiles // fit)             # chunks of equal size: a short last one streams no better
-    step = -(-tiles // chunks) * config.rows
+    step = ceil_div(ceil_div(tiles, chunks), unit) * unit * config.rows
     in_place = c.dtype == "fp32" and not relu
 
     def build(scratch):
@@ -92,7 +102,7 @@ def _lower_split(config, a, b, c, bias, relu):
 def _lower_fused(config, a, b, c, bias, ep):
     op = MatmulOp(a, b, c, bias, False, ep)
     op.check(config)
-    if plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args()):
+    if _plans(config, op):
         return Lowering([], lambda scratch: [op])
     desc = ep.desc
     if not desc.unfused or ep.transpose and not desc.transposes:

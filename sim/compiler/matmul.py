@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from mxu.hdl.isa import INSTR_BITS, SeedMode
 
 from .operands import MatmulOp
-from .plan import RING_SLOTS, ceil_div, plan_op
+from .plan import ceil_div, lead, plan_op, ring_rows, unit_tiles
 from .program import Program
 from .epilogue import FusedGroups, Pending, epilogue_param_loads, is_vector
 from .handoff import plan_handoffs
@@ -139,16 +139,17 @@ def plan_segments(config, ops, handoffs=None, first=0):
             limit, acc_limit = handoffs.limits[first + i], handoffs.acc_limits[first + i]
             handed, weights, residual = (handoffs.to(first + i, x) for x in ("a", "b", "other"))
             fixed = handoffs.plan(first + i)
+        ring = ring_rows(config, op)
         plan = fixed or plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args(),
-                                vmem_rows=limit - RING_SLOTS * config.rows, acc_rows=acc_limit)
+                                vmem_rows=limit - ring, acc_rows=acc_limit)
         if plan is None:
-            KT, room = ceil_div(op.K, config.rows), config.vmem_rows - RING_SLOTS * config.rows
+            KT, room = ceil_div(op.K, config.rows), config.vmem_rows - ring
             why = (f"one activation row needs {KT} VMEM rows and {room} are free beside the "
                    f"weight ring; split K" if KT > room else
                    f"a {ep.kind} epilogue (a row operand per group) needs more than "
-                   f"{RING_SLOTS} steps (K tiles x N tiles) per group"
+                   f"{lead(op.b)} steps (K tiles x N tiles) per group"
                    if ep and ep.desc.row_operand is not None
-                   and KT * ceil_div(op.N, config.cols) <= RING_SLOTS else
+                   and KT * ceil_div(op.N, config.cols) <= lead(op.b) else
                    f"its output, bias and epilogue buffers need more than the {config.acc_rows} "
                    f"accumulator rows")
             raise ValueError(f"op {i}: a {op.M}x{op.K} @ {op.K}x{op.N} matmul does not fit the "
@@ -164,7 +165,10 @@ def plan_segments(config, ops, handoffs=None, first=0):
                     tuple(w for w in op.writes if handoffs.keeps(first + i, w)))
         out_base = handoffs.out_base(first + i) if handoffs is not None else None
         item = (i, op, plan, (limit, acc_limit, out_base), handed, outs, (weights, residual))
+        # Ops of one segment share the weight ring's lead (`lead`): their
+        # plans space their buffers for it.
         if current and (depends or solo or (ep is None) != (current[0][1].epilogue is None)
+                        or lead(op.b) != lead(current[0][1].b)
                         or not _place(config, current + [item])):
             segments.append(_place(config, current))
             current = []
@@ -183,8 +187,9 @@ def _place(config, items, hold_tables=True):
     handed off (docs/compiler.md) reads them where the hand-off put them."""
     limit = min(item[3][0] for item in items)
     acc_limit = min(item[3][1] for item in items)
-    vmem = RING_SLOTS * config.rows + sum(item[2].vmem_rows for item in items if not item[4])
-    a_base = RING_SLOTS * config.rows
+    ring = max(ring_rows(config, item[1]) for item in items)
+    vmem = ring + sum(item[2].vmem_rows for item in items if not item[4])
+    a_base = ring
 
     def placed_op(i, op, plan, handed, outs, operands, *regions, table_base=None):
         nonlocal a_base
@@ -312,7 +317,8 @@ class _Segment(FusedGroups):
                     g += 1
         self.starts = [grp.start for grp in self.groups]
         self.steps = self.groups[-1].end
-        self.W = min(RING_SLOTS, self.steps)
+        self.W = min(lead(placed[0].op.b), self.steps)
+        self.units = self._units()
         self.ring = placed[0].ring
         self.fused = self.ring is not None
         self.buffers = self.ring.buffers if self.fused else 2   # output buffers in flight
@@ -321,6 +327,51 @@ class _Segment(FusedGroups):
         # ones still to come).
         self.pending = collections.deque()
         self.waiting = []
+
+    def _units(self):
+        """Quantized weights: {(group, jj, first K tile): VMEM row} of each
+        unit (`unit_tiles` K tiles of one strip, one quantized LOAD in the
+        batch of its first step), in a ring of U units from row 0. A unit's
+        slot must be free when its load is issued, ``W`` steps after the last
+        step that read the slot's previous unit. U: the fewest that are a
+        multiple of every group's size (the ring then turns in step with the
+        groups' tiles, and their LOOPs line up with it), else the fewest
+        (docs/compiler.md, "Quantized weights")."""
+        cfg, units, sizes = self.config, [], set()
+        for grp in self.groups:
+            p = self.placed[grp.op]
+            if not p.op.quantized or p.weights is not None:
+                continue
+            tb = unit_tiles(cfg, p.op.b)
+            sizes.add(grp.size)
+            for t0 in range(0, grp.KT, tb):
+                last = min(grp.KT, t0 + tb) - 1
+                for jj in range(grp.size):
+                    units.append(((grp.index, jj, t0), grp.start + t0 * grp.size + jj,
+                                  grp.start + last * grp.size + jj))
+        self.U = 0
+        if not units:
+            return {}
+        size = max(unit_tiles(cfg, p.op.b) for p in self.placed) * cfg.rows
+        cap = max(ring_rows(cfg, p.op) for p in self.placed) // size
+        whole = math.lcm(*sizes)
+        order = list(range(whole, cap + 1, whole)) + list(range(1, cap + 1))
+        U = next((U for U in order
+                  if all(units[u - U][2] <= units[u][1] - self.W for u in range(U, len(units)))),
+                 None)
+        if U is None:
+            raise AssertionError(f"quantized weight units need more than the {cap} slots "
+                                 f"reserved (plan.quant_units)")
+        self.U = U
+        return {key: (u % U) * size for u, (key, _, _) in enumerate(units)}
+
+    def loop_period(self, grp):
+        """A LOOP of quantized weights spans whole turns of their ring,
+        ``unit_tiles * lcm(G, U)`` steps (they use no bf16 ring slot)."""
+        op = self.placed[grp.op].op
+        if op.quantized and self.U:
+            return unit_tiles(self.config, op.b) * math.lcm(grp.size, self.U)
+        return super().loop_period(grp)
 
     # ---- where step n is --------------------------------------------------------------
     def locate(self, n):
@@ -373,7 +424,14 @@ class _Segment(FusedGroups):
             loads.append(dict(acc_row=self.bias_block_row(grp, jj),
                               ext_addr=op.bias.addr + grp.m0 * op.bias.stride + 4 * j * c,
                               rows=grp.mrows, row_bytes=4 * ncols, ext_stride=op.bias.stride))
-        if p.weights is None:
+        if p.weights is None and op.quantized:
+            if (grp.index, jj, t) in self.units:
+                tb, b = unit_tiles(cfg, op.b), op.b
+                loads.append(dict(vmem_row=self.units[grp.index, jj, t],
+                                  ext_addr=b.addr + j * b.strip + t * r // b.block * b.tile,
+                                  rows=min(op.K, (t + tb) * r) - t * r, row_bytes=b.tile,
+                                  format=b.format))
+        elif p.weights is None:
             loads.append(dict(vmem_row=(n % self.W) * r,
                               ext_addr=op.b.addr + t * r * op.b.stride + 2 * j * c,
                               rows=k_rows, row_bytes=2 * ncols, ext_stride=op.b.stride))
@@ -392,7 +450,13 @@ class _Segment(FusedGroups):
         op, plan, c = p.op, p.plan, cfg.cols
         j = grp.j0 + jj
         k_rows = min(cfg.rows, op.K - t * cfg.rows)
-        wrow = (n % self.W) * cfg.rows if p.weights is None else p.weights.weight_row(t, j)
+        if p.weights is not None:
+            wrow = p.weights.weight_row(t, j)
+        elif op.quantized:
+            tb = unit_tiles(cfg, op.b)
+            wrow = self.units[grp.index, jj, t - t % tb] + t % tb * cfg.rows
+        else:
+            wrow = (n % self.W) * cfg.rows
         prog.loadw(vmem_row=wrow, k_rows=k_rows, pop_prev=True)
         if t > 0:
             seed, seed_row = SeedMode.ACC, self.out_row(grp, jj)

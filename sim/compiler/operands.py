@@ -11,7 +11,15 @@ keep it on the chip and never write it to external memory (docs/compiler.md,
 
 from dataclasses import dataclass
 
-__all__ = ["Operand", "Scatter", "MatmulOp", "ELEMENT_BYTES"]
+from mxu.hdl.quant import QUANT_INFO, tile_block_bytes
+
+# Steps the loads of quantized weights run ahead of the array (`plan.lead`).
+# They come in units of a whole block (two K tiles of Q4_1 on the 16x16
+# chip), a group's tiles of them at once: with the bf16 ring's 4 steps the
+# bus idled while the array finished each block.
+QUANT_LEAD = 16
+
+__all__ = ["Operand", "QuantOperand", "Scatter", "MatmulOp", "ELEMENT_BYTES"]
 
 ELEMENT_BYTES = {"bf16": 2, "fp32": 4}
 _ADDR_LIMIT = 1 << 32      # DmaInstr.ext_addr and ext_stride are 32 bits
@@ -62,6 +70,88 @@ class Operand:
         if lo < 0 or hi > min(ext_mem_bytes, _ADDR_LIMIT) or self.stride >= _ADDR_LIMIT:
             raise ValueError(f"{name}: bytes [0x{lo:x}, 0x{hi:x}) lie outside the "
                              f"{ext_mem_bytes}-byte external memory")
+
+
+@dataclass(frozen=True)
+class QuantOperand:
+    """Weights (``rows`` = K x ``cols`` = N) kept as GGUF blocks in the chip's
+    tile-block layout (docs/memory.md, "Quantized loads"): column group j's
+    K x `tile_cols` strip starts at ``addr + j * strip``, and its tile-blocks
+    (`block` rows each, ``tile`` bytes) follow each other along K. A
+    matmul's weights operand, expanded to bf16 by quantized LOADs."""
+    addr: int
+    rows: int
+    cols: int
+    format: object       # `mxu.hdl.quant.QuantFormat`
+    strip: int           # bytes from one column group's strip to the next
+    tile_cols: int       # columns of a tile-block (the chip's cols at upload)
+    transient = False
+    dtype = "quant"
+
+    @property
+    def block(self):
+        return QUANT_INFO[self.format].block
+
+    @property
+    def tile(self):
+        """Bytes of one tile-block."""
+        return tile_block_bytes(self.format, self.tile_cols)
+
+    @property
+    def groups(self):
+        return -(-self.cols // self.tile_cols)
+
+    @property
+    def nbytes(self):
+        """The bytes a matmul reads: every tile-block once."""
+        return self.groups * (self.rows // self.block) * self.tile
+
+    @property
+    def row_bytes(self):
+        return -(-self.nbytes // self.rows)
+
+    @property
+    def span(self):
+        return self.addr, self.addr + (self.groups - 1) * self.strip + \
+            (self.rows // self.block) * self.tile
+
+    def overlaps(self, other):
+        if isinstance(other, Scatter):
+            return other.overlaps(self)
+        (a0, a1), (b0, b1) = self.span, other.span
+        return a0 < b1 and b0 < a1
+
+    def rows_of(self, r0, r1):
+        """K rows r0 .. r1-1 (whole blocks)."""
+        if r0 % self.block or (r1 % self.block and r1 != self.rows):
+            raise ValueError(f"quantized weights split at K row {r0}..{r1}: not whole "
+                             f"{self.format.name} blocks of {self.block}")
+        return QuantOperand(self.addr + r0 // self.block * self.tile, r1 - r0, self.cols,
+                            self.format, self.strip, self.tile_cols)
+
+    def check(self, name, config):
+        """Raise ValueError naming `name` if the chip cannot load these weights."""
+        fmt, r = self.format, config.rows
+        if fmt.name not in config.quant_formats:
+            raise ValueError(f"{name}: {fmt.name} is not one of this chip's formats "
+                             f"{config.quant_formats} (ChipConfig.quant_formats)")
+        if self.tile_cols != config.cols:
+            raise ValueError(f"{name}: tile-blocks of {self.tile_cols} columns; the chip's "
+                             f"are {config.cols}")
+        if self.rows % self.block or self.rows < 1 or self.cols < 1:
+            raise ValueError(f"{name}: {self.rows} x {self.cols} is not whole {fmt.name} "
+                             f"blocks of {self.block} along K")
+        if self.block % r and r % self.block:
+            raise ValueError(f"{name}: {fmt.name} blocks of {self.block} rows and K tiles of "
+                             f"{r} rows do not nest")
+        beat = config.axi_data_bytes
+        if self.addr % beat or self.strip % beat:
+            raise ValueError(f"{name}: address 0x{self.addr:x} and strip {self.strip} must be "
+                             f"whole {beat}-byte bus beats")
+        lo, hi = self.span
+        if lo < 0 or hi > config.ext_mem_bytes:
+            raise ValueError(f"{name}: bytes [0x{lo:x}, 0x{hi:x}) lie outside the "
+                             f"{config.ext_mem_bytes}-byte external memory")
 
 
 @dataclass(frozen=True)
@@ -197,11 +287,13 @@ class MatmulOp:
     def plan_args(self):
         """The keyword arguments of `plan_op` that describe this op."""
         ep = self.epilogue
+        ring = {"ring": QUANT_LEAD} if self.quantized else {}
         if ep is None:
-            return {}
+            return ring
         pieces = len(self.c.pieces) if isinstance(self.c, Scatter) else 1
         return dict(epilogue=ep.kind, transposed=ep.transposed, pieces=pieces,
-                    paired=ep.is_paired, row_width=ep.other.cols if ep.desc.row_operand else 0)
+                    paired=ep.is_paired, row_width=ep.other.cols if ep.desc.row_operand else 0,
+                    **ring)
 
     @property
     def M(self):
@@ -216,6 +308,11 @@ class MatmulOp:
         return self.b.cols
 
     @property
+    def quantized(self):
+        """Whether the weights b are GGUF blocks (a `QuantOperand`)."""
+        return isinstance(self.b, QuantOperand)
+
+    @property
     def bias_kind(self):
         if self.bias is None:
             return "none"
@@ -227,9 +324,13 @@ class MatmulOp:
 
     def check(self, config):
         """Raise ValueError if the operands do not describe a matmul the chip runs."""
-        for name in ("a", "b", "c") + (("bias",) if self.bias is not None else ()):
+        for name in ("a", "c") + (("bias",) if self.bias is not None else ()):
             getattr(self, name).check(name, config.ext_mem_bytes)
-        if self.a.dtype != "bf16" or self.b.dtype != "bf16":
+        if self.quantized:
+            self.b.check("b", config)
+        else:
+            self.b.check("b", config.ext_mem_bytes)
+        if self.a.dtype != "bf16" or self.b.dtype not in ("bf16", "quant"):
             raise ValueError(f"a and b must be bf16, not {self.a.dtype} and {self.b.dtype}")
         if self.b.rows != self.K:
             raise ValueError(f"inner dimensions differ: a is {self.M}x{self.K}, "

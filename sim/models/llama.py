@@ -19,8 +19,8 @@ import numpy as np
 
 from mxu.hdl import hostops
 
-__all__ = ["LlamaConfig", "LlamaLayerWeights", "LlamaWeights", "rope_tables", "model_macs",
-           "read_gguf", "kv_bytes", "roofline_cycles"]
+__all__ = ["LlamaConfig", "GgufBlocks", "LlamaLayerWeights", "LlamaWeights", "rope_tables",
+           "model_macs", "read_gguf", "kv_bytes", "roofline_cycles"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,18 @@ class LlamaConfig:
                    eos=int(get("tokenizer.ggml.eos_token_id")))
 
 
+@dataclass(frozen=True)
+class GgufBlocks:
+    """A matrix as the GGUF file holds it: its raw blocks (`data`, uint8),
+    their type (`qtype`, a ``gguf.GGMLQuantizationType`` name such as
+    "Q4_1") and its `shape` (N rows of K, the file's order: (out, in)). The
+    float32 matrix beside it is ``gguf.quants.dequantize`` of these bytes;
+    a chip may keep the blocks themselves (`Chip.upload_quantized`)."""
+    data: np.ndarray
+    qtype: str
+    shape: tuple
+
+
 @dataclass
 class LlamaLayerWeights:
     """One decoder layer, float32, matrices as (in, out)."""
@@ -100,6 +112,7 @@ class LlamaLayerWeights:
     w_gate: np.ndarray        # (hidden, ffn)
     w_up: np.ndarray          # (hidden, ffn)
     w_down: np.ndarray        # (ffn, hidden)
+    blocks: dict = field(default_factory=dict)   # matrix name ("wq", ...) -> GgufBlocks
 
 
 @dataclass
@@ -112,12 +125,18 @@ class LlamaWeights:
     layers: list = field(default_factory=list)
     final_norm: np.ndarray = None
     output: np.ndarray = None      # (vocab, hidden) when not tied
+    blocks: dict = field(default_factory=dict)   # "embed" / "output" -> GgufBlocks
 
     @property
     def unembed(self):
         """(vocab, hidden): the rows whose dot products with the final hidden
         state are the logits."""
         return self.embed if self.output is None else self.output
+
+    @property
+    def unembed_blocks(self):
+        """The file's blocks of `unembed`, or None."""
+        return self.blocks.get("embed" if self.output is None else "output")
 
     @classmethod
     def random(cls, config, seed=0):
@@ -185,6 +204,15 @@ def read_gguf(path):
     reader = path if isinstance(path, gguf.GGUFReader) else gguf.GGUFReader(str(path))
     config = LlamaConfig.from_gguf(reader)
     tensors = {t.name: t for t in reader.tensors}
+    plain = {gguf.GGMLQuantizationType[n] for n in ("F32", "F16", "BF16")}
+
+    def blocks(name, shape):
+        """The file's blocks of a quantized matrix, or None (a float one)."""
+        t = tensors[name]
+        if t.tensor_type in plain:
+            return None
+        return GgufBlocks(np.asarray(t.data).view(np.uint8).reshape(-1), t.tensor_type.name,
+                          shape)
 
     def get(name, shape):
         t = tensors.get(name)
@@ -198,18 +226,25 @@ def read_gguf(path):
     H, F, KV = config.hidden, config.ffn, config.kv_dim
     # gguf stores a linear layer as (out, in); mxu keeps (in, out).
     linear = lambda name, i, o: np.ascontiguousarray(get(name, (o, i)).T)
+    matrices = {"wq": ("attn_q", H, H), "wk": ("attn_k", H, KV), "wv": ("attn_v", H, KV),
+                "wo": ("attn_output", H, H), "w_gate": ("ffn_gate", H, F),
+                "w_up": ("ffn_up", H, F), "w_down": ("ffn_down", F, H)}
     layers = []
     for i in range(config.layers):
         p = f"blk.{i}."
-        layers.append(LlamaLayerWeights(
-            get(p + "attn_norm.weight", (H,)), linear(p + "attn_q.weight", H, H),
-            linear(p + "attn_k.weight", H, KV), linear(p + "attn_v.weight", H, KV),
-            linear(p + "attn_output.weight", H, H), get(p + "ffn_norm.weight", (H,)),
-            linear(p + "ffn_gate.weight", H, F), linear(p + "ffn_up.weight", H, F),
-            linear(p + "ffn_down.weight", F, H)))
+        w = {key: linear(f"{p}{name}.weight", n_in, n_out)
+             for key, (name, n_in, n_out) in matrices.items()}
+        found = {key: blocks(f"{p}{name}.weight", (n_out, n_in))
+                 for key, (name, n_in, n_out) in matrices.items()}
+        layers.append(LlamaLayerWeights(get(p + "attn_norm.weight", (H,)),
+                                        ffn_norm=get(p + "ffn_norm.weight", (H,)),
+                                        blocks={k: b for k, b in found.items() if b}, **w))
     embed = get("token_embd.weight", (config.vocab, H))
     output = get("output.weight", (config.vocab, H)) if "output.weight" in tensors else None
-    weights = LlamaWeights(config, embed, layers, get("output_norm.weight", (H,)), output)
+    found = {"embed": blocks("token_embd.weight", (config.vocab, H)),
+             "output": output is not None and blocks("output.weight", (config.vocab, H))}
+    weights = LlamaWeights(config, embed, layers, get("output_norm.weight", (H,)), output,
+                           {k: b for k, b in found.items() if b})
     meta = {key: _field(reader, key) for key in reader.fields
             if key.startswith(("general.", "tokenizer.")) and not key.startswith(
                 ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",

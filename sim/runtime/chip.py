@@ -28,9 +28,8 @@ from .matmul import check_flag, prepare_matmul
 from .memory import Allocator
 from .profile import Trace
 from .stats import RunStats
-from .quant import QuantizedTensor, upload_quantized
+from .quant import upload_quantized
 from .tensor import DTYPES, DeviceTensor
-from ..compiler.quant import quantized_fits, quantized_matmul_program
 from .vector import prepare_vector
 
 __all__ = ["Chip", "Recording", "Profile", "PROGRAM_CACHE_SIZE"]
@@ -286,7 +285,9 @@ class Chip:
         ``golden.matmul(A, B, seed=bias, rows=config.rows)`` (docs/numerics.md).
 
         A (M x K) and B (K x N): ndarrays (rounded to bf16) or bf16 device
-        tensors, views included. bias: None, (N,) or (M, N) fp32 (ndarray or
+        tensors, views included; B may also be a `QuantizedTensor`
+        (`upload_quantized`: GGUF blocks expanded to bf16 on the chip, the
+        same bits as the bf16 upload of ``bf16(gguf dequantize)``). bias: None, (N,) or (M, N) fp32 (ndarray or
         device tensor). out_dtype: ``np.float32`` or ``ml_dtypes.bfloat16``.
         Returns an ndarray; a device tensor with ``keep=True``, or `out` (a
         device tensor to write) when given, so results feed the next matmul
@@ -306,18 +307,6 @@ class Chip:
         `Chip.vector` of the same kind.
         """
         keep = check_flag(keep, "keep")
-        if isinstance(A, QuantizedTensor):
-            raise TypeError(f"{A.name}: a quantized tensor holds weights; it cannot be the "
-                            f"activations A of a matmul")
-        if isinstance(B, QuantizedTensor):
-            extra = dict(bias=bias, relu=relu or None, out=out, keep=keep or None, then=then,
-                         out_bf16=out_bf16, other=other, params=params, scale=scale, eps=eps,
-                         transpose=transpose, paired=paired)
-            used = [k for k, v in extra.items() if v is not None]
-            if used or np.dtype(out_dtype) != np.float32 or self._recording is not None:
-                raise ValueError(f"{B.name}: a matmul with quantized weights takes no "
-                                 f"{', '.join(used) or 'recording or bf16 output'} yet")
-            return self._quantized_matmul(A, B)
         start = time.perf_counter()
         given = dict(out_bf16=out_bf16, other=other, params=params, scale=scale, eps=eps,
                      transpose=transpose, paired=paired)
@@ -335,40 +324,6 @@ class Chip:
         result = call.out.numpy()
         call.out.free()
         return result
-
-    def _quantized_matmul(self, A, B):
-        """``A @ B`` with B a `QuantizedTensor` (docs/compiler.md, "Quantized
-        weights"); returns fp32 (M x N) and records its `RunStats` in
-        `last_stats`."""
-        start = time.perf_counter()
-        B._alive()
-        if isinstance(A, DeviceTensor):
-            A = A.numpy()
-        A = as_bf16(np.atleast_2d(np.asarray(A)))
-        (m, k), (kb, n) = A.shape, B.shape
-        if A.ndim != 2 or k != kb:
-            raise ValueError(f"{B.name}: activations {A.shape} do not match weights {B.shape}")
-        why = quantized_fits(self.config, m, k, n)
-        if why:
-            raise ValueError(f"{B.name}: {m} x {k} @ {k} x {n} does not fit: {why}")
-        a = self.upload(A)
-        c = self.empty((m, n), np.float32)
-        try:
-            program = quantized_matmul_program(
-                self.config, B.format, m, k, n, a_addr=a.addr, a_stride=a.stride, w_addr=B.addr,
-                out_addr=c.addr, out_stride=c.stride)
-            result = self.run(program)
-            if not result.ok:
-                raise ChipError(f"{B.name}: the chip stopped with {result.error.name}")
-            stats = RunStats(rows=self.config.rows, cols=self.config.cols, macs=m * k * n,
-                             program_bytes=len(program.to_bytes()))
-            stats.add_counters(result.counters, result.wall_s)
-            stats.host_seconds = time.perf_counter() - start - result.wall_s
-            self.last_stats = stats
-            return c.numpy()
-        finally:
-            a.free()
-            c.free()
 
     def vector(self, kind, x, **operands):
         """A transformer layer op on the vector unit (``ChipConfig(vpu=True)``),

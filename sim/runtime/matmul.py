@@ -15,6 +15,7 @@ from ..compiler.layerops import EPILOGUE_KINDS, layer_op
 from ..compiler.lower import lower_matmul
 from ..compiler.operands import Scatter
 from ..driver.chip import check_flag        # the runtime's callers check flags with it too
+from .quant import QuantizedTensor
 from .tensor import DeviceTensor
 
 __all__ = ["MatmulCall", "prepare_matmul", "check_flag", "check_matmul_fits"]
@@ -70,6 +71,7 @@ class MatmulCall:
 def _device_operand(chip, x, name, dtype):
     """`x` as a 2-D device tensor of `dtype`: ndarrays are uploaded (a
     temporary), device tensors are checked."""
+    _not_quantized(x, name)
     if isinstance(x, DeviceTensor):
         _own(chip, x, name)
         if x.dtype != np.dtype(dtype):
@@ -86,6 +88,15 @@ def _device_operand(chip, x, name, dtype):
     if 0 in x.shape:
         raise ValueError(f"{name} has an empty dimension: shape {x.shape}")
     return _as_row(chip.upload(x, dtype=dtype))
+
+
+def _not_quantized(x, name):
+    """TypeError naming `x` if it is a `QuantizedTensor`: weights, never
+    another operand of a matmul."""
+    if isinstance(x, QuantizedTensor):
+        role = "the activations A" if name == "A" else name
+        raise TypeError(f"{x.name}: a quantized tensor holds weights; it cannot be {role} of a "
+                        f"matmul (only its weights B)")
 
 
 def _own(chip, x, name):
@@ -143,16 +154,23 @@ def prepare_matmul(chip, A, B, bias=None, out_dtype=np.float32, relu=False, out=
         raise TypeError(f"{', '.join(sorted(then_operands))} go with then= (a layer op after "
                         f"the matmul)")
     dtype = _out_dtype(out_dtype)
+    for name, x in (("A", A), ("bias", bias), ("out", out), *then_operands.items()):
+        _not_quantized(x, name)
     for name, x in (("A", A), ("B", B)):
         if isinstance(x, np.ndarray) and x.ndim != 2:
             raise ValueError(f"{name} must be 2-D, not {x.ndim}-D with shape {x.shape}")
         if isinstance(x, DeviceTensor) and x.ndim != 2:
             raise ValueError(f"{name} must be 2-D, not shape {x.shape}")
     a = _device_operand(chip, A, "A", bfloat16)
-    b = _device_operand(chip, B, "B", bfloat16)
+    if isinstance(B, QuantizedTensor):
+        _own(chip, B, B.name)
+        b = B
+    else:
+        b = _device_operand(chip, B, "B", bfloat16)
     (M, K), (K2, N) = a.shape, b.shape
     if K != K2:
-        raise ValueError(f"inner dimensions differ: A is {a.shape}, B is {b.shape}")
+        raise ValueError(f"inner dimensions differ: A is {a.shape}, B is {b.shape}"
+                         + (f" ({B.name})" if b is B else ""))
     keep = [a, b]
     bias_t = None
     if bias is not None:

@@ -3,7 +3,9 @@
 
 import numpy as np
 
-from mxu.hdl.quant import quant_format, repack
+from mxu.hdl.quant import QUANT_INFO, quant_format, repack, tile_block_bytes
+
+from ..compiler.operands import QuantOperand
 
 __all__ = ["QuantizedTensor", "upload_quantized"]
 
@@ -27,9 +29,21 @@ class QuantizedTensor:
     def nbytes(self):
         return self._block.nbytes
 
-    def _alive(self):
+    def _alive(self, rerun=False):
         if self._block is None:
             raise ValueError(f"{self!r} was freed")
+
+    @property
+    def freed(self):
+        return self._block is None
+
+    def operand(self):
+        """The compiler's `QuantOperand` of these weights."""
+        self._alive()
+        k, n = self.shape
+        cols = self.chip.config.cols
+        strip = k // QUANT_INFO[self.format].block * tile_block_bytes(self.format, cols)
+        return QuantOperand(self.addr, k, n, self.format, strip, cols)
 
     def free(self):
         if self._block is not None:

@@ -1,0 +1,142 @@
+"""The decoder's two weight modes (docs/llm.md, "Weights on the chip"): a
+small random Llama whose matrices are GGUF blocks of every type the chip
+expands gives the same logits and tokens, bit for bit, with the blocks on
+the chip (``weights="gguf"``) and with bf16 weights (``weights="bf16"``);
+the stats count the bytes each mode moves; a bad mode is a clear error."""
+
+import gguf
+import numpy as np
+import pytest
+from gguf import quants
+
+from mxu.hdl import ChipConfig
+from mxu.hdl.quant import QUANT_INFO, QuantFormat
+from mxu.sim import Chip
+from mxu.sim.models import CausalLM
+from mxu.sim.models.llama import GgufBlocks, LlamaConfig, LlamaWeights
+from mxu.verif import golden
+from mxu.verif.hazards import races
+
+# K-quants take rows of whole super-blocks of 256: hidden and ffn are 256.
+CONFIG = LlamaConfig(hidden=256, heads=4, kv_heads=2, ffn=256, layers=1, eps=1e-5,
+                     rope_theta=10000.0, vocab=256, context=32)
+# Every format, each on a matrix of its own (gate and up share one: the
+# chip interleaves them into one matrix); the output projection is the
+# tied embedding, Q8_0 as in SmolLM2's file.
+TYPES = dict(wq="Q8_0", wk="Q4_0", wv="Q4_1", wo="Q5_0", w_gate="Q4_K", w_up="Q4_K",
+             w_down="Q6_K")
+
+
+def _k_quant(fmt, blocks, rng):
+    """Random valid K-quant blocks (gguf cannot quantize to them): random
+    codes and sub-block scales, small fp16 super-block scales."""
+    raw = rng.integers(0, 256, (blocks, QUANT_INFO[fmt].file_bytes), dtype=np.uint8)
+    f16 = lambda v: np.full(blocks, v, np.float16).view(np.uint8).reshape(-1, 2)
+    if fmt is QuantFormat.Q4_K:
+        raw[:, 0:2], raw[:, 2:4] = f16(2e-4), f16(1e-4)        # d, dmin
+    else:
+        raw[:, 208:210] = f16(2e-5)                             # Q6_K's d
+    return raw
+
+
+def _blocks(w, qtype, rng):
+    """(GgufBlocks of W (in, out) as the file stores it, N rows of K; the
+    float32 (in, out) matrix gguf dequantizes them to)."""
+    n, k = w.shape[1], w.shape[0]
+    fmt = QuantFormat[qtype]
+    raw = (_k_quant(fmt, n * k // 256, rng) if qtype in ("Q4_K", "Q6_K")
+           else quants.quantize(np.ascontiguousarray(w.T), gguf.GGMLQuantizationType[qtype]))
+    raw = np.ascontiguousarray(raw).reshape(-1)
+    deq = quants.dequantize(raw.reshape(n, -1), gguf.GGMLQuantizationType[qtype])
+    return GgufBlocks(raw, qtype, (n, k)), np.ascontiguousarray(deq.astype(np.float32).T)
+
+
+def quantized_llama(seed=3):
+    """`LlamaWeights.random` with every matrix replaced by its blocks of
+    `TYPES` (the float32 matrices are what gguf dequantizes them to)."""
+    weights = LlamaWeights.random(CONFIG, seed=seed)
+    rng = np.random.default_rng(seed)
+    for layer in weights.layers:
+        for key, qtype in TYPES.items():
+            layer.blocks[key], deq = _blocks(getattr(layer, key), qtype, rng)
+            setattr(layer, key, deq)
+    weights.blocks["embed"], deq = _blocks(np.ascontiguousarray(weights.embed.T), "Q8_0", rng)
+    weights.embed = np.ascontiguousarray(deq.T)
+    return weights
+
+
+@pytest.fixture(scope="module")
+def models():
+    """The same weights on one llm preset chip (the build the suite's
+    SmolLM2 tests use), once with their blocks, once as bf16."""
+    weights = quantized_llama()
+    chip = Chip(ChipConfig.preset("llm"), fast_mac=True)
+    return {keep: CausalLM.from_weights(weights, chip=chip, keep=keep)
+            for keep in ("gguf", "bf16")}
+
+
+def _steps(lm):
+    """A prefill's logits at every position (and a second sequence's), then
+    a decode step of the batch of both: every logit."""
+    model, out = lm.model, []
+    seqs = [model.new_sequence(16) for _ in range(2)]
+    try:
+        for s, prompt in zip(seqs, ([5, 17, 33, 3, 99, 200, 7], [1, 2, 3])):
+            logits, _ = model.step([s], [prompt], logits="all")
+            out.append(logits[0])
+        token = [[int(np.argmax(out[0][-1]))], [int(np.argmax(out[1][-1]))]]
+        logits, _ = model.step(seqs, token)
+        out += list(logits)
+    finally:
+        for s in seqs:
+            s.free()
+    return out
+
+
+def test_gguf_and_bf16_weights_give_the_same_bits(models):
+    gguf_lm, bf16_lm = models["gguf"], models["bf16"]
+    lw = gguf_lm.model.layers[0]
+    kept = {m.weight.format.name for m in (lw.q, lw.k, lw.v, lw.o, lw.gu, lw.down)}
+    assert kept | {gguf_lm.model.unembed.format.name} == set(ChipConfig.preset("llm").quant_formats)
+    for k, (a, b) in enumerate(zip(_steps(gguf_lm), _steps(bf16_lm))):
+        golden.assert_bits_equal(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                 what=f"logits {k}, gguf vs bf16 weights")
+    prompts = [[5, 17, 33], [9, 8, 7, 6, 5]]
+    tokens = gguf_lm.generate_ids(prompts, max_new_tokens=3)
+    assert tokens == bf16_lm.generate_ids(prompts, max_new_tokens=3)
+    assert gguf_lm.last_stats.decode.cycles < bf16_lm.last_stats.decode.cycles
+    # Every program with quantized weight units (their ring, LOOPs and
+    # loads) is race-free.
+    chip = gguf_lm.chip
+    quantized = [c.program for c in chip._programs.values()
+                 if any("'quant'" in str(t) for t in c.program.text)]
+    assert quantized and all(races(chip.config, p) == [] for p in quantized)
+
+
+def test_stats_count_the_bytes_each_mode_moves(models):
+    """GenerationStats: the weight bytes per step by format (the file's bytes
+    per block, Q8_0 8.5 bits a weight ...), and the decode roofline of those."""
+    gguf_lm, bf16_lm = models["gguf"], models["bf16"]
+    H, F, KV, V = CONFIG.hidden, CONFIG.ffn, CONFIG.kv_dim, CONFIG.vocab
+    size = lambda qtype, n, k: n * k // QUANT_INFO[QuantFormat[qtype]].block * \
+        QUANT_INFO[QuantFormat[qtype]].file_bytes
+    want = {"Q8_0": size("Q8_0", H, H) + size("Q8_0", V, H), "Q4_0": size("Q4_0", KV, H),
+            "Q4_1": size("Q4_1", KV, H), "Q5_0": size("Q5_0", H, H),
+            "Q4_K": size("Q4_K", 2 * F, H), "Q6_K": size("Q6_K", H, F)}
+    bf16 = 2 * (H * (2 * H + 2 * KV) + 3 * H * F + H * V)
+    for lm, formats in ((gguf_lm, want), (bf16_lm, {"bf16": bf16})):
+        lm.generate_ids([[1, 2, 3]], max_new_tokens=2)
+        stats = lm.last_stats
+        assert stats.weight_formats == formats
+        d = stats.decode
+        assert d.steps == 1 and d.weight_bytes == sum(formats.values())
+        cfg = lm.chip.config
+        assert d.roofline_cycles == max((d.weight_bytes + d.kv_bytes) / cfg.axi_data_bytes,
+                                        d.model_macs / (cfg.rows * cfg.cols))
+
+
+def test_a_bad_weights_mode_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"weights must be one of \('gguf', 'bf16'\).*not 'int4'"):
+        CausalLM("SmolLM2-135M-Instruct", weights="int4")
+    with pytest.raises(ValueError, match=r"weights must be one of .* not 'Q4_1'"):
+        CausalLM.from_weights(LlamaWeights.random(CONFIG), keep="Q4_1")

@@ -158,3 +158,52 @@ def test_a_rings_p_v_sums_the_keys_in_position_order(tiny):
     assert not np.array_equal(want, golden.matmul(p, v, rows=rows))
     for t in (probs, out, older):
         t.free()
+
+
+def test_the_gemma3_reader_takes_every_number_from_the_file(tmp_path):
+    """A tiny gemma3 GGUF written with `gguf.GGUFWriter`: `read_decoder` picks
+    the family by general.architecture and reads the sizes (head_dim from
+    key_length, the local layers' pattern and RoPE base from the file) and
+    every weight as written."""
+    import gguf
+
+    from mxu.sim.models.registry import read_decoder
+    weights = Gemma3Weights.random(TINY, seed=4)
+    c, path = TINY, tmp_path / "tiny-gemma.gguf"
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    for key, value in (("context_length", c.context), ("embedding_length", c.hidden),
+                       ("block_count", c.layers), ("feed_forward_length", c.ffn),
+                       ("attention.head_count", c.heads), ("attention.head_count_kv", c.kv_heads),
+                       ("attention.key_length", c.head_dim),
+                       ("attention.value_length", c.head_dim),
+                       ("attention.sliding_window", c.window),
+                       ("attention.sliding_window_pattern", 3)):
+        w.add_uint32(f"gemma3.{key}", value)
+    for key, value in (("attention.layer_norm_rms_epsilon", c.eps), ("rope.freq_base", 1e6),
+                       ("rope.freq_base_swa", 1e4)):
+        w.add_float32(f"gemma3.{key}", value)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"t{k}" for k in range(c.vocab)])
+    w.add_bos_token_id(c.bos)
+    w.add_eos_token_id(c.eos)
+    f32 = lambda x: np.ascontiguousarray(x, np.float32)
+    w.add_tensor("token_embd.weight", f32(weights.embed))
+    w.add_tensor("output_norm.weight", f32(weights.final_norm))
+    names = {"attn_norm": "attn_norm", "attn_q_norm": "q_norm", "attn_k_norm": "k_norm",
+             "post_attention_norm": "post_attn_norm", "ffn_norm": "ffn_norm",
+             "post_ffw_norm": "post_ffw_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv",
+             "attn_output": "wo", "ffn_gate": "w_gate", "ffn_up": "w_up", "ffn_down": "w_down"}
+    for i, lw in enumerate(weights.layers):
+        for name, field in names.items():
+            x = getattr(lw, field)
+            w.add_tensor(f"blk.{i}.{name}.weight", f32(x.T if x.ndim == 2 else x))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    got, meta = read_decoder(path)
+    assert got.config == TINY and meta["tokens"][5] == "t5"
+    for i, lw in enumerate(weights.layers):
+        for field in names.values():
+            assert np.array_equal(getattr(got.layers[i], field), getattr(lw, field)), field
+    assert np.array_equal(got.unembed, weights.embed)

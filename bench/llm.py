@@ -5,6 +5,7 @@ wall time and simulated cycles per second.
     python bench/llm.py                       # the llm preset (128-bit bus)
     python bench/llm.py --bus 128,512         # the same chip with other buses
     python bench/llm.py --prefill 16 --batch 1,16
+    python bench/llm.py --model gemma-3-270m --prefill 64 --batch 1   # another decoder
 
 The roofline of a step is max(bytes / bus bytes per cycle, MACs / PEs), the
 bytes being every weight once and each sequence's KV cache (docs/llm.md).
@@ -18,6 +19,7 @@ produce are not meaningful and are not reported.
 """
 
 import argparse
+import os
 
 import numpy as np
 
@@ -39,9 +41,9 @@ def _phase_row(label, bus, phase, cycles_s):
             f"{cycles_s / 1e3:,.0f}k"]
 
 
-def run(bus, prefills, batches, context, steps):
+def run(bus, prefills, batches, context, steps, model="SmolLM2-135M-Instruct"):
     config = ChipConfig.preset("llm").replace(axi_data_bits=bus)
-    lm = CausalLM("SmolLM2-135M-Instruct", chip=Chip(config, fast_mac=True))
+    lm = CausalLM(model, chip=Chip(config, fast_mac=True))
     tok = lm.tokenizer
     text = ("A tensor processing unit multiplies matrices with a systolic array of "
             "multiply-accumulate cells, streaming weights from its high-bandwidth memory "
@@ -173,6 +175,8 @@ def main():
     parser.add_argument("--context", type=int, default=16,
                         help="positions in each cache before the decode steps")
     parser.add_argument("--steps", type=int, default=1, help="decode steps per batch")
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct",
+                        help="a known decoder or a GGUF path (the default rows only)")
     parser.add_argument("--fidelity", action="store_true",
                         help="only the fidelity against the float32 reference (48-token text, "
                              "12-token greedy continuations of 8 prompts)")
@@ -189,13 +193,15 @@ def main():
         results = Results("llm_fidelity")
         fidelity(results, 48, PROMPTS, 12)
     else:
-        results = Results("llm")
+        default = args.model == "SmolLM2-135M-Instruct"
+        results = Results("llm" if default else "llm_" + os.path.basename(args.model))
         for bus in args.bus:
-            results.table(f"SmolLM2-135M-Instruct on the llm preset, {bus}-bit bus, decode on "
+            results.table(f"{args.model} on the llm preset, {bus}-bit bus, decode on "
                           f"caches of {args.context} positions",
                           ["phase", "bus bits", "tokens", "chip cycles", "cycles per step", "MFU",
                            "roofline share", "wall s", "sim cycles/s"],
-                          run(bus, args.prefill, args.batch, args.context, args.steps))
+                          run(bus, args.prefill, args.batch, args.context, args.steps,
+                              args.model))
     results.write()
 
 

@@ -21,7 +21,7 @@ its own or an argument of a shared one (`mxu.sim.compiler.layerops`):
   weights are used as stored (the converter stored 1 + w).
 
 The chip model `ChipGemma3` is `causal_lm.ChipLlama` with the family's
-weights and its attention; the golden form is `mxu.verif.gemma3`.
+weights and its attention; the golden form is `verif/gemma3.py`.
 """
 
 import math
@@ -254,8 +254,8 @@ def _ring_pieces(row, start, n, cap):
 class ChipGemma3(ChipLlama):
     """A Gemma 3 decoder resident on a chip with the vector unit (see the
     module docstring): `ChipLlama`'s steps with Gemma's weights, embedding
-    scale, attention and post-norms. Bit-exact to `mxu.verif.gemma3`'s
-    golden form with ``rows, lanes = chip.config.rows, cols``. Q and K's
+    scale, attention and post-norms. Bit-exact to the golden Gemma form
+    (`verif/gemma3.py`) with ``rows, lanes = chip.config.rows, cols``. Q and K's
     NEOX rotation moves whole tiles: head_dim must be a multiple of 2 cols;
     a window must be whole tiles."""
 

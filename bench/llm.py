@@ -89,24 +89,27 @@ PROMPTS = ["The capital of France is", "Once upon a time, there was a", "The bes
            "To make a cup of tea, you"]
 
 
-def fidelity(results, tokens, prompts, new_tokens):
+def fidelity(results, tokens, prompts, new_tokens, model="SmolLM2-135M-Instruct"):
     """Against the float32 reference: teacher-forced next-token argmax agreement
     over `tokens` of one text (one prefill on the chip, checked bit for bit
-    against the golden Llama form), and greedy continuations of `prompts`
+    against the family's golden form), and greedy continuations of `prompts`
     (one batch on the chip) against the reference's."""
-    from mxu.verif.llama import GoldenLlama, reference_logits
-    lm = CausalLM("SmolLM2-135M-Instruct")
+    from mxu.verif import gemma3, llama
+    lm = CausalLM(model)
+    form = gemma3 if type(lm.weights).__name__ == "Gemma3Weights" else llama
+    Golden = getattr(form, "GoldenGemma3", None) or form.GoldenLlama
+    reference_logits = form.reference_logits
     tok = lm.tokenizer
     ids = tok.encode(FIDELITY_TEXT)[:tokens]
     chip = lm.logits_ids(ids)
-    gold = GoldenLlama(lm.weights, rows=16, lanes=16).forward([(0, ids)], logits="all")[0]
+    gold = Golden(lm.weights, rows=16, lanes=16).forward([(0, ids)], logits="all")[0]
     exact = np.array_equal(chip.view(np.uint32), gold.view(np.uint32))
     ref = reference_logits(lm.weights, ids)
     agree = float(np.mean(chip.argmax(1) == ref.argmax(1)))
     rms = float(np.sqrt(np.mean((chip - ref) ** 2)))
     results.table("Teacher-forced next-token prediction against the float32 reference",
                   ["tokens", "argmax agreement", "logit rms difference",
-                   "bit-exact to the golden Llama form"],
+                   "bit-exact to the golden form"],
                   [[len(ids), f"{100 * agree:.1f} %", f"{rms:.3f}", exact]])
     enc = [tok.encode(p) for p in prompts]
     outs = lm.generate_ids(enc, max_new_tokens=new_tokens)
@@ -176,7 +179,7 @@ def main():
                         help="positions in each cache before the decode steps")
     parser.add_argument("--steps", type=int, default=1, help="decode steps per batch")
     parser.add_argument("--model", default="SmolLM2-135M-Instruct",
-                        help="a known decoder or a GGUF path (the default rows only)")
+                        help="a known decoder or a GGUF path (the default rows and --fidelity)")
     parser.add_argument("--fidelity", action="store_true",
                         help="only the fidelity against the float32 reference (48-token text, "
                              "12-token greedy continuations of 8 prompts)")
@@ -190,8 +193,9 @@ def main():
         results.table(f"One layer of SmolLM2's sizes, {args.bus[0]}-bit bus, 64 cached positions",
                       ["step", "program", "bytes", "chip cycles", "MACs / PEs"], rows)
     elif args.fidelity:
-        results = Results("llm_fidelity")
-        fidelity(results, 48, PROMPTS, 12)
+        results = Results("llm_fidelity" if args.model == "SmolLM2-135M-Instruct"
+                          else "llm_fidelity_" + os.path.basename(args.model))
+        fidelity(results, 48, PROMPTS, 12, args.model)
     else:
         default = args.model == "SmolLM2-135M-Instruct"
         results = Results("llm" if default else "llm_" + os.path.basename(args.model))

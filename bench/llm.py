@@ -6,6 +6,7 @@ wall time and simulated cycles per second.
     python bench/llm.py --bus 128,512         # the same chip with other buses
     python bench/llm.py --prefill 16 --batch 1,16
     python bench/llm.py --weights bf16        # one weight mode only
+    python bench/llm.py --model gemma-3-270m --prefill 64 --batch 1   # another decoder
 
 Each phase runs with both weight modes side by side (``CausalLM(...,
 weights=)``): "gguf", the file's blocks on the chip, and "bf16". The
@@ -22,6 +23,7 @@ produce are not meaningful and are not reported.
 """
 
 import argparse
+import os
 
 import numpy as np
 
@@ -48,9 +50,9 @@ HEADER = ["phase", "weights", "bus bits", "tokens", "chip cycles", "cycles per s
           "bytes per step", "MFU", "roofline share", "wall s", "sim cycles/s"]
 
 
-def run(bus, prefills, batches, context, steps, modes):
+def run(bus, prefills, batches, context, steps, modes, model="SmolLM2-135M-Instruct"):
     """The rows of every phase, one per weight mode in `modes`, side by side."""
-    runs = [_run(bus, prefills, batches, context, steps, mode) for mode in modes]
+    runs = [_run(bus, prefills, batches, context, steps, mode, model) for mode in modes]
     rows = [row for phase in zip(*runs) for row in phase]
     formats = [[mode, name, f"{nbytes:,}"] for mode, r in zip(modes, runs)
                for name, nbytes in r.formats.items()]
@@ -61,9 +63,9 @@ class _Rows(list):
     formats = None
 
 
-def _run(bus, prefills, batches, context, steps, mode):
+def _run(bus, prefills, batches, context, steps, mode, model):
     config = ChipConfig.preset("llm").replace(axi_data_bits=bus)
-    lm = CausalLM("SmolLM2-135M-Instruct", chip=Chip(config, fast_mac=True), weights=mode)
+    lm = CausalLM(model, chip=Chip(config, fast_mac=True), weights=mode)
     tok = lm.tokenizer
     text = ("A tensor processing unit multiplies matrices with a systolic array of "
             "multiply-accumulate cells, streaming weights from its high-bandwidth memory "
@@ -111,24 +113,27 @@ PROMPTS = ["The capital of France is", "Once upon a time, there was a", "The bes
            "To make a cup of tea, you"]
 
 
-def fidelity(results, tokens, prompts, new_tokens):
+def fidelity(results, tokens, prompts, new_tokens, model="SmolLM2-135M-Instruct"):
     """Against the float32 reference: teacher-forced next-token argmax agreement
     over `tokens` of one text (one prefill on the chip, checked bit for bit
-    against the golden Llama form), and greedy continuations of `prompts`
+    against the family's golden form), and greedy continuations of `prompts`
     (one batch on the chip) against the reference's."""
-    from mxu.verif.llama import GoldenLlama, reference_logits
-    lm = CausalLM("SmolLM2-135M-Instruct")
+    from mxu.verif import gemma3, llama
+    lm = CausalLM(model)
+    form = gemma3 if type(lm.weights).__name__ == "Gemma3Weights" else llama
+    Golden = getattr(form, "GoldenGemma3", None) or form.GoldenLlama
+    reference_logits = form.reference_logits
     tok = lm.tokenizer
     ids = tok.encode(FIDELITY_TEXT)[:tokens]
     chip = lm.logits_ids(ids)
-    gold = GoldenLlama(lm.weights, rows=16, lanes=16).forward([(0, ids)], logits="all")[0]
+    gold = Golden(lm.weights, rows=16, lanes=16).forward([(0, ids)], logits="all")[0]
     exact = np.array_equal(chip.view(np.uint32), gold.view(np.uint32))
     ref = reference_logits(lm.weights, ids)
     agree = float(np.mean(chip.argmax(1) == ref.argmax(1)))
     rms = float(np.sqrt(np.mean((chip - ref) ** 2)))
     results.table("Teacher-forced next-token prediction against the float32 reference",
                   ["tokens", "argmax agreement", "logit rms difference",
-                   "bit-exact to the golden Llama form"],
+                   "bit-exact to the golden form"],
                   [[len(ids), f"{100 * agree:.1f} %", f"{rms:.3f}", exact]])
     enc = [tok.encode(p) for p in prompts]
     outs = lm.generate_ids(enc, max_new_tokens=new_tokens)
@@ -200,6 +205,8 @@ def main():
     parser.add_argument("--weights", type=lambda t: [x for x in t.split(",") if x],
                         default=["gguf", "bf16"],
                         help="weight modes, side by side (default gguf,bf16)")
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct",
+                        help="a known decoder or a GGUF path (the default rows and --fidelity)")
     parser.add_argument("--fidelity", action="store_true",
                         help="only the fidelity against the float32 reference (48-token text, "
                              "12-token greedy continuations of 8 prompts)")
@@ -213,16 +220,18 @@ def main():
         results.table(f"One layer of SmolLM2's sizes, {args.bus[0]}-bit bus, 64 cached positions",
                       ["step", "program", "bytes", "chip cycles", "MACs / PEs"], rows)
     elif args.fidelity:
-        results = Results("llm_fidelity")
-        fidelity(results, 48, PROMPTS, 12)
+        results = Results("llm_fidelity" if args.model == "SmolLM2-135M-Instruct"
+                          else "llm_fidelity_" + os.path.basename(args.model))
+        fidelity(results, 48, PROMPTS, 12, args.model)
     else:
-        results = Results("llm")
+        default = args.model == "SmolLM2-135M-Instruct"
+        results = Results("llm" if default else "llm_" + os.path.basename(args.model))
         for bus in args.bus:
             rows, formats = run(bus, args.prefill, args.batch, args.context, args.steps,
-                                args.weights)
-            results.table(f"SmolLM2-135M-Instruct on the llm preset, {bus}-bit bus, decode on "
+                                args.weights, args.model)
+            results.table(f"{args.model} on the llm preset, {bus}-bit bus, decode on "
                           f"caches of {args.context} positions", HEADER, rows)
-            results.table(f"SmolLM2-135M-Instruct's weight bytes per step by format, {bus}-bit "
+            results.table(f"{args.model}'s weight bytes per step by format, {bus}-bit "
                           f"bus", ["weights", "format", "bytes per step"], formats)
     results.write()
 

@@ -16,7 +16,8 @@ import numpy as np
 
 __all__ = ["tree_sum", "softmax", "layer_norm", "gelu", "erf", "scale", "add", "embed",
            "mean_pool", "l2_normalize", "attention_mask", "rms_norm", "swap_pairs", "rope", "silu_mul",
-           "gelu_tanh_mul", "head_rms_norm", "rope_tables"]
+           "gelu_tanh_mul", "head_rms_norm", "rope_tables", "rope_neox", "head_rms_norm_rope",
+           "norm_add_rms_norm"]
 
 F32 = np.float32
 
@@ -158,16 +159,42 @@ def rope(x, cos, sin):
     return (x * np.asarray(cos, F32) + swap_pairs(x) * np.asarray(sin, F32)).astype(F32)
 
 
-def rope_tables(head_dim, theta, positions):
+def rope_tables(head_dim, theta, positions, neox=False):
     """(cos, sin), each (len(positions), head_dim) float32, of the rotary
     embedding of llama.cpp's "normal" form: pair i = (2i, 2i+1) of a head turns
     by ``pos * theta**(-2i / head_dim)``; both lanes of a pair hold its value.
-    The angles and their cosines are computed in float64 and rounded once."""
+    With `neox`, its NEOX form: dims i and i + head_dim/2 turn by that angle,
+    which both halves hold. The angles and their cosines are computed in
+    float64 and rounded once."""
     d = head_dim
     inv = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     angles = np.asarray(positions, np.float64)[:, None] * inv[None, :]
+    if neox:
+        return tuple(np.tile(f(angles), (1, 2)).astype(np.float32) for f in (np.cos, np.sin))
     pairs = lambda f: np.repeat(f(angles), 2, axis=1).astype(np.float32)
     return pairs(np.cos), pairs(np.sin)
+
+
+def rope_neox(x, cos, sin):
+    """RoPE of the NEOX type on each head of the last axis (as wide as `cos`):
+    ``x * cos + rotate_half(x) * sin``, rotate_half = (-x[d/2:], x[:d/2])."""
+    x, d = np.asarray(x, F32), np.shape(cos)[-1]
+    h = x.reshape(x.shape[:-1] + (x.shape[-1] // d, d))
+    rot = np.concatenate([-h[..., d // 2:], h[..., :d // 2]], axis=-1)
+    cos, sin = np.asarray(cos, F32)[..., None, :], np.asarray(sin, F32)[..., None, :]
+    return (h * cos + rot * sin).astype(F32).reshape(x.shape)
+
+
+def head_rms_norm_rope(x, gamma, eps, cos, sin):
+    """QK-norm then NEOX RoPE: `rope_neox` of `head_rms_norm`."""
+    return rope_neox(head_rms_norm(x, gamma, eps), cos, sin)
+
+
+def norm_add_rms_norm(x, residual, gamma0, gamma1, eps):
+    """A post-norm block's end: ``c = rms_norm(x, gamma0) + residual`` and
+    ``rms_norm(c, gamma1)`` (c, its norm)."""
+    c = add(rms_norm(x, gamma0, eps), residual)
+    return c, rms_norm(c, gamma1, eps)
 
 
 def silu_mul(gate, up):

@@ -528,3 +528,18 @@ def test_the_ffn_keeps_its_residual_in_the_accumulator(M, producer):
     for t, data in zip(got[True][3], got[True][1]):
         assert np.isnan(data.astype(np.float32)).all()
         assert _dma_count(config, got[True][2].program, t) == 0
+
+
+def test_scatter_pieces_that_are_column_blocks_of_one_matrix_do_not_overlap():
+    """A ring's K^T pieces are column blocks of one matrix: their spans
+    interleave but they share no byte, so a Scatter takes them; blocks that
+    do share bytes are still refused."""
+    from mxu.sim.compiler.operands import Scatter
+    stride = 2 * 16                                     # a 4 x 16 bf16 matrix
+    left, right = Operand(0x1000, 4, 6, stride, "bf16"), Operand(0x1000 + 12, 4, 10, stride, "bf16")
+    assert left.overlaps(right) and not left.shares_bytes(right)
+    Scatter(((0, right), (10, left)), transposed=True).check("out", 1 << 20)
+    wider = Operand(0x1000 + 10, 4, 3, stride, "bf16")
+    assert left.shares_bytes(wider)
+    with pytest.raises(ValueError, match="pieces overlap"):
+        Scatter(((0, left), (6, wider)), transposed=True).check("out", 1 << 20)

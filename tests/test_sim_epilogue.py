@@ -417,3 +417,71 @@ def test_head_rms_norm_is_bit_exact(chip):
     with pytest.raises(ValueError, match="must be a multiple of cols .* and divide the result"):
         chip.matmul(chip.upload(a), chip.upload(b[:, :heads * head - cfg.cols]),
                     then="head_rms_norm", params=params)
+
+
+def _neox_table(cos, sin):
+    """The rope_neox table rows: cos, then sin with each head's first half negated."""
+    half = cos.shape[1] // 2
+    return np.concatenate([cos, np.concatenate([-sin[:, :half], sin[:, half:]], axis=1)], axis=1)
+
+
+@pytest.mark.parametrize("kind", ["rope_neox", "head_rms_norm_rope"])
+def test_neox_rope_epilogues_are_bit_exact(chip, kind):
+    """NEOX RoPE (dims i and i + d/2 of each head turn together: the partner
+    is a whole tile, no lane moves), alone and after QK-norm, over several M
+    blocks, into an fp32 result and transposed into bf16 (the K cache's
+    K^T): bit-exact to the golden VPU form; a head whose half is not whole
+    tiles is a clear error."""
+    from mxu.hdl import hostops
+    cfg = chip.config
+    rng = np.random.default_rng(SEED + 19)
+    M, K, head, heads = 2 * cfg.acc_rows // 25 + 3, 3 * cfg.rows, 2 * cfg.cols, 3
+    a = golden.as_bf16(rng.standard_normal((M, K)).astype(np.float32))
+    b = golden.as_bf16(rng.standard_normal((K, heads * head)).astype(np.float32))
+    gamma = (1 + 0.1 * rng.standard_normal(head)).astype(np.float32)
+    cos, sin = hostops.rope_tables(head, 100.0, np.arange(M) + 3, neox=True)
+    table, params = chip.upload(_neox_table(cos, sin)), chip.upload(gamma[None])
+    extra = dict(params=params, eps=1e-6) if kind == "head_rms_norm_rope" else {}
+    out, out_t = chip.empty((M, heads * head)), chip.empty((heads * head, M), bfloat16)
+    A, B = chip.upload(a), chip.upload(b)
+    with chip.record() as rec:
+        chip.matmul(A, B, out=out, then=kind, other=table, **extra)
+        chip.matmul(A, B, out=out_t, out_dtype=bfloat16, then=kind, other=table, transpose=True,
+                    **extra)
+    assert races(cfg, compile_matmuls(cfg, rec.calls[0].ops).program) == []
+    r = golden.matmul(a, b, rows=cfg.rows)
+    want = (vpu.rope_neox(r, cos, sin) if kind == "rope_neox" else
+            vpu.head_rms_norm_rope(r, gamma, 1e-6, cos, sin, lanes=cfg.cols))
+    golden.assert_bits_equal(out.numpy(), want, kind)
+    golden.assert_bits_equal(_bits(out_t), golden.fp32_to_bf16(golden.f32_bits(want)).T, kind)
+    odd = 2 * (cfg.cols // 2 + 1)          # a head whose half is not whole tiles
+    bad = chip.upload(_neox_table(*hostops.rope_tables(odd, 100.0, np.arange(M), neox=True)))
+    with pytest.raises(ValueError, match=f"a {kind}.*P/2 a multiple of cols"):
+        chip.matmul(A, B[:, :odd * heads], then=kind, other=bad,
+                    **(dict(params=chip.upload(np.ones((1, odd), np.float32))) if extra else {}))
+
+
+def test_norm_add_rms_norm_is_bit_exact(chip):
+    """A post-norm block's end (Gemma 3): c = rms_norm(r, g0) + residual and
+    its RMSNorm with g1 in bf16, over several M blocks: bit-exact to the
+    golden VPU form."""
+    cfg = chip.config
+    rng = np.random.default_rng(SEED + 23)
+    M, K, N = 2 * cfg.acc_rows // 25 + 3, 3 * cfg.rows, 3 * cfg.cols + 2
+    a = golden.as_bf16(rng.standard_normal((M, K)).astype(np.float32))
+    b = golden.as_bf16(rng.standard_normal((K, N)).astype(np.float32))
+    res = rng.standard_normal((M, N)).astype(np.float32)
+    gammas = (1 + 0.1 * rng.standard_normal((2, N))).astype(np.float32)
+    out, extra = chip.empty((M, N)), chip.empty((M, N), bfloat16)
+    with chip.record() as rec:
+        chip.matmul(chip.upload(a), chip.upload(b), out=out, out_bf16=extra,
+                    then="norm_add_rms_norm", other=chip.upload(res),
+                    params=chip.upload(gammas), eps=1e-6)
+    ops = rec.calls[0].ops
+    assert compile_matmuls(cfg, ops).segments[0][0][1].blocks > 1
+    assert races(cfg, compile_matmuls(cfg, ops).program) == []
+    c, norm = vpu.norm_add_rms_norm(golden.matmul(a, b, rows=cfg.rows), res, gammas[0],
+                                    gammas[1], 1e-6, lanes=cfg.cols)
+    golden.assert_bits_equal(out.numpy(), c, "norm_add_rms_norm sum")
+    golden.assert_bits_equal(_bits(extra), golden.fp32_to_bf16(golden.f32_bits(norm)),
+                             "norm_add_rms_norm norm")

@@ -118,7 +118,7 @@ def test_a_decoder_from_its_gguf_path(tiny_gguf):
 def test_an_unsupported_architecture_lists_the_supported_ones(tmp_path):
     path = _write_llama(tmp_path / "other.gguf", LlamaWeights.random(TINY, seed=5), arch="gpt2")
     with pytest.raises(ValueError, match=r"other.gguf' holds a 'gpt2' model; supported "
-                                         r"architectures: \['llama'\]"):
+                                         r"architectures: \['gemma3', 'llama'\]"):
         CausalLM(str(path))
 
 

@@ -157,3 +157,35 @@ def test_head_rms_norm_in_vpu_form_against_float64_and_the_host_form():
         assert np.max(np.abs(got - want) / (np.abs(want) + 1e-3)) < 2e-6, lanes
     host = hostops.head_rms_norm(x, g, 1e-6)
     assert np.max(np.abs(host - want) / (np.abs(want) + 1e-3)) < 2e-6
+
+
+def test_neox_rope_and_post_norm_in_vpu_form_against_float64_and_the_host_form():
+    """NEOX RoPE (halves of each head turn together), QK-norm + NEOX RoPE and
+    the post-norm residual end in the VPU's primitives against float64 and
+    against their host forms."""
+    from mxu.verif import vpu
+    rng = np.random.default_rng(8)
+    n, d, heads = 6, 16, 3
+    x = (3 * rng.standard_normal((n, heads * d))).astype(np.float32)
+    cos, sin = hostops.rope_tables(d, 10000.0, np.arange(n) + 5, neox=True)
+    h = x.astype(np.float64).reshape(n, heads, d)
+    c64, s64 = cos.astype(np.float64)[:, None], sin.astype(np.float64)[:, None]
+    rot = np.concatenate([-h[..., d // 2:], h[..., :d // 2]], axis=-1)
+    want = (h * c64 + rot * s64).reshape(n, -1)
+    for got in (vpu.rope_neox(x, cos, sin), hostops.rope_neox(x, cos, sin)):
+        assert np.max(np.abs(got - want)) < 1e-5
+    g = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    normed = vpu.head_rms_norm(x, g, 1e-6, 4)
+    golden_bits = vpu.head_rms_norm_rope(x, g, 1e-6, cos, sin, 4)
+    assert np.array_equal(golden_bits, vpu.rope_neox(normed, cos, sin))
+    host = hostops.head_rms_norm_rope(x, g, 1e-6, cos, sin)
+    assert np.max(np.abs(host - golden_bits)) < 1e-5
+    res = rng.standard_normal((n, heads * d)).astype(np.float32)
+    g2 = (1 + 0.1 * rng.standard_normal((2, heads * d))).astype(np.float32)
+    c, norm = vpu.norm_add_rms_norm(x, res, g2[0], g2[1], 1e-6)
+    x64 = x.astype(np.float64)
+    rms = lambda v, w: v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + 1e-6) * w
+    c64 = rms(x64, g2[0]) + res
+    assert np.max(np.abs(c - c64)) < 1e-5 and np.max(np.abs(norm - rms(c64, g2[1]))) < 1e-5
+    hc, hn = hostops.norm_add_rms_norm(x, res, g2[0], g2[1], 1e-6)
+    assert np.max(np.abs(hc - c)) < 1e-5 and np.max(np.abs(hn - norm)) < 1e-5

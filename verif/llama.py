@@ -101,11 +101,11 @@ class GoldenLlama:
             raise ValueError("a sequence appears twice in one batch")
         starts = [self.lengths.get(key, 0) for key in keys]
         positions = np.concatenate([s + np.arange(len(t)) for s, (_, t) in zip(starts, batch)])
-        cos, sin = hostops.rope_tables(c.head_dim, c.rope_theta, positions)
-        x = w.embed[ids].astype(np.float32)
+        tables = self._tables(positions)
+        x = self._embed(ids)
         xn = _bf16(self._norm(x, w.layers[0].attn_norm))
         for i, lw in enumerate(w.layers):
-            x, xn = self._layer(i, lw, x, xn, batch, starts, cos, sin)
+            x, xn = self._layer(i, lw, x, xn, batch, starts, tables)
         for key, tokens in batch:
             self.lengths[key] = self.lengths.get(key, 0) + len(tokens)
         final = _bf16(self._norm(x, w.final_norm))
@@ -115,8 +115,16 @@ class GoldenLlama:
         out = self._matmul(final, self._unembed_t)
         return np.split(out, ends[:-1])
 
-    def _layer(self, i, lw, x, xn, batch, starts, cos, sin):
+    def _tables(self, positions):
+        """The rotary tables of the rows' positions."""
+        return hostops.rope_tables(self.config.head_dim, self.config.rope_theta, positions)
+
+    def _embed(self, ids):
+        return self.weights.embed[ids].astype(np.float32)
+
+    def _layer(self, i, lw, x, xn, batch, starts, tables):
         c = self.config
+        cos, sin = tables
         H, KV = c.hidden, c.kv_dim
         qkv = self._matmul(xn, self._qkv[i])
         swapped = self._matmul(xn, self._fold[i]) if self.rope_mode == "fold" else None
@@ -125,16 +133,7 @@ class GoldenLlama:
         k = _bf16(self._rope(qkv[:, H:H + KV], swapped[:, H:] if swapped is not None else None,
                              cos, sin, c.kv_heads))
         v = _bf16(qkv[:, H + KV:])
-        ctx = np.zeros((len(x), H), bfloat16)
-        row = 0
-        for (key, tokens), start in zip(batch, starts):
-            n = len(tokens)
-            cache = self.caches.setdefault(key, [None] * c.layers)
-            old_k, old_v = cache[i] if cache[i] is not None else (k[:0], v[:0])
-            K, V = np.concatenate([old_k, k[row:row + n]]), np.concatenate([old_v, v[row:row + n]])
-            cache[i] = (K, V)
-            ctx[row:row + n] = self._attention(q[row:row + n], K, V, start)
-            row += n
+        ctx = self._attend(i, q, k, v, batch, starts)
         x = vpu.add(x, self._matmul(ctx, lw.wo))
         xn2 = _bf16(self._norm(x, lw.ffn_norm))
         gu = self._matmul(xn2, np.concatenate([lw.w_gate, lw.w_up], axis=1))
@@ -143,7 +142,23 @@ class GoldenLlama:
         nxt = self.weights.layers[i + 1].attn_norm if i + 1 < c.layers else None
         return x, (_bf16(self._norm(x, nxt)) if nxt is not None else None)
 
-    def _attention(self, q, K, V, start):
+    def _attend(self, i, q, k, v, batch, starts):
+        """The attention of each sequence's new rows (bf16 q, k, v of the
+        batch) over its layer-i cache, which the new k and v join."""
+        c = self.config
+        ctx = np.zeros((len(q), c.q_dim), bfloat16)
+        row = 0
+        for (key, tokens), start in zip(batch, starts):
+            n = len(tokens)
+            cache = self.caches.setdefault(key, [None] * c.layers)
+            old_k, old_v = cache[i] if cache[i] is not None else (k[:0], v[:0])
+            K, V = np.concatenate([old_k, k[row:row + n]]), np.concatenate([old_v, v[row:row + n]])
+            cache[i] = (K, V)
+            ctx[row:row + n] = self._attention(i, q[row:row + n], K, V, start)
+            row += n
+        return ctx
+
+    def _attention(self, i, q, K, V, start):
         """Causal attention of n new rows at positions start.. over the L cached
         keys: each query head against its KV head's K^T and V (GQA)."""
         c = self.config

@@ -13,7 +13,8 @@ from .golden import canonical, f32_bits
 
 __all__ = ["NumpyOps", "fadd", "fmul", "fmax", "fmin", "vpu_exp", "vpu_reciprocal", "vpu_rsqrt",
            "vpu_function", "vector_alu", "swap_pairs", "softmax", "layer_norm", "gelu", "scale",
-           "add", "rms_norm", "head_rms_norm", "rope", "silu_mul", "gelu_tanh_mul"]
+           "add", "rms_norm", "head_rms_norm", "rope", "silu_mul", "gelu_tanh_mul", "rope_neox",
+           "head_rms_norm_rope", "norm_add_rms_norm"]
 
 _U32 = np.uint32
 
@@ -368,3 +369,35 @@ def gelu_tanh_mul(gate, up):
     g = fmax(_b(gate), _word(-np.finfo(np.float32).max))
     w = vpu_exp(fmul(fadd(fmul(fmul(g, g), k3), k1), g))
     return _v(fmul(fmul(g, vpu_reciprocal(fadd(w, _word(1.0)))), _b(up)))
+
+
+def _heads(x, width):
+    """x (..., n) as (..., n // width, width)."""
+    return x.reshape(x.shape[:-1] + (x.shape[-1] // width, width))
+
+
+def rope_neox(x, cos, sin):
+    """RoPE of the NEOX type on each head of the last axis, the heads as wide
+    as `cos` and `sin` (one row per position, broadcast against x): dims i
+    and i + d/2 turn together. As the chip does it, ``x * cos + partner(x) *
+    sin'`` where partner(x) swaps each head's halves (a move) and sin' is
+    `sin` with the first half's sign flipped -- the same bits as ``(-x2) *
+    sin``."""
+    x, d = _b(x), np.shape(cos)[-1]
+    sign = np.concatenate([np.full(d // 2, 0x80000000, _U32), np.zeros(d - d // 2, _U32)])
+    h = _heads(x, d)
+    partner = np.concatenate([h[..., d // 2:], h[..., :d // 2]], axis=-1)
+    cos, sin = _b(cos)[..., None, :], (_b(sin) ^ sign)[..., None, :]
+    return _v(fadd(fmul(h, cos), fmul(partner, sin))).reshape(x.shape)
+
+
+def head_rms_norm_rope(x, gamma, eps, cos, sin, lanes=1):
+    """Gemma 3's QK-norm then NEOX RoPE: `rope_neox` of `head_rms_norm`."""
+    return rope_neox(head_rms_norm(x, gamma, eps, lanes), cos, sin)
+
+
+def norm_add_rms_norm(x, residual, gamma0, gamma1, eps, lanes=1):
+    """A post-norm block's end: ``c = rms_norm(x, gamma0) + residual`` and
+    ``rms_norm(c, gamma1)`` (c, its norm)."""
+    c = add(rms_norm(x, gamma0, eps, lanes), residual)
+    return c, rms_norm(c, gamma1, eps, lanes)

@@ -2,7 +2,8 @@
 registry (docs/compiler.md, "Layer ops").
 
 A transformer layer op -- softmax, LayerNorm, RMSNorm, GELU, SiLU(gate) *
-up, GELU-tanh(gate) * up, QK-norm, RoPE, a residual add, a transpose -- is known to
+up, GELU-tanh(gate) * up, QK-norm, RoPE (of pairs or of halves, NEOX), a
+residual add with its norms, a transpose -- is known to
 the compiler through one `LayerOp` registered here (`register`,
 `LAYER_OPS`): the operands it reads besides the matmul's result, the
 accumulator rows it works in, whether it needs a whole row (every N tile of
@@ -118,6 +119,10 @@ class LayerOp:
         of ``group`` rows (chunks divide the group).
     unfused : the fused op has an unfused form (the matmul to fp32, then
         `vector_form`) for when its buffers do not fit.
+    vector_transpose : a `VectorOp` of this kind may also write ``x.T``
+        (``out_t``).
+    chained : on a few rows a group's passes are one chain of dependent
+        passes (a softmax's reductions): the compiler interleaves two groups.
     """
     name: str
     golden: str
@@ -139,6 +144,8 @@ class LayerOp:
     vector_regions: int = 0
     vector_grouped: bool = False
     unfused: bool = False
+    vector_transpose: bool = False
+    chained: bool = False
 
     # ---- the rows it needs ------------------------------------------------------
     def param_rows(self, count, M):
@@ -444,14 +451,37 @@ class _HeadRmsNorm(_Norm):
                              f"of cols ({cols}) and divide the result's {N} columns")
 
     def emit(self, emit, g):
-        x, head = g.x, g.ep.params.cols
-        per, m = head // x.cols, x.m
-        gamma = Tiles(g.params, 1, head, x.cols)
-        for h in range(x.count // per):
-            xh = Tiles(x.tile(h * per), m, head, x.cols)
-            emit_rms_norm(emit, xh, gamma, g.ep.eps, xh, Tiles(g.at["sq"] + h * per * m, m, head,
-                                                               x.cols), g.at["spare"] + h * m)
-        return x, x
+        emit_head_norms(emit, g)
+        return g.x, g.x
+
+
+def emit_head_norms(emit, g):
+    """RMSNorm of each head of the group's row in place, the heads as wide as
+    the op's gamma (`params`), in the op's "sq" and "spare" scratch."""
+    x, head = g.x, g.ep.params.cols
+    per, m = head // x.cols, x.m
+    gamma = Tiles(g.params, 1, head, x.cols)
+    for h in range(x.count // per):
+        xh = Tiles(x.tile(h * per), m, head, x.cols)
+        emit_rms_norm(emit, xh, gamma, g.ep.eps, xh, Tiles(g.at["sq"] + h * per * m, m, head,
+                                                           x.cols), g.at["spare"] + h * m)
+
+
+class _NormAddRmsNorm(_Norm):
+    """A post-norm residual block's end (Gemma 3): c gets ``other +
+    rms_norm(r, gamma0)`` (the block's output normed, then the residual add)
+    and the extra output ``rms_norm(c, gamma1)``, the next block's input.
+    `params`: gamma0 and gamma1, two rows of N; `other`: the residual."""
+
+    def emit(self, emit, g):
+        x, sq = g.x, g.x.like(g.at["sq"])
+        gammas = [Tiles(g.params + i * g.count, 1, x.n, x.cols) for i in range(2)]
+        emit_rms_norm(emit, x, gammas[0], g.ep.eps, x, sq, g.at["spare"])
+        emit.map(VpuOp.ADD, x, x, b_row=g.residual)
+        if g.on_sum is not None:
+            g.on_sum(emit)
+        emit_rms_norm(emit, x, gammas[1], g.ep.eps, sq, sq, g.at["spare"])
+        return x, sq
 
 
 # ---- GELU --------------------------------------------------------------------------
@@ -601,6 +631,75 @@ class _Rope(LayerOp):
         return x, x
 
 
+def emit_neox(emit, g, t1, t2):
+    """NEOX RoPE of the group's row in place: each head (P wide, P the
+    table's period) turns its halves, dims i and i + P/2: ``x * cos +
+    partner(x) * sin``, where the partner of a tile in one half is the tile
+    P/2 further (or back) in the other -- a whole tile, so no lane moves --
+    and the table's sin is negated in each head's first half. `t1`, `t2`:
+    the group's tiles of working rows each."""
+    x, m = g.x, g.x.m
+    per = g.ep.other.cols // 2 // x.cols
+    half = per // 2
+    jobs = []
+    for t in range(x.count):
+        u = t % per
+        partner = t + half if u < half else t - half
+        jobs.append((x.tile(t), x.tile(partner), g.residual + u * m, g.residual + (per + u) * m,
+                     x.tile(t)))
+    return emit_rope(emit, m, jobs, t1, t2)
+
+
+class _RopeNeox(LayerOp):
+    """RoPE of the NEOX type (Gemma 3): each head turns dims (i, i + P/2),
+    `other` the rows' table: P of cos, then P of sin with each head's first
+    half negated (P the head's width, the table's period, whose half must be
+    whole tiles)."""
+
+    def scratch(self, count, G, Mb):
+        return (("t1", count * Mb), ("t2", count * Mb))
+
+    def operands(self, M, N, cols, given):
+        shape = given.get("other")
+        return {"other": (M, shape[1] if shape is not None else 2 * N)}
+
+    def check(self, ep, cols, N):
+        period = ep.other.cols // 2
+        if ep.other.cols % 2 or period % (2 * cols) or N % period:
+            raise ValueError(f"a {self.name} table must be 2P wide with P/2 a multiple of cols "
+                             f"({cols}) and P dividing the result's {N} columns, not "
+                             f"{ep.other.cols} wide")
+
+    def emit(self, emit, g):
+        emit_neox(emit, g, g.at["t1"], g.at["t2"])
+        return g.x, g.x
+
+
+class _HeadRmsNormRope(_RopeNeox):
+    """Gemma 3's QK-norm then NEOX RoPE on Q or K: `params` one head's gamma
+    (head_rms_norm), `other` the rows' NEOX table (rope_neox) of the same
+    head width."""
+
+    def operands(self, M, N, cols, given):
+        shape = given.get("params")
+        head = shape[1] if shape is not None else N
+        return {"params": (1, head), "other": (M, 2 * head)}
+
+    def scratch(self, count, G, Mb):
+        return (("spare", count * Mb), ("sq", count * Mb), ("t2", count * Mb))
+
+    def check(self, ep, cols, N):
+        if ep.other.cols != 2 * ep.params.cols:
+            raise ValueError(f"a {self.name}'s table ({ep.other.cols} wide) must be twice its "
+                             f"head ({ep.params.cols}, its gamma)")
+        super().check(ep, cols, N)
+
+    def emit(self, emit, g):
+        emit_head_norms(emit, g)
+        emit_neox(emit, g, g.at["sq"], g.at["t2"])
+        return g.x, g.x
+
+
 # ---- a transpose, a copy -----------------------------------------------------------
 
 class _Transpose(LayerOp):
@@ -614,9 +713,10 @@ class _Transpose(LayerOp):
 # ---- the kinds -----------------------------------------------------------------------
 
 register(_Softmax("softmax", "softmax", row_wise=True, params=1, passes=10, scaled=True,
-                  producer=True, vector_regions=2, vector_grouped=True, unfused=True))
+                  producer=True, vector_regions=2, vector_grouped=True, unfused=True,
+                  chained=True))
 register(_MaskedSoftmax("masked_softmax", "softmax", row_wise=True, params=1, per_row=True,
-                        passes=10, scaled=True, unfused=True))
+                        passes=10, scaled=True, unfused=True, chained=True))
 register(_LayerNorm("layer_norm", "layer_norm", row_wise=True, buffers=2, params=3, passes=12,
                     producer=True, vector_regions=3, unfused=True))
 register(_LayerNorm("add_layer_norm", "layer_norm", row_wise=True, buffers=2, params=3,
@@ -635,10 +735,17 @@ register(_GeluTanhMul("gelu_tanh_mul", "gelu_tanh_mul", row_wise=False, paired=T
                       min_group=2))
 register(_Rope("rope", "rope", row_wise=False, row_operand="table", passes=3, may_pair=True,
                may_transpose=True))
+register(_RopeNeox("rope_neox", "rope_neox", row_wise=True, buffers=2, row_operand="table",
+                   passes=3, may_transpose=True))
+register(_HeadRmsNormRope("head_rms_norm_rope", "head_rms_norm_rope", row_wise=True, buffers=2,
+                          params=1, row_operand="table", passes=10, may_transpose=True))
+register(_NormAddRmsNorm("norm_add_rms_norm", "norm_add_rms_norm", row_wise=True, buffers=2,
+                         params=2, row_operand="same", passes=15, outputs=("x", "norm")))
 register(_Transpose("transpose", "scale", row_wise=False, passes=1, scaled=True, transposes=True,
                     producer=True, unfused=True))
-register(LayerOp(COPY, "scale", row_wise=False, passes=0, scaled=True, producer=True,
-                 vector_regions=1))
+# Its passes (for cycle estimates) are a hand-off's two.
+register(LayerOp(COPY, "scale", row_wise=False, passes=2, scaled=True, producer=True,
+                 vector_regions=1, vector_transpose=True))
 
 EPILOGUE_KINDS = tuple(name for name in LAYER_OPS if name != COPY)
 # The kinds a `VectorOp` runs on tensors in external memory (vectorop.py).

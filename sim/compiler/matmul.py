@@ -43,6 +43,7 @@ from .plan import ceil_div, lead, plan_op, ring_rows, unit_tiles
 from .program import Program
 from .epilogue import FusedGroups, Pending, epilogue_param_loads, is_vector
 from .handoff import plan_handoffs
+from .layerops import layer_op
 from .vectorop import VectorOp, emit_vector_op
 
 __all__ = ["CompiledProgram", "compile_matmuls", "plan_segments"]
@@ -262,8 +263,8 @@ def _interleave(plans):
     2 for a softmax over a few rows (a decode step's attention scores), where
     one group's chain of dependent passes leaves the vector unit's pipeline
     mostly empty; else 1."""
-    short = all(p.epilogue in ("softmax", "masked_softmax") and p.Mb <= _SHORT_SOFTMAX_ROWS
-                for p in plans)
+    short = all(p.epilogue is not None and layer_op(p.epilogue).chained
+                and p.Mb <= _SHORT_SOFTMAX_ROWS for p in plans)
     return 2 if short and sum(p.blocks * p.groups_per_block for p in plans) > 1 else 1
 
 

@@ -54,6 +54,19 @@ class Operand:
         (a0, a1), (b0, b1) = self.span, other.span
         return a0 < b1 and b0 < a1
 
+    def shares_bytes(self, other):
+        """Whether the two blocks write a byte in common: exact for blocks of
+        one stride whose rows stay within it (column blocks of one matrix,
+        e.g. the two pieces of a ring's K^T), else `overlaps`."""
+        s = self.stride
+        if other.stride != s or self.rows == 1 or other.rows == 1:
+            return self.overlaps(other)
+        (ra, ca), (rb, cb) = divmod(self.addr, s), divmod(other.addr, s)
+        if ca + self.row_bytes > s or cb + other.row_bytes > s:
+            return self.overlaps(other)
+        return (ra < rb + other.rows and rb < ra + self.rows
+                and ca < cb + other.row_bytes and cb < ca + self.row_bytes)
+
     def check(self, name, ext_mem_bytes):
         """Raise ValueError naming `name` if the block cannot be moved by the DMA."""
         if self.dtype not in ELEMENT_BYTES:
@@ -234,7 +247,7 @@ class Scatter:
                                  f"{operand.dtype}; every piece has the result's "
                                  f"{'rows' if self.transposed else 'columns'} and dtype")
             for _, later in self.pieces[k + 1:]:
-                if operand.overlaps(later):
+                if operand.shares_bytes(later):
                     raise ValueError(f"{name}: pieces overlap")
 
 

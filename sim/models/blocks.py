@@ -68,7 +68,10 @@ class Head:
     or a KV group's heads stacked as rows -- against keys `kt` (d, L) bf16
     and values `v` (L, d) bf16, into `out` (rows, d) bf16. `bias`: one
     softmax bias row (`softmax_bias`), or None for no mask; `mask`: a bias
-    row per query row (a causal mask), which takes its place."""
+    row per query row (a causal mask), which takes its place. `ring`: the
+    keys are a ring (a sliding window's cache) whose oldest is at column
+    `ring`: P.V sums the keys in position order, columns ring.. first into
+    `older` (rows, d) fp32, then columns ..ring seeded with those sums."""
     q: object
     kt: object
     v: object
@@ -76,6 +79,8 @@ class Head:
     probs: object
     bias: object = None
     mask: object = None
+    ring: int = 0
+    older: object = None
 
 
 def sequence_heads(q, kt, v, context, probs, B, L, d, masks):
@@ -99,30 +104,38 @@ def attention(chip, heads, scale=1.0):
     ``out = softmax(q @ kt * scale + mask) @ v``. Two runs of like ops, so
     each is one segment of the program and the next head's loads overlap
     this one's compute; the probabilities (`Head.probs`, transient bf16)
-    stay in VMEM when the compiler can keep them there."""
+    stay in VMEM when the compiler can keep them there. A ring's P.V is two
+    matmuls (`Head.ring`)."""
     for h in heads:
         if h.mask is not None:
             chip.matmul(h.q, h.kt, out=h.probs, then="masked_softmax", other=h.mask, scale=scale)
         else:
             chip.matmul(h.q, h.kt, out=h.probs, then="softmax", other=h.bias, scale=scale)
     for h in heads:
-        chip.matmul(h.probs, h.v, out=h.out)
+        if not h.ring:
+            chip.matmul(h.probs, h.v, out=h.out)
+            continue
+        chip.matmul(h.probs[:, h.ring:], h.v[h.ring:], out=h.older)
+        chip.matmul(h.probs[:, :h.ring], h.v[:h.ring], bias=h.older, out=h.out)
+
+
+# The feed-forwards: kind -> (the up projection's layer op, the down's).
+FEED_FORWARDS = {"gelu": ("gelu", "add_layer_norm"), "swiglu": ("silu_mul", "add_rms_norm"),
+                 "geglu": ("gelu_tanh_mul", "norm_add_rms_norm")}
 
 
 def feed_forward(up, down, x, hidden, out, out_bf16, residual, params, eps, kind="gelu"):
     """The feed-forward and its residual norm: ``h = act(x @ up)``, then
     ``norm(residual + h @ down)``. `kind` "gelu" (``up`` is W1 with its bias;
     a post-norm layer: `out` gets the LayerNorm and `out_bf16` its bf16
-    copy) or "swiglu" (``up`` is the gate and up projections with their N
+    copy), "swiglu" (``up`` is the gate and up projections with their N
     tiles alternating, `silu_mul`; a pre-norm layer: `out` gets the residual
-    sum and `out_bf16` its RMSNorm, the next layer's input)."""
-    if kind == "gelu":
-        up(x, out=hidden, then="gelu")
-        down(hidden, out=out, out_bf16=out_bf16, then="add_layer_norm", other=residual,
-             params=params, eps=eps)
-    elif kind == "swiglu":
-        up(x, out=hidden, then="silu_mul")
-        down(hidden, out=out, out_bf16=out_bf16, then="add_rms_norm", other=residual,
-             params=params, eps=eps)
-    else:
-        raise ValueError(f"kind must be 'gelu' or 'swiglu', not {kind!r}")
+    sum and `out_bf16` its RMSNorm, the next layer's input) or "geglu"
+    (Gemma 3: likewise with `gelu_tanh_mul`, and the down projection's
+    output normed before the residual add, `norm_add_rms_norm`: `params`
+    that post-norm's gamma and the next norm's)."""
+    if kind not in FEED_FORWARDS:
+        raise ValueError(f"kind must be one of {sorted(FEED_FORWARDS)}, not {kind!r}")
+    act, norm = FEED_FORWARDS[kind]
+    up(x, out=hidden, then=act)
+    down(hidden, out=out, out_bf16=out_bf16, then=norm, other=residual, params=params, eps=eps)

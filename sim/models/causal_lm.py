@@ -79,6 +79,25 @@ def _keeps(chip, blocks):
     return block % rows == 0 or rows % block == 0
 
 
+def kept_linear(chip, keep, w, blocks, name):
+    """A `Linear` of the file's `blocks` (`GgufBlocks` or None) when weight
+    mode `keep` is "gguf" and the chip keeps them, else of bf16 `w`."""
+    if keep == "gguf" and _keeps(chip, blocks):
+        return Linear.from_blocks(chip, blocks, name)
+    return Linear(chip, w)
+
+
+def kept_unembed(chip, keep, weights):
+    """The output projection on `chip` as (hidden, vocab): the file's blocks
+    (``weights.unembed_blocks``) when `keep` is "gguf" and the chip keeps
+    them, else bf16."""
+    unembed = weights.unembed_blocks
+    if keep == "gguf" and _keeps(chip, unembed):
+        return chip.upload_quantized(unembed.data, unembed.qtype, unembed.shape,
+                                     name="the output projection")
+    return chip.upload(np.ascontiguousarray(weights.unembed.T), dtype=bfloat16)
+
+
 def interleave_blocks(a, b, cols):
     """`interleave_tiles` of two matrices' `GgufBlocks` (N rows of K each, the
     same type and shape): their rows in alternating groups of `cols`, each
@@ -195,12 +214,14 @@ def _rope_fold(w, heads, head_dim):
 
 class Sequence:
     """One sequence's state on the chip: its tokens and its KV cache (per
-    layer, K^T (kv_dim, capacity) and V (capacity, kv_dim), bf16)."""
+    layer, K^T (kv_dim, capacity) and V (capacity, kv_dim), bf16; a layer
+    with a sliding window holds at most the window's positions, a ring)."""
 
     def __init__(self, chip, config, capacity):
         self.capacity, self.length, self.tokens = capacity, 0, []
-        self.kt = [chip.empty((config.kv_dim, capacity), bfloat16) for _ in range(config.layers)]
-        self.v = [chip.empty((capacity, config.kv_dim), bfloat16) for _ in range(config.layers)]
+        caps = [capacity if w is None else min(capacity, w) for w in config.layer_windows]
+        self.kt = [chip.empty((config.kv_dim, cap), bfloat16) for cap in caps]
+        self.v = [chip.empty((cap, config.kv_dim), bfloat16) for cap in caps]
 
     def free(self):
         for t in self.kt + self.v:
@@ -237,12 +258,8 @@ class ChipLlama:
         self.rope = rope_mode(chip.config, c.head_dim)
         fold = self.rope == "fold"
 
-        def linear(w, blocks, name):
-            """The file's blocks when the chip keeps them, else bf16 `w`.
-            (Folded RoPE projections are new matrices: bf16.)"""
-            if keep == "gguf" and _keeps(chip, blocks):
-                return Linear.from_blocks(chip, blocks, name)
-            return Linear(chip, w)
+        # (Folded RoPE projections are new matrices: bf16.)
+        linear = lambda w, blocks, name: kept_linear(chip, keep, w, blocks, name)
 
         self.layers = []
         for i, w in enumerate(weights.layers):
@@ -261,12 +278,7 @@ class ChipLlama:
                 linear(w.w_down, b.get("w_down"), p + "ffn_down.weight"),
                 rms_norm_params(chip, w.attn_norm), rms_norm_params(chip, w.ffn_norm)))
         self.final_norm = rms_norm_params(chip, weights.final_norm)
-        unembed = weights.unembed_blocks
-        if keep == "gguf" and _keeps(chip, unembed):
-            self.unembed = chip.upload_quantized(unembed.data, unembed.qtype, unembed.shape,
-                                                 name="the output projection")
-        else:
-            self.unembed = chip.upload(np.ascontiguousarray(weights.unembed.T), dtype=bfloat16)
+        self.unembed = kept_unembed(chip, keep, weights)
         self._rope_cache = {}
 
     @property
@@ -334,17 +346,16 @@ class ChipLlama:
             return t
 
         x = upload(self.weights.embed[ids])
-        rope_q, rope_k = (upload(t) for t in self._rope_rows(positions))
+        ropes = [upload(t) for t in self._rope_rows(positions)]
         xn = chip.empty((M, c.hidden), bfloat16)
         temps.append(xn)
         masks = self._masks(seqs, counts, upload)
         stats, result = None, None
         try:
             for i, lw in enumerate(self.layers):
-                before = (lambda: chip.vector("rms_norm", x, out_bf16=xn, other=lw.attn_norm,
-                                              eps=c.eps)) if i == 0 else None
-                x_next, xn_next, result, run = self._layer(i, lw, x, xn, seqs, counts, rope_q,
-                                                           rope_k, masks, before, logits)
+                before = (lambda: self._embedding_ops(x, xn)) if i == 0 else None
+                x_next, xn_next, result, run = self._layer(i, lw, x, xn, seqs, counts, ropes,
+                                                           masks, before, logits)
                 temps += [x_next, xn_next]
                 if stats is None:
                     stats = RunStats(rows=run.rows, cols=run.cols)
@@ -364,6 +375,12 @@ class ChipLlama:
             return [out], stats
         return list(out), stats
 
+    def _embedding_ops(self, x, xn):
+        """The chip's ops on the embeddings `x` before the first layer: its
+        RMSNorm into `xn`."""
+        self.chip.vector("rms_norm", x, out_bf16=xn, other=self.layers[0].attn_norm,
+                         eps=self.config.eps)
+
     def _masks(self, seqs, counts, upload):
         """Per sequence: a causal mask (one bias row per new token) for a
         prefill, a softmax bias row for one new token (None when its
@@ -382,18 +399,18 @@ class ChipLlama:
                 out.append(upload(np.where(visible, 0, -np.inf)))
         return out
 
-    def _layer(self, i, lw, x, xn, seqs, counts, rope_q, rope_k, masks, before, logits):
+    def _layer(self, i, lw, x, xn, seqs, counts, ropes, masks, before, logits):
         """Layer i as two programs: the attention (it changes with the caches'
         lengths) and the rest (the output projection and the FFN, the same
         program at every step of a batch: it replays from the compile cache);
         the last layer's logits are a third. Returns (x, its RMSNorm for the
-        next layer (bf16), the logits tensor or None, the `RunStats`)."""
+        next layer (bf16), the logits tensor or None, the `RunStats`). What
+        the two programs hold is the family's (`_attention_ops`,
+        `_block_end_ops`)."""
         chip, c = self.chip, self.config
-        M, d = sum(counts), c.head_dim
-        bf, fold = bfloat16, self.rope == "fold"
-        last = i == c.layers - 1
+        M, bf = sum(counts), bfloat16
         temp = lambda shape, dtype=np.float32: chip.empty(shape, dtype, transient=True)
-        q, ctx = temp((M, c.hidden), bf), chip.empty((M, c.hidden), bf)
+        q, ctx = temp((M, c.q_dim), bf), chip.empty((M, c.q_dim), bf)
         x_next, xn_next = chip.empty((M, c.hidden)), chip.empty((M, c.hidden), bf)
         temps = [q, ctx]
         stats = RunStats(rows=chip.config.rows, cols=chip.config.cols)
@@ -401,59 +418,76 @@ class ChipLlama:
             with chip.record() as rec:
                 if before is not None:
                     before()
-                starts = np.cumsum([0] + counts[:-1])
-                lw.q(xn, out=q, then="rope", other=rope_q, paired=fold)
-                lw.k(xn, out=[(int(r), s.kt[i][:, s.length:s.length + n])
-                              for r, s, n in zip(starts, seqs, counts)],
-                     out_dtype=bf, then="rope", other=rope_k, transpose=True, paired=fold)
-                lw.v(xn, out=[(int(r), s.v[i][s.length:s.length + n])
-                              for r, s, n in zip(starts, seqs, counts)], out_dtype=bf)
-                heads = []
-                for r, s, n, mask in zip(starts, seqs, counts, masks):
-                    heads += self._heads(i, q, ctx, int(r), s, n, mask, temp, temps)
-                attention(chip, heads, scale=1 / math.sqrt(d))
+                starts = [int(r) for r in np.cumsum([0] + counts[:-1])]
+                self._attention_ops(i, lw, xn, q, ctx, seqs, counts, starts, ropes, masks, temp,
+                                    temps)
             stats += rec.stats
             x2, xn2, h = temp((M, c.hidden)), temp((M, c.hidden), bf), temp((M, c.ffn), bf)
             temps += [x2, xn2, h]
             with chip.record() as rec:
-                lw.o(ctx, out=x2, out_bf16=xn2, then="add_rms_norm", other=x,
-                     params=lw.ffn_norm, eps=c.eps)
-                norm = self.layers[i + 1].attn_norm if not last else self.final_norm
-                feed_forward(lw.gu, lw.down, xn2, h, x_next, xn_next, x2, norm, c.eps,
-                             kind="swiglu")
+                self._block_end_ops(i, lw, x, ctx, x2, xn2, h, x_next, xn_next)
             stats += rec.stats
         finally:
             for t in temps:
                 t.free()
         result = None
-        if last:
+        if i == c.layers - 1:
             result = self._logits(xn_next, counts, logits, x_next)
             stats += chip.last_stats
         return x_next, xn_next, result, stats
 
-    def _heads(self, i, q, ctx, r, s, n, mask, temp, temps):
+    def _attention_ops(self, i, lw, xn, q, ctx, seqs, counts, starts, ropes, masks, temp, temps):
+        """Layer i's attention program: RoPE'd Q and K (K and V into each
+        sequence's cache), the heads' scores and P.V into `ctx`."""
+        bf, fold = bfloat16, self.rope == "fold"
+        rope_q, rope_k = ropes
+        lw.q(xn, out=q, then="rope", other=rope_q, paired=fold)
+        lw.k(xn, out=[(r, s.kt[i][:, s.length:s.length + n])
+                      for r, s, n in zip(starts, seqs, counts)],
+             out_dtype=bf, then="rope", other=rope_k, transpose=True, paired=fold)
+        lw.v(xn, out=[(r, s.v[i][s.length:s.length + n])
+                      for r, s, n in zip(starts, seqs, counts)], out_dtype=bf)
+        heads = []
+        for r, s, n, mask in zip(starts, seqs, counts, masks):
+            heads += self._heads(i, q, ctx, r, s, n, mask, temp, temps)
+        attention(self.chip, heads, scale=1 / math.sqrt(self.config.head_dim))
+
+    def _block_end_ops(self, i, lw, x, ctx, x2, xn2, h, x_next, xn_next):
+        """Layer i's second program: the output projection with the residual
+        (x2, its norm xn2), the FFN through `h`, the residual (x_next) and
+        the next layer's (or the final) norm (xn_next)."""
+        c = self.config
+        lw.o(ctx, out=x2, out_bf16=xn2, then="add_rms_norm", other=x,
+             params=lw.ffn_norm, eps=c.eps)
+        norm = self.layers[i + 1].attn_norm if i < c.layers - 1 else self.final_norm
+        feed_forward(lw.gu, lw.down, xn2, h, x_next, xn_next, x2, norm, c.eps, kind="swiglu")
+
+    def _heads(self, i, q, ctx, r, s, n, mask, temp, temps, keys=None):
         """The attention `Head`s of one sequence's n new rows from row r: a
         decode step's KV group as one problem (its query heads stacked as
         rows: GQA, the K and V read once for all of them), a prefill's heads
-        one by one with the causal mask."""
+        one by one with the causal mask. `keys`: (K^T, V, L, the oldest key's
+        column in a ring) when they are not layer i's cache up to the
+        sequence's length."""
         c = self.config
-        d, g, L = c.head_dim, c.group, s.length + n
+        d, g = c.head_dim, c.group
+        kt, v, L, ring = keys or (s.kt[i], s.v[i], s.length + n, 0)
         heads = []
         if n == 1:
             for k in range(c.kv_heads):
-                probs = temp((g, L), bfloat16)
-                temps.append(probs)
-                heads.append(Head(q.strided(r * c.hidden + k * g * d, (g, d), d),
-                                  s.kt[i][k * d:(k + 1) * d, :L], s.v[i][:L, k * d:(k + 1) * d],
-                                  ctx.strided(r * c.hidden + k * g * d, (g, d), d), probs,
-                                  bias=mask))
+                probs, older = temp((g, L), bfloat16), temp((g, d)) if ring else None
+                temps += [probs] + ([older] if ring else [])
+                heads.append(Head(q.strided(r * c.q_dim + k * g * d, (g, d), d),
+                                  kt[k * d:(k + 1) * d, :L], v[:L, k * d:(k + 1) * d],
+                                  ctx.strided(r * c.q_dim + k * g * d, (g, d), d), probs,
+                                  bias=mask, ring=ring, older=older))
             return heads
         for hd in range(c.heads):
             k = hd // g
             probs = temp((n, L), bfloat16)
             temps.append(probs)
-            heads.append(Head(q[r:r + n, hd * d:(hd + 1) * d], s.kt[i][k * d:(k + 1) * d, :L],
-                              s.v[i][:L, k * d:(k + 1) * d], ctx[r:r + n, hd * d:(hd + 1) * d],
+            heads.append(Head(q[r:r + n, hd * d:(hd + 1) * d], kt[k * d:(k + 1) * d, :L],
+                              v[:L, k * d:(k + 1) * d], ctx[r:r + n, hd * d:(hd + 1) * d],
                               probs, mask=mask))
         return heads
 
@@ -601,7 +635,8 @@ class CausalLM:
         self.tokenizer = tokenizer
         self._owns_chip = chip is None
         self.chip = chip or Chip(ChipConfig.preset("llm"), fast_mac=True)
-        self.model = ChipLlama(self.chip, weights, keep)
+        # A family's own chip model (Gemma 3's), else the Llama one.
+        self.model = getattr(weights, "chip_model", ChipLlama)(self.chip, weights, keep)
         self.last_stats = None
 
     # ---- lifetime ------------------------------------------------------------------

@@ -20,7 +20,8 @@ import numpy as np
 from mxu.hdl import hostops
 
 __all__ = ["LlamaConfig", "GgufBlocks", "LlamaLayerWeights", "LlamaWeights", "rope_tables",
-           "model_macs", "read_gguf", "kv_bytes", "roofline_cycles"]
+           "model_macs", "read_gguf", "kv_bytes", "roofline_cycles", "gguf_tensors", "gguf_blocks",
+           "gguf_meta", "gguf_field"]
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,21 @@ class LlamaConfig:
     def kv_dim(self):
         return self.kv_heads * self.head_dim
 
+    @property
+    def q_dim(self):
+        """Width of Q (and of the attention's output): every head's."""
+        return self.heads * self.head_dim
+
+    @property
+    def layer_windows(self):
+        """Per layer, the sliding window of its attention (None: it sees every
+        position; a Llama has no window)."""
+        return (None,) * self.layers
+
     @classmethod
     def from_gguf(cls, reader):
         """The sizes in a `gguf.GGUFReader`'s ``llama.*`` metadata."""
-        get = lambda key: _field(reader, key)
+        get = lambda key: gguf_field(reader, key)
         arch = get("general.architecture")
         if arch != "llama":
             raise ValueError(f"the GGUF file holds a {arch!r} model, not 'llama'")
@@ -165,20 +177,24 @@ def model_macs(config, new_tokens, contexts, logits_rows=None):
     P.V of every (new token, head) over the positions it may see (causal),
     and the logits of `logits_rows` rows (default: one per sequence)."""
     c = config
-    per_token = c.hidden * (2 * c.hidden + 2 * c.kv_dim) + 3 * c.hidden * c.ffn
+    per_token = c.hidden * (2 * c.q_dim + 2 * c.kv_dim) + 3 * c.hidden * c.ffn
     attention = 0
-    for n, L in zip(new_tokens, contexts):
-        seen = sum(L - n + 1 + t for t in range(n))   # keys visible to each new token
-        attention += 2 * c.heads * c.head_dim * seen
+    for window in c.layer_windows:
+        for n, L in zip(new_tokens, contexts):
+            # keys visible to each new token (at most the layer's window)
+            seen = sum(min(L - n + 1 + t, window or L) for t in range(n))
+            attention += 2 * c.heads * c.head_dim * seen
     rows = len(new_tokens) if logits_rows is None else logits_rows
-    return c.layers * (sum(new_tokens) * per_token + attention) + rows * c.hidden * c.vocab
+    return c.layers * sum(new_tokens) * per_token + attention + rows * c.hidden * c.vocab
 
 
 def kv_bytes(config, contexts):
     """Bytes of the KV caches a step reads: for a sequence of ``contexts[s]``
-    positions, each layer's K and V rows of ``kv_dim`` bf16 values."""
+    positions, each layer's K and V rows of ``kv_dim`` bf16 values (at most
+    its window's)."""
     bf16 = 2
-    return sum(config.layers * 2 * L * config.kv_dim * bf16 for L in contexts)
+    return sum(2 * min(L, w or L) * config.kv_dim * bf16
+               for L in contexts for w in config.layer_windows)
 
 
 def roofline_cycles(macs, nbytes, chip):
@@ -187,7 +203,8 @@ def roofline_cycles(macs, nbytes, chip):
     return max(nbytes / chip.axi_data_bytes, macs / (chip.rows * chip.cols))
 
 
-def _field(reader, key):
+def gguf_field(reader, key):
+    """The value of metadata `key` (ValueError naming it when the file has none)."""
     field = reader.fields.get(key)
     if field is None:
         raise ValueError(f"the GGUF file has no {key!r}")
@@ -199,33 +216,12 @@ def read_gguf(path):
     an open `gguf.GGUFReader`). Quantized tensors are dequantized with
     `gguf.quants.dequantize` (Q4_1, Q8_0, ...)."""
     import gguf
-    from gguf.quants import dequantize
 
     reader = path if isinstance(path, gguf.GGUFReader) else gguf.GGUFReader(str(path))
     config = LlamaConfig.from_gguf(reader)
-    tensors = {t.name: t for t in reader.tensors}
-    plain = {gguf.GGMLQuantizationType[n] for n in ("F32", "F16", "BF16")}
-
-    def blocks(name, shape):
-        """The file's blocks of a quantized matrix, or None (a float one)."""
-        t = tensors[name]
-        if t.tensor_type in plain:
-            return None
-        return GgufBlocks(np.asarray(t.data).view(np.uint8).reshape(-1), t.tensor_type.name,
-                          shape)
-
-    def get(name, shape):
-        t = tensors.get(name)
-        if t is None:
-            raise ValueError(f"the GGUF file has no tensor {name!r}")
-        x = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        if x.shape != shape:
-            raise ValueError(f"{name} has shape {x.shape}, expected {shape}")
-        return x
-
+    get, linear, tensors = gguf_tensors(reader)
+    blocks = gguf_blocks(tensors)
     H, F, KV = config.hidden, config.ffn, config.kv_dim
-    # gguf stores a linear layer as (out, in); mxu keeps (in, out).
-    linear = lambda name, i, o: np.ascontiguousarray(get(name, (o, i)).T)
     matrices = {"wq": ("attn_q", H, H), "wk": ("attn_k", H, KV), "wv": ("attn_v", H, KV),
                 "wo": ("attn_output", H, H), "w_gate": ("ffn_gate", H, F),
                 "w_up": ("ffn_up", H, F), "w_down": ("ffn_down", F, H)}
@@ -245,11 +241,59 @@ def read_gguf(path):
              "output": output is not None and blocks("output.weight", (config.vocab, H))}
     weights = LlamaWeights(config, embed, layers, get("output_norm.weight", (H,)), output,
                            {k: b for k, b in found.items() if b})
-    meta = {key: _field(reader, key) for key in reader.fields
+    return weights, gguf_meta(reader)
+
+
+def gguf_blocks(tensors):
+    """``blocks(name, shape)``: the file's blocks of quantized matrix `name`
+    of `tensors` ({name: gguf tensor}) as `GgufBlocks`, or None for a float
+    (F32, F16, BF16) one."""
+    import gguf
+
+    plain = {gguf.GGMLQuantizationType[n] for n in ("F32", "F16", "BF16")}
+
+    def blocks(name, shape):
+        t = tensors[name]
+        if t.tensor_type in plain:
+            return None
+        return GgufBlocks(np.asarray(t.data).view(np.uint8).reshape(-1), t.tensor_type.name,
+                          shape)
+    return blocks
+
+
+def gguf_tensors(reader):
+    """(get, linear, tensors) of a `gguf.GGUFReader`: ``get(name, shape)`` a
+    tensor dequantized to float32 (with `gguf.quants.dequantize`: Q4_1, Q8_0,
+    Q4_K, ...) and checked against `shape`; ``linear(name, in, out)`` a
+    linear layer's matrix as (in, out) (gguf stores (out, in)); tensors
+    {name: tensor}."""
+    from gguf.quants import dequantize
+
+    tensors = {t.name: t for t in reader.tensors}
+
+    def get(name, shape):
+        t = tensors.get(name)
+        if t is None:
+            raise ValueError(f"the GGUF file has no tensor {name!r}")
+        x = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if x.shape != shape:
+            raise ValueError(f"{name} has shape {x.shape}, expected {shape}")
+        return x
+
+    linear = lambda name, i, o: np.ascontiguousarray(get(name, (o, i)).T)
+    return get, linear, tensors
+
+
+def gguf_meta(reader):
+    """The ``general.*`` and ``tokenizer.*`` metadata of a GGUF file, with
+    the vocabulary as "tokens" and, where the file has them, "merges",
+    "token_type" and "scores"."""
+    meta = {key: gguf_field(reader, key) for key in reader.fields
             if key.startswith(("general.", "tokenizer.")) and not key.startswith(
                 ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
                  "tokenizer.ggml.scores"))}
-    meta["tokens"] = _field(reader, "tokenizer.ggml.tokens")
-    meta["merges"] = _field(reader, "tokenizer.ggml.merges")
-    meta["token_type"] = _field(reader, "tokenizer.ggml.token_type")
-    return weights, meta
+    meta["tokens"] = gguf_field(reader, "tokenizer.ggml.tokens")
+    for name in ("merges", "token_type", "scores"):
+        if f"tokenizer.ggml.{name}" in reader.fields:
+            meta[name] = gguf_field(reader, f"tokenizer.ggml.{name}")
+    return meta

@@ -123,9 +123,16 @@ MODELS = {m.name: m for m in (
           ("google/gemma-3-270m", "gemma3-270m")),
 )}
 
+def read_gemma3(reader):
+    """`gemma3.read_gguf`, imported when first needed (the family's chip model
+    builds on `causal_lm`, which imports this registry)."""
+    from .gemma3 import read_gguf
+    return read_gguf(reader)
+
+
 # Decoder families by GGUF ``general.architecture``: a reader of a
 # `gguf.GGUFReader` -> (weights, metadata).
-ARCHITECTURES = {"llama": read_llama}
+ARCHITECTURES = {"llama": read_llama, "gemma3": read_gemma3}
 
 
 def model_names(kind=None):

@@ -114,8 +114,7 @@ def _vector_cycles(config, op):
         rows, cols, kind = op.M, op.N, op.epilogue.kind
     else:
         return 0
-    passes = 2 if kind == "copy" else layer_op(kind).passes
-    return passes * rows * -(-cols // config.cols)
+    return layer_op(kind).passes * rows * -(-cols // config.cols)
 
 
 class Chip:

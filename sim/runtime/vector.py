@@ -92,8 +92,9 @@ def prepare_vector(chip, kind, x, *, out=None, out_bf16=None, out_t=None, other=
     for name, (label, shape) in layer_op(kind).vector_operands(R, n, chip.config.cols,
                                                                group).items():
         tensors[name] = _tensor(chip, given[name], label, np.float32, shape)
-    if out_t is not None and kind != "copy":
-        raise ValueError("out_t (a transpose) is for kind 'copy'")
+    if out_t is not None and not layer_op(kind).vector_transpose:
+        raise ValueError(f"out_t (a transpose) is for kind "
+                         f"{[k for k in VECTOR_KINDS if layer_op(k).vector_transpose]}")
     operands = {name: t.operand() for name, t in tensors.items()}
     op = VectorOp(kind, group=group, scale=float(scale), eps=float(eps), **operands)
     op.check(chip.config)

@@ -290,14 +290,14 @@ class ChipGemma3(ChipLlama):
             raise ValueError(f"the sliding window ({c.window}) must be a multiple of cols ({cols})")
         self.rope = "neox"
         norms = [w.attn_norm for w in weights.layers[1:]] + [weights.final_norm]
-        self.layers = [self._layer(w, nxt, i, keep) for i, (w, nxt) in
+        self.layers = [self._upload_layer(w, nxt, i, keep) for i, (w, nxt) in
                        enumerate(zip(weights.layers, norms))]
         self.final_norm = rms_norm_params(chip, weights.final_norm)
         self.unembed = kept_unembed(chip, keep, weights)
         # The rope tables a step uploads, in this order: one per RoPE base.
         self._bases = sorted({c.rope_base(i) for i in range(c.layers)})
 
-    def _layer(self, w, next_norm, i, keep):
+    def _upload_layer(self, w, next_norm, i, keep):
         """Layer `i`'s weights on the chip (`next_norm`: the next layer's
         attn_norm, or the final norm), each matrix as its file's blocks when
         `keep` is "gguf" and the chip keeps them."""

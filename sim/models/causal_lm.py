@@ -35,7 +35,7 @@ from ..progress import Progress
 from ..runtime.chip import Chip
 from ..runtime.stats import RunStats
 from ..runtime.vector import rms_norm_params
-from .blocks import Head, Linear, attention, feed_forward
+from .blocks import Head, Linear, OwnsChip, attention, feed_forward
 from .llama import kv_bytes, model_macs, roofline_cycles, rope_tables
 from .registry import find_decoder, read_decoder
 from .tokenizer import GgufTokenizer
@@ -457,7 +457,7 @@ class GenerationStats:
         return self.prefill.cycles + self.decode.cycles
 
 
-class CausalLM:
+class CausalLM(OwnsChip):
     """A pretrained decoder LLM whose every matmul and layer op runs on a
     simulated chip (docs/llm.md).
 
@@ -468,7 +468,8 @@ class CausalLM:
         path of a GGUF file of a supported architecture (`registry.ARCHITECTURES`).
     chip : mxu.sim.Chip or None
         A chip with the vector unit and room for the weights; None makes the
-        ``ChipConfig.preset("llm")`` chip (16x16, vector unit) with the fast MAC.
+        ``ChipConfig.preset("llm")`` chip (16x16, vector unit) with the fast MAC;
+        ``close()`` or the end of a ``with`` block closes that one (`OwnsChip`).
     """
 
     def __init__(self, name="SmolLM2-135M-Instruct", chip=None):
@@ -494,21 +495,6 @@ class CausalLM:
         self.chip = chip or Chip(ChipConfig.preset("llm"), fast_mac=True)
         self.model = ChipLlama(self.chip, weights)
         self.last_stats = None
-
-    # ---- lifetime ------------------------------------------------------------------
-    def close(self):
-        """Close the chip this model made (its 1 GiB of external memory goes at
-        once); a chip passed in stays open, its owner's to close. Idempotent;
-        ``with CausalLM(...) as lm:`` closes at the end of the block."""
-        if self._owns_chip:
-            self.chip.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     # ---- inputs ----------------------------------------------------------------------
     def _encode(self, text, chat=False):

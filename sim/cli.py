@@ -322,12 +322,12 @@ def cmd_embed(args):
 
 
 def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=None, seed=None,
-                  rtl=False, out=None):
-    """Generate with SmolLM2-135M-Instruct on the llm preset chip, streaming the
-    text to `out` as it comes, then print the statistics table. Returns the
-    generated text."""
+                  rtl=False, out=None, preset="llm"):
+    """Generate with SmolLM2-135M-Instruct on the `preset` chip, streaming the
+    text to `out` as it comes, then print the statistics table (tokens/s only
+    at a preset's measured Fmax, `decode_rate_row`). Returns the generated
+    text."""
     from mxu.hdl import ChipConfig
-    from mxu.hdl.config import MEASURED_FMAX_MHZ
     from .models import CausalLM
     from .models.causal_lm import check_sampling, check_utf8
     from .report import format_table
@@ -336,8 +336,13 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
     # Before the chip is built: flags greedy decoding would ignore, bad bytes.
     check_sampling(temperature, top_k, seed)
     check_utf8(prompt)
+    config = ChipConfig.preset(preset)
+    if not config.vpu:
+        raise ValueError(f"--preset {preset} has no vector unit, where the decoder runs its "
+                         f"layer ops: choose one of "
+                         f"{', '.join(p for p in preset_names() if ChipConfig.preset(p).vpu)}")
     start = time.perf_counter()
-    lm = CausalLM("SmolLM2-135M-Instruct", chip=Chip(ChipConfig.preset("llm"), fast_mac=not rtl))
+    lm = CausalLM("SmolLM2-135M-Instruct", chip=Chip(config, fast_mac=not rtl))
     loaded = time.perf_counter() - start
     shown = prompt if not chat else f"(chat) {prompt}"
     print(shown, end="", file=out, flush=True)
@@ -352,7 +357,6 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
         # Ends the streamed line, so that an error goes on a line of its own.
         print(file=out, flush=True)
     s, cfg = lm.last_stats, lm.chip.config
-    fmax = MEASURED_FMAX_MHZ["fpga"]
 
     def per_token(phase):
         if not phase.tokens:
@@ -360,17 +364,15 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
         return (f"{phase.cycles_per_token:,.0f} cycles/token, MFU {100 * phase.mfu:.1f} %, "
                 f"{100 * phase.roofline_share:.1f} % of the roofline")
 
-    decode_rate = (s.decode.tokens / (s.decode.cycles / (fmax * 1e6))) if s.decode.cycles else 0
     rows = [
-        ["model", f"SmolLM2-135M-Instruct on the llm chip ({cfg.rows}x{cfg.cols}, vector unit, "
-                  f"{cfg.axi_data_bits}-bit bus), {'RTL' if rtl else 'fast MAC'} PEs "
+        ["model", f"SmolLM2-135M-Instruct on the {preset} chip ({cfg.rows}x{cfg.cols}, "
+                  f"vector unit, {cfg.axi_data_bits}-bit bus), {'RTL' if rtl else 'fast MAC'} PEs "
                   f"(load {loaded:.1f} s)"],
         ["tokens", f"{s.prompt_tokens} prompt, {s.new_tokens} new"],
         ["prefill", f"{s.prefill.cycles:,} cycles; {per_token(s.prefill)}"],
         ["decode", f"{s.decode.cycles:,} cycles in {s.decode.steps} steps; {per_token(s.decode)}"
          if s.decode.steps else "-"],
-        ["at the fpga preset's Fmax", f"{decode_rate:,.1f} decode tokens/s at {fmax} MHz "
-                                      f"(measured, docs/synth.md)" if decode_rate else "-"],
+        decode_rate_row(preset, s.decode),
         ["programs", f"{s.programs} (per step: two per layer, and the logits)"],
         ["wall seconds", f"{s.wall_seconds:.1f} ({s.prefill.wall_seconds + s.decode.wall_seconds:.1f}"
                          f" in chip runs)"],
@@ -379,9 +381,25 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
     return text
 
 
+def decode_rate_row(preset, decode):
+    """The table row of the decode speed: tokens/s only at the preset's
+    measured Fmax (`MEASURED_FMAX_MHZ`, with its commit and seed); a preset
+    never placed and routed has cycles only, and the row says so."""
+    from mxu.hdl.config import MEASURED_FMAX_MHZ
+    fmax = MEASURED_FMAX_MHZ.get(preset)
+    if fmax is None:
+        return ["decode tokens/s", f"none: the {preset} chip was never placed and routed "
+                                   f"(no measured clock, docs/synth.md)"]
+    if not decode.cycles:
+        return ["decode tokens/s", "-"]
+    rate = decode.tokens / (decode.cycles / (fmax.mhz * 1e6))
+    return ["decode tokens/s", f"{rate:,.1f} at {fmax}, measured on the LFE5U-85F "
+                               f"(docs/synth.md)"]
+
+
 def cmd_generate(args):
     generate_text(args.prompt, args.max_new_tokens, args.chat, args.temperature, args.top_k,
-                  args.seed, args.rtl)
+                  args.seed, args.rtl, preset=args.preset)
     return 0
 
 
@@ -428,6 +446,9 @@ def register(sub):
     gen.add_argument("--top-k", type=positive_int, default=None,
                      help="with a temperature: sample among the k likeliest tokens")
     gen.add_argument("--seed", type=nonnegative_int, default=None, help="seed of the sampling")
+    gen.add_argument("--preset", choices=preset_names(), default="llm", metavar="NAME",
+                     help="the chip, " + preset_help("llm") + " (with the vector unit; "
+                          "tokens/s only for a preset with a measured Fmax)")
     add_pe_flags(gen)
     gen.set_defaults(func=cmd_generate, uses_cache=True)
 

@@ -23,6 +23,7 @@ live sequence, M = the batch; a finished sequence leaves the batch.
 """
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -562,7 +563,8 @@ class CausalLM(OwnsChip):
         each new piece of text of sequence `index` as it is produced. `chat`
         wraps each prompt in the model's chat template. `progress`: a bar of
         the prefill and decode layers on stderr with the time left (None: on a
-        terminal only, `mxu.sim.progress`; True; False). The prompts are
+        terminal only, `mxu.sim.progress`; True; False); with `stream` it
+        steps aside for the streamed text (docs/runtime.md). The prompts are
         prefilled together in steps of at most `pack_tokens` tokens (1:
         each alone), with the same logits (docs/llm.md, "Packed prefill")."""
         single = isinstance(prompts, str)
@@ -604,16 +606,19 @@ class CausalLM(OwnsChip):
             if stream is not None and self.tokenizer is not None:
                 text = self.tokenizer.decode(out[k])
                 if not text.endswith("\ufffd") and text != texts[k]:
-                    stream(k, text[len(texts[k]):])
+                    piece = text[len(texts[k]):]
+                    with bar.aside(piece):
+                        stream(k, piece)
                     texts[k] = text
             return token != self.config.eos and len(out[k]) < max_new_tokens
 
         layers = self.config.layers
         packs = prefill_packs([len(p) for p in prompts], pack_tokens)
-        # With `stream`, the streamed text shows the decode steps (and a bar
-        # would break its line): the bar covers the prefill only.
-        steps = len(packs) + (max_new_tokens - 1 if stream is None else 0)
-        bar = Progress("prefill", layers * steps, unit="layer", show=progress)
+        # With `stream`, the display steps aside for the streamed text (on
+        # stdout, as far as it can tell): a status after it on a terminal.
+        steps = len(packs) + max_new_tokens - 1
+        bar = Progress("prefill", layers * steps, unit="layer", show=progress,
+                       text=sys.stdout if stream is not None else None)
         try:
             live = []
             for pack in packs:
@@ -624,16 +629,12 @@ class CausalLM(OwnsChip):
                 # Sampled (and streamed) as soon as their pack is done.
                 live += [k for k, lg in zip(pack, logits)
                          if emit(k, self._sample(lg, temperature, top_k, rng))]
-            if stream is None:
-                bar.advance(0, label="decode")
-            else:
-                bar.close()
+            bar.advance(0, label="decode")
             for _ in range(max_new_tokens - 1):
                 if not live:
                     break
                 logits, stats = self.model.step([seqs[k] for k in live],
-                                                [[out[k][-1]] for k in live],
-                                                tick=bar.advance if stream is None else None)
+                                                [[out[k][-1]] for k in live], tick=bar.advance)
                 self._account(gen.decode, stats, [seqs[k] for k in live], [1] * len(live))
                 live = [k for k, lg in zip(live, logits)
                         if emit(k, self._sample(lg, temperature, top_k, rng))]

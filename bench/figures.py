@@ -135,8 +135,9 @@ def page(results):
     lines += ["", "## Fmax", "",
               "The whole chip of each preset placed and routed on the LFE5U-85F, as",
               "`MEASURED_FMAX_MHZ` (`hdl/config.py`) records it: "
-              + ", ".join(f"{k} {v} MHz" for k, v in MEASURED_FMAX_MHZ.items()) + ".",
-              "docs/synth.md names the run (commit, seed, critical path); `python",
+              + ", ".join(f"{k} {v}" for k, v in MEASURED_FMAX_MHZ.items()) + ".",
+              "A preset missing here was never routed: `mxu generate` gives its cycles",
+              "and no tokens/s. docs/synth.md has the runs (critical path, resources); `python",
               "bench/synth.py --only fpga` repeats it (about 45 minutes) and writes",
               "`bench/results/synth.json`."]
     lines += ["", "## How each bench's results were made", "",

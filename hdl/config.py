@@ -10,13 +10,26 @@ from dataclasses import dataclass, fields, replace
 from .mac import MAC_STAGES
 from .quant import QUANT_FORMATS, QUANT_INFO, QuantFormat, sections_fit_beats, tile_block_bytes
 
-__all__ = ["ChipConfig", "MEASURED_FMAX_MHZ"]
+__all__ = ["ChipConfig", "MeasuredFmax", "MEASURED_FMAX_MHZ"]
 
-# Fmax of a preset's whole chip, placed and routed on the LFE5U-85F at
-# nextpnr's default seed, 1 (docs/synth.md has the runs and their commits,
-# 2c2f94e): what cycle counts are turned into seconds with (`mxu generate`'s
-# tokens/s).
-MEASURED_FMAX_MHZ = {"fpga": 56.4}
+
+@dataclass(frozen=True)
+class MeasuredFmax:
+    """The Fmax of one place-and-route run of a preset's whole chip on the
+    LFE5U-85F: `mhz`, the `commit` it ran at and nextpnr's `seed`."""
+    mhz: float
+    commit: str
+    seed: int
+
+    def __str__(self):
+        return f"{self.mhz} MHz (commit {self.commit}, seed {self.seed})"
+
+
+# Fmax by preset, only for presets whose whole chip was placed and routed
+# (docs/synth.md has the runs): what cycle counts are turned into seconds with
+# (`mxu generate`'s tokens/s). A preset missing here was never routed; its
+# cycles are not turned into seconds.
+MEASURED_FMAX_MHZ = {"fpga": MeasuredFmax(56.4, commit="2c2f94e", seed=1)}
 
 
 def _is_pow2(n):

@@ -132,20 +132,27 @@ def leading_zeros(value, form="tree", m=None):
         return signal
 
     if form == "tree":
-        return _leading_zeros_pow2(value, named)
+        return _leading_zeros_pow2(value, named, single_use=m is None)
     return _leading_zeros_onehot(value, named, zero_case=size == width)
 
 
-def _leading_zeros_pow2(value, named):
+def _leading_zeros_pow2(value, named, single_use):
     if len(value) == 1:
         return ~value[0]
     half = len(value) // 2
     k = half.bit_length() - 1           # bits of a count below `half`
     high, low = value[half:], value[:half]
-    lz_high, lz_low = _leading_zeros_pow2(high, named), _leading_zeros_pow2(low, named)
+    lz_high = _leading_zeros_pow2(high, named, single_use)
+    lz_low = _leading_zeros_pow2(low, named, single_use)
     # high != 0: its count (< half). high == 0: half + the low half's count,
     # which is `half` itself (bit k) only when the low half is zero too.
-    return named(Mux(high == 0, Cat(lz_low[:k], ~lz_low[k], lz_low[k]), Cat(lz_high[:k], C(0, 2))),
+    # As one expression (`single_use`), each count is used once: Amaranth
+    # copies a subexpression out at every use, so a count used three times
+    # a level was 4**levels copies (8,000 assigns for the fp32 multiplier's
+    # 48-bit count, 17 s to elaborate, minutes for a chip's lanes;
+    # docs/synth.md). Named steps are signals, free to use again.
+    low_zero = (low == 0) if single_use else lz_low[k]
+    return named(Mux(high == 0, Cat(lz_low[:k], ~low_zero, low_zero), Cat(lz_high[:k], C(0, 2))),
                  f"lzc_tree{len(value)}")
 
 

@@ -339,13 +339,14 @@ def check_decoder(model, prompt, max_new_tokens, chat):
 
 
 def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=None, seed=None,
-                  rtl=False, out=None, model="SmolLM2-135M-Instruct", weights="gguf"):
-    """Generate with decoder `model` (a known name or a GGUF path) on the llm
-    preset chip (its `weights` "gguf" or "bf16", `CausalLM`), streaming the
-    text to `out` as it comes, then print the statistics table. Returns the
-    generated text."""
+                  rtl=False, out=None, model="SmolLM2-135M-Instruct", weights="gguf",
+                  preset="llm"):
+    """Generate with decoder `model` (a known name or a GGUF path) on the
+    `preset` chip (its `weights` "gguf" or "bf16", `CausalLM`), streaming the
+    text to `out` as it comes, then print the statistics table (tokens/s only
+    at a preset's measured Fmax, `decode_rate_row`). Returns the generated
+    text."""
     from mxu.hdl import ChipConfig
-    from mxu.hdl.config import MEASURED_FMAX_MHZ
     from .models import CausalLM
     from .models.causal_lm import check_sampling, check_utf8
     from .report import format_table
@@ -355,9 +356,14 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
     # an unknown model or a bad file, a prompt longer than the context.
     check_sampling(temperature, top_k, seed)
     check_utf8(prompt)
+    config = ChipConfig.preset(preset)
+    if not config.vpu:
+        raise ValueError(f"--preset {preset} has no vector unit, where the decoder runs its "
+                         f"layer ops: choose one of "
+                         f"{', '.join(p for p in preset_names() if ChipConfig.preset(p).vpu)}")
     check_decoder(model, prompt, max_new_tokens, chat)
     start = time.perf_counter()
-    lm = CausalLM(model, chip=Chip(ChipConfig.preset("llm"), fast_mac=not rtl), weights=weights)
+    lm = CausalLM(model, chip=Chip(config, fast_mac=not rtl), weights=weights)
     loaded = time.perf_counter() - start
     shown = prompt if not chat else f"(chat) {prompt}"
     print(shown, end="", file=out, flush=True)
@@ -372,7 +378,6 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
         # Ends the streamed line, so that an error goes on a line of its own.
         print(file=out, flush=True)
     s, cfg = lm.last_stats, lm.chip.config
-    fmax = MEASURED_FMAX_MHZ["fpga"]
 
     def per_token(phase):
         if not phase.tokens:
@@ -380,10 +385,9 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
         return (f"{phase.cycles_per_token:,.0f} cycles/token, MFU {100 * phase.mfu:.1f} %, "
                 f"{100 * phase.roofline_share:.1f} % of the roofline")
 
-    decode_rate = (s.decode.tokens / (s.decode.cycles / (fmax * 1e6))) if s.decode.cycles else 0
     rows = [
-        ["model", f"{lm.name} on the llm chip ({cfg.rows}x{cfg.cols}, vector unit, "
-                  f"{cfg.axi_data_bits}-bit bus), {'RTL' if rtl else 'fast MAC'} PEs "
+        ["model", f"{lm.name} on the {preset} chip ({cfg.rows}x{cfg.cols}, "
+                  f"vector unit, {cfg.axi_data_bits}-bit bus), {'RTL' if rtl else 'fast MAC'} PEs "
                   f"(load {loaded:.1f} s)"],
         ["tokens", f"{s.prompt_tokens} prompt, {s.new_tokens} new"],
         ["weights", f"{weights}: " + ", ".join(f"{k} {v / 1e6:.1f} MB"
@@ -392,8 +396,7 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
         ["prefill", f"{s.prefill.cycles:,} cycles; {per_token(s.prefill)}"],
         ["decode", f"{s.decode.cycles:,} cycles in {s.decode.steps} steps; {per_token(s.decode)}"
          if s.decode.steps else "-"],
-        ["at the fpga preset's Fmax", f"{decode_rate:,.1f} decode tokens/s at {fmax} MHz "
-                                      f"(measured, docs/synth.md)" if decode_rate else "-"],
+        decode_rate_row(preset, s.decode),
         ["programs", f"{s.programs} (per step: two per layer, and the logits)"],
         ["wall seconds", f"{s.wall_seconds:.1f} ({s.prefill.wall_seconds + s.decode.wall_seconds:.1f}"
                          f" in chip runs)"],
@@ -402,9 +405,26 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
     return text
 
 
+def decode_rate_row(preset, decode):
+    """The table row of the decode speed: tokens/s only at the preset's
+    measured Fmax (`MEASURED_FMAX_MHZ`, with its commit and seed); a preset
+    never placed and routed has cycles only, and the row says so."""
+    from mxu.hdl.config import MEASURED_FMAX_MHZ
+    fmax = MEASURED_FMAX_MHZ.get(preset)
+    if fmax is None:
+        return ["decode tokens/s", f"none: the {preset} chip was never placed and routed "
+                                   f"(no measured clock, docs/synth.md)"]
+    if not decode.cycles:
+        return ["decode tokens/s", "-"]
+    rate = decode.tokens / (decode.cycles / (fmax.mhz * 1e6))
+    return ["decode tokens/s", f"{rate:,.1f} at {fmax}, measured on the LFE5U-85F "
+                               f"(docs/synth.md)"]
+
+
 def cmd_generate(args):
     generate_text(args.prompt, args.max_new_tokens, args.chat, args.temperature, args.top_k,
-                  args.seed, args.rtl, model=args.model, weights=args.weights)
+                  args.seed, args.rtl, model=args.model, weights=args.weights,
+                  preset=args.preset)
     return 0
 
 
@@ -458,6 +478,9 @@ def register(sub):
     gen.add_argument("--weights", choices=("gguf", "bf16"), default="gguf",
                      help="gguf (default): the file's blocks on the chip, expanded as they "
                           "load; bf16: every matrix rounded to bf16 (the same bits)")
+    gen.add_argument("--preset", choices=preset_names(), default="llm", metavar="NAME",
+                     help="the chip, " + preset_help("llm") + " (with the vector unit; "
+                          "tokens/s only for a preset with a measured Fmax)")
     add_pe_flags(gen)
     gen.set_defaults(func=cmd_generate, uses_cache=True)
 

@@ -8,6 +8,7 @@ silence it (docs/runtime.md, "Progress").
 ...         bar.advance()
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -46,9 +47,17 @@ class Progress:
     stderr is not a terminal (plain lines there); False shows nothing.
     ``advance(n, label=None)`` after each unit (a new label names the phase:
     "prefill", "decode"); ``close()`` or the end of a ``with`` block ends it.
+
+    `text`: a file (stdout) the caller streams text to while the work runs,
+    each piece inside ``with bar.aside(piece):`` (`CausalLM.generate`'s
+    `stream`). The display then never breaks that text: on a terminal it is
+    a status after the text's last character, erased before the next piece
+    (no bar below: a bar would split the text's line); in plain mode its
+    lines wait for the text to end a line, unless the text goes to another
+    file than the progress.
     """
 
-    def __init__(self, label, total, unit="step", show=None, stream=None):
+    def __init__(self, label, total, unit="step", show=None, stream=None, text=None):
         self.label, self.total, self.unit = label, max(int(total), 1), unit
         self.stream = stream or sys.stderr
         self.done, self.start = 0, time.monotonic()
@@ -57,11 +66,15 @@ class Progress:
         if show is False or (show is None and mode == "off"):
             self.kind = None
         elif tty:
-            self.kind = "live"
+            self.kind = "live" if text is None else "inline"
         elif show is True or mode == "plain":
             self.kind = "plain"
         else:
             self.kind = None
+        # In plain mode, whether a line of streamed text is open, and whether
+        # a progress line in the middle of it would break it.
+        self._text_open = False
+        self._text_shared = text is not None and _same_file(text, self.stream)
         self._bar = self._task = None
         self._printed, self._shown = self.start, 0
         if self.kind == "live":
@@ -86,10 +99,51 @@ class Progress:
             self.label = label
         if self.kind == "live":
             self._bar.update(self._task, completed=self.done, description=self.label)
-        elif self.kind == "plain":
+        elif self.kind == "inline":
+            self._status()
+        elif self.kind == "plain" and not self._held():
             now = time.monotonic()
             if now - self._printed >= PLAIN_EVERY_SECONDS or self.done == self.total:
                 self._line(now)
+
+    def _held(self):
+        return self._text_shared and self._text_open
+
+    @contextlib.contextmanager
+    def aside(self, text):
+        """The caller writes streamed `text` inside the block; the display
+        steps aside (see the class)."""
+        if self.kind == "inline":
+            self._erase()
+        try:
+            yield
+        finally:
+            if text:
+                self._text_open = not text.endswith("\n")
+            if self.kind == "inline":
+                # The caller's text must reach the terminal before the status.
+                for f in (sys.stdout, self.stream):
+                    f.flush()
+                self._status()
+
+    # A terminal's status after the streamed text: save the cursor, no line
+    # wrap (a status past the right margin is cut, and never scrolls the
+    # screen under the saved cursor), dim text, then back to the text's end.
+    _SAVE, _RESTORE, _ERASE = "\x1b7", "\x1b8", "\x1b[K"
+    _NO_WRAP, _WRAP, _DIM, _PLAIN = "\x1b[?7l", "\x1b[?7h", "\x1b[2m", "\x1b[0m"
+
+    def _status(self):
+        left = self.eta()
+        text = (f"  [{self.label}: {self.done}/{self.total} {self.unit}s, "
+                f"{_clock(time.monotonic() - self.start)}" +
+                (f", about {_clock(left)} left]" if left else "]"))
+        self.stream.write(self._ERASE + self._SAVE + self._NO_WRAP + self._DIM + text +
+                          self._PLAIN + self._WRAP + self._RESTORE)
+        self.stream.flush()
+
+    def _erase(self):
+        self.stream.write(self._ERASE)
+        self.stream.flush()
 
     def _line(self, now):
         self._printed, self._shown = now, self.done
@@ -106,8 +160,10 @@ class Progress:
     def close(self):
         """End the display (idempotent); in plain mode a last line if the last
         one is stale."""
-        if self.kind == "plain" and self.done and self._shown != self.done:
+        if self.kind == "plain" and self.done and self._shown != self.done and not self._held():
             self._line(time.monotonic())
+        elif self.kind == "inline":
+            self._erase()
         self.kind = None
         if self._bar is not None:
             self._bar.stop()
@@ -119,3 +175,13 @@ class Progress:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _same_file(a, b):
+    """Whether two open files write to the same place (a terminal, or one log
+    for stdout and stderr); True when it cannot be told."""
+    try:
+        x, y = os.fstat(a.fileno()), os.fstat(b.fileno())
+    except (AttributeError, OSError, ValueError):
+        return True
+    return (x.st_dev, x.st_ino) == (y.st_dev, y.st_ino)

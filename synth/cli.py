@@ -233,12 +233,25 @@ def run_export(args):
     from mxu.hdl.mac import MacUnit
     from mxu.hdl.pe import ProcessingElement
     from mxu.hdl.top import MxuChip
-    from .verilog import component_verilog, pe_module_name, pe_module_verilog
+    from .verilog import (component_verilog, pe_module_name, pe_module_verilog,
+                          vpu_modules_verilog)
 
     config = config_from_args(args)
     stages = config.mac_stages
     pe_name = pe_module_name(stages)
     hooks = BuildHooks(pe_module=pe_name)
+    # Phases: elaborating the chip takes a minute or more (docs/synth.md,
+    # "mxu export"): a live phase line (or plain lines in a log) says what
+    # runs and for how long.
+    phases = Phases(quiet=args.quiet, command="export")
+    vpu = args.unit == "chip" and config.vpu
+    prelude = ""
+    if vpu:
+        # The vector unit's fp32 units and lane once, instantiated by name,
+        # as `mxu synth` builds it: one lane elaborated instead of `cols`.
+        prelude, modules = phases.run("elaborate the vector lane", vpu_modules_verilog,
+                                      key="export vpu modules")
+        hooks = BuildHooks(pe_module=pe_name, vpu_modules=modules)
     if args.unit == "chip":
         top, shared_pe = MxuChip(config, hooks=hooks), True
     elif args.unit == "array":
@@ -250,10 +263,7 @@ def run_export(args):
     else:
         top, shared_pe = MacUnit(stages), False
     ports = port_list(top, args.unit)
-    # Elaborating the vpu or llm chip takes minutes: a live phase line (or
-    # plain lines in a log) says what runs and for how long.
-    phases = Phases(quiet=args.quiet, command="export")
-    text = (pe_module_verilog(stages) if shared_pe else "") + \
+    text = (pe_module_verilog(stages) if shared_pe else "") + prelude + \
         phases.run("elaborate and write Verilog", component_verilog, top,
                    key=f"export {args.unit} {config!r}")
     header = [f"mxu {args.unit}, module `top`: ChipConfig({_describe(config)})",
@@ -262,6 +272,10 @@ def run_export(args):
     if shared_pe:
         header.append(f"The PE is module `{pe_name}`, instantiated {config.rows * config.cols} "
                       f"times.")
+    if vpu:
+        header.append(f"The vector lane is module `{modules['lane']}`, instantiated "
+                      f"{config.cols} times; its fp32 units are modules "
+                      f"`{modules['fadd']}`, `{modules['fmul']}` and `{modules['fscale']}`.")
     header.append("Memories have no initial contents (they start at zero on an FPGA).")
     Path(args.output).write_text("".join(f"// {line}\n" for line in header) + text)
     count = sum(1 for line in ports if line.startswith("  "))

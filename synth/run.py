@@ -29,15 +29,14 @@ from mxu.hdl.hooks import BuildHooks
 from mxu.hdl.mac import MacUnit
 from mxu.hdl.pe import ProcessingElement
 from mxu.hdl.top import MxuChip
-from mxu.hdl.numerics import Fp32Adder, Fp32Multiplier
-from mxu.hdl.vpu import VectorAlu, VectorLane
+from mxu.hdl.vpu import VectorAlu
 
 from .blocks import BLOCK_UNITS, block_unit
 from .flow import Phases, run_tool
 from .paths import parse_sdf, worst_paths
 from .report import (format_table, lut4_equivalent, parse_nextpnr_log, readable_cell,
                      source_commit, yosys_cells)
-from .verilog import component_verilog, pe_module_name, pe_module_verilog
+from .verilog import component_verilog, pe_module_name, pe_module_verilog, vpu_modules_verilog
 from .wrap import RegisteredPorts, SerialPorts
 
 __all__ = ["UNITS", "TARGETS", "DEVICES", "Ecp5Options", "Design", "design",
@@ -149,7 +148,7 @@ def design(unit, config, *, target):
         return Design(unit, config, component_verilog(top), "registered ports" if ffs else "none",
                       wrapper_ffs=ffs)
     if unit == "vpu":
-        prelude, modules = _vpu_modules()
+        prelude, modules = vpu_modules_verilog()
         alu = VectorAlu(config, hooks=BuildHooks(vpu_modules=modules))
         return _wrapped(unit, config, alu, prelude, target, pes=0)
     # The PE once, instantiated by name: seconds to generate at any size.
@@ -160,21 +159,10 @@ def design(unit, config, *, target):
                               weight_rows=config.weight_rows_per_cycle,
                               hooks=BuildHooks(pe_module=pe_name))
     else:
-        vpu_prelude, modules = _vpu_modules() if config.vpu else ("", None)
+        vpu_prelude, modules = vpu_modules_verilog() if config.vpu else ("", None)
         prelude += vpu_prelude
         inner = MxuChip(config, hooks=BuildHooks(pe_module=pe_name, vpu_modules=modules))
     return _wrapped(unit, config, inner, prelude, target, pes=config.rows * config.cols)
-
-
-def _vpu_modules():
-    """(Verilog, `BuildHooks.vpu_modules`) of the vector unit's fp32 adder, multipliers and
-    lane, each generated once and instantiated by name (like the PE)."""
-    units = {"fadd": "mxu_fp32_add", "fmul": "mxu_fp32_mul", "fscale": "mxu_fp32_scale"}
-    prelude = (component_verilog(Fp32Adder(), units["fadd"])
-               + component_verilog(Fp32Multiplier(), units["fmul"])
-               + component_verilog(Fp32Multiplier(power_of_two=True), units["fscale"])
-               + component_verilog(VectorLane(units), "mxu_vpu_lane"))
-    return prelude, {**units, "lane": "mxu_vpu_lane"}
 
 
 def _wrapped(unit, config, inner, prelude, target, pes):

@@ -12,10 +12,12 @@ Two forms of the design:
   reports it as one block.
 """
 
+from mxu.hdl.numerics import Fp32Adder, Fp32Multiplier
 from mxu.hdl.pe import ProcessingElement
+from mxu.hdl.vpu import VectorLane
 from mxu.sim.backends.verilog import lean_verilog
 
-__all__ = ["component_verilog", "pe_module_name", "pe_module_verilog"]
+__all__ = ["component_verilog", "pe_module_name", "pe_module_verilog", "vpu_modules_verilog"]
 
 
 def component_verilog(component, name="top"):
@@ -33,3 +35,16 @@ def pe_module_name(mac_stages):
 def pe_module_verilog(mac_stages):
     """Verilog of ``ProcessingElement(mac_stages)`` as module `pe_module_name`."""
     return component_verilog(ProcessingElement(mac_stages), pe_module_name(mac_stages))
+
+
+def vpu_modules_verilog():
+    """(Verilog, `BuildHooks.vpu_modules`) of the vector unit's fp32 adder,
+    multipliers and lane, each generated once and instantiated by name (like
+    the PE): Yosys synthesises one of each, and Amaranth elaborates one lane
+    instead of one per column."""
+    units = {"fadd": "mxu_fp32_add", "fmul": "mxu_fp32_mul", "fscale": "mxu_fp32_scale"}
+    prelude = (component_verilog(Fp32Adder(), units["fadd"])
+               + component_verilog(Fp32Multiplier(), units["fmul"])
+               + component_verilog(Fp32Multiplier(power_of_two=True), units["fscale"])
+               + component_verilog(VectorLane(units), "mxu_vpu_lane"))
+    return prelude, {**units, "lane": "mxu_vpu_lane"}

@@ -77,3 +77,17 @@ def test_presets():
     assert fpga.weight_rows_per_cycle == 1 and ChipConfig().weight_rows_per_cycle == 2
     with pytest.raises(ValueError, match="unknown ChipConfig preset 'asic'"):
         ChipConfig.preset("asic")
+
+
+def test_measured_fmax_is_by_preset_with_its_commit_and_seed():
+    """Each measured clock names a preset, the commit of its run and the
+    seed (docs/synth.md); the llm chip was never routed, so it has none."""
+    import re
+
+    from mxu.hdl.config import _PRESETS, MEASURED_FMAX_MHZ, MeasuredFmax
+    assert MEASURED_FMAX_MHZ and "llm" not in MEASURED_FMAX_MHZ
+    for preset, fmax in MEASURED_FMAX_MHZ.items():
+        assert preset in _PRESETS and isinstance(fmax, MeasuredFmax)
+        assert fmax.mhz > 0 and re.fullmatch(r"[0-9a-f]{7,40}", fmax.commit)
+        assert isinstance(fmax.seed, int) and fmax.seed >= 1
+    assert str(MEASURED_FMAX_MHZ["fpga"]) == "56.4 MHz (commit 2c2f94e, seed 1)"

@@ -224,3 +224,70 @@ def test_one_convention_for_pes_and_presets():
         assert "--preset" in text and all(p in text for p in preset_names()), text
     assert "--sizes" in commands["prove"].format_help()
     assert "--preset" not in commands["prove"].format_help()
+
+
+def _generate_table(monkeypatch, preset, decode_cycles=8_000_000, decode_tokens=4):
+    """`generate_text`'s output for a stand-in model whose stats are given
+    (no chip is built: the table's wording is what is tested)."""
+    import io
+    from types import SimpleNamespace
+
+    import mxu.sim.models as models
+    import mxu.sim.runtime.chip as chip_module
+    from mxu.sim.cli import generate_text
+    from mxu.sim.models.causal_lm import GenerationStats, PhaseStats
+
+    class FakeLM:
+        def __init__(self, name, chip):
+            self.chip = chip
+
+        def generate(self, prompt, stream=None, **kwargs):
+            stream(0, " Paris")
+            self.last_stats = GenerationStats(
+                prefill=PhaseStats(steps=1, tokens=5, cycles=3_000_000),
+                decode=PhaseStats(steps=decode_tokens, tokens=decode_tokens,
+                                  cycles=decode_cycles),
+                prompt_tokens=5, new_tokens=decode_tokens + 1)
+            return " Paris"
+
+    monkeypatch.setattr(chip_module, "Chip", lambda config, fast_mac: SimpleNamespace(
+        config=config))
+    monkeypatch.setattr(models, "CausalLM", FakeLM)
+    out = io.StringIO()
+    generate_text("The capital of France is", preset=preset, out=out)
+    return out.getvalue()
+
+
+def test_generate_gives_no_tokens_per_second_for_a_chip_never_routed(monkeypatch):
+    """The llm chip was never placed and routed: cycles and cycles per token,
+    and no clock borrowed from another preset."""
+    from mxu.hdl.config import MEASURED_FMAX_MHZ
+    assert "llm" not in MEASURED_FMAX_MHZ
+    text = _generate_table(monkeypatch, "llm")
+    assert text.startswith("The capital of France is Paris\n"), text
+    assert "8,000,000 cycles in 4 steps; 2,000,000 cycles/token" in text, text
+    assert "MHz" not in text, text
+    assert "the llm chip was never placed and routed" in text, text
+
+
+def test_generate_gives_tokens_per_second_at_the_presets_own_measured_clock(monkeypatch):
+    from mxu.hdl import config
+    monkeypatch.setattr(config, "MEASURED_FMAX_MHZ",
+                        {"vpu": config.MeasuredFmax(50.0, commit="abc1234", seed=2)})
+    # 4 tokens in 8e6 cycles at 50 MHz: 0.16 s, 25 tokens/s.
+    text = _generate_table(monkeypatch, "vpu")
+    assert "decode tokens/s 25.0 at 50.0 MHz (commit abc1234, seed 2)" in " ".join(text.split()), \
+        text
+    assert "on the vpu chip" in text
+    # The llm chip does not borrow the vpu chip's clock.
+    assert "MHz" not in _generate_table(monkeypatch, "llm")
+
+
+def test_generate_preset_defaults_to_llm_and_needs_the_vector_unit(capsys, monkeypatch):
+    import mxu.sim.runtime.chip as chip_module
+    assert _subcommands()["generate"].parse_args(["x"]).preset == "llm"
+    monkeypatch.setattr(chip_module, "Chip", None)      # checked before any build
+    status, err = _run_cli(["generate", "hi", "--preset", "fpga"], capsys)
+    assert status == 2 and err.count("\n") == 1, err
+    assert err.startswith("mxu generate: error: --preset fpga has no vector unit") \
+        and "llm" in err, err

@@ -313,3 +313,34 @@ def test_generate_packs_prompts_and_streams_each_pack_when_it_is_done(tiny4, mon
     # stream before the next step.
     assert events[:8] == [("step", [5, 2, 11]), ("token", 0), ("token", 1), ("token", 2),
                           ("step", [20, 2]), ("token", 3), ("token", 4), ("step", [1] * 5)]
+
+
+def test_streamed_generation_shows_decode_progress_without_breaking_the_text(tiny4,
+                                                                             monkeypatch):
+    """On a terminal, with `stream`, the prefill and the decode steps show as a
+    status after the streamed text, erased before each piece: the text stays
+    whole, the same as without progress."""
+    import io
+    import re
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    class Tokens:
+        def decode(self, ids):
+            return "".join(f" {i}" for i in ids)
+
+    lm, _ = tiny4
+    monkeypatch.setattr(lm, "tokenizer", Tokens())
+    tty = Terminal()
+    monkeypatch.setattr("sys.stdout", tty)
+    monkeypatch.setattr("sys.stderr", tty)
+    ids = lm.generate_ids([[1, 2, 3]], max_new_tokens=3, progress=True,
+                          stream=lambda k, text: tty.write(text))
+    out = tty.getvalue()
+    assert re.sub(r"\x1b\[K|\x1b7.*?\x1b8", "", out, flags=re.S) == Tokens().decode(ids[0])
+    statuses = re.findall(r"\x1b7(.*?)\x1b8", out, re.S)
+    layers = TINY.layers
+    assert any(f"prefill: 1/{3 * layers} layers" in s for s in statuses)
+    assert f"decode: {3 * layers}/{3 * layers} layers" in statuses[-1]

@@ -90,6 +90,20 @@ def test_export(capsys, tmp_path):
     assert "module mxu_pe_s" in text and "module top(" in text
 
 
+def test_export_vpu_chip_shares_its_lane(capsys, tmp_path):
+    """A chip with the vector unit exports its fp32 units and lane once, each
+    instantiated by name (as `mxu synth` builds it), and says so in the header."""
+    out_file = tmp_path / "chip.v"
+    code, out, _ = run(capsys, "export", "--preset", "fpga", "--vpu", "--rows", "2", "--cols",
+                       "2", "--quiet", "-o", str(out_file))
+    assert code == 0 and "wrote" in out
+    text = out_file.read_text()
+    for module in ("mxu_fp32_add", "mxu_fp32_mul", "mxu_fp32_scale", "mxu_vpu_lane"):
+        assert text.count(f"module {module}(") == 1, module
+    assert text.count("  mxu_vpu_lane ") == 2                 # one instance per column
+    assert "// The vector lane is module `mxu_vpu_lane`, instantiated 2 times" in text
+
+
 def test_design_units():
     config = ChipConfig.preset("fpga").replace(rows=2, cols=2)
     pe = design("pe", config, target="ecp5")

@@ -17,7 +17,27 @@ from mxu.hdl.dtypes import bfloat16
 
 from ..runtime.stats import RunStats
 
-__all__ = ["Linear", "Steps", "Head", "sequence_heads", "attention", "feed_forward"]
+__all__ = ["OwnsChip", "Linear", "Steps", "Head", "sequence_heads", "attention", "feed_forward"]
+
+
+class OwnsChip:
+    """Lifetime of a model that makes its own chip when given none
+    (`CausalLM`, `SentenceEncoder`): ``close()`` closes that chip (an
+    ``llm`` chip's 1 GiB of external memory goes at once); a chip or pod
+    passed in stays open, its owner's to close. Idempotent; ``with
+    Model(...) as model:`` closes at the end of the block. The model sets
+    ``self.chip`` and ``self._owns_chip``."""
+
+    def close(self):
+        if self._owns_chip:
+            self.chip.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
 class Linear:

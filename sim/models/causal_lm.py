@@ -26,6 +26,7 @@ live sequence, M = the batch; a finished sequence leaves the batch.
 """
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -39,7 +40,7 @@ from ..progress import Progress
 from ..runtime.chip import Chip
 from ..runtime.stats import RunStats
 from ..runtime.vector import rms_norm_params
-from .blocks import Head, Linear, attention, feed_forward
+from .blocks import Head, Linear, OwnsChip, attention, feed_forward
 from .llama import GgufBlocks, kv_bytes, model_macs, roofline_cycles, rope_tables
 from .registry import find_decoder, read_decoder
 from .tokenizer import GgufTokenizer
@@ -591,7 +592,7 @@ class GenerationStats:
         return self.prefill.cycles + self.decode.cycles
 
 
-class CausalLM:
+class CausalLM(OwnsChip):
     """A pretrained decoder LLM whose every matmul and layer op runs on a
     simulated chip (docs/llm.md).
 
@@ -602,7 +603,8 @@ class CausalLM:
         path of a GGUF file of a supported architecture (`registry.ARCHITECTURES`).
     chip : mxu.sim.Chip or None
         A chip with the vector unit and room for the weights; None makes the
-        ``ChipConfig.preset("llm")`` chip (16x16, vector unit) with the fast MAC.
+        ``ChipConfig.preset("llm")`` chip (16x16, vector unit) with the fast MAC;
+        ``close()`` or the end of a ``with`` block closes that one (`OwnsChip`).
     weights : "gguf" or "bf16"
         How the chip holds the weight matrices: "gguf" (the default) the
         file's own blocks, of every matrix whose type the chip expands
@@ -638,21 +640,6 @@ class CausalLM:
         # A family's own chip model (Gemma 3's), else the Llama one.
         self.model = getattr(weights, "chip_model", ChipLlama)(self.chip, weights, keep)
         self.last_stats = None
-
-    # ---- lifetime ------------------------------------------------------------------
-    def close(self):
-        """Close the chip this model made (its 1 GiB of external memory goes at
-        once); a chip passed in stays open, its owner's to close. Idempotent;
-        ``with CausalLM(...) as lm:`` closes at the end of the block."""
-        if self._owns_chip:
-            self.chip.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     # ---- inputs ----------------------------------------------------------------------
     def _encode(self, text, chat=False):
@@ -708,7 +695,8 @@ class CausalLM:
         each new piece of text of sequence `index` as it is produced. `chat`
         wraps each prompt in the model's chat template. `progress`: a bar of
         the prefill and decode layers on stderr with the time left (None: on a
-        terminal only, `mxu.sim.progress`; True; False). The prompts are
+        terminal only, `mxu.sim.progress`; True; False); with `stream` it
+        steps aside for the streamed text (docs/runtime.md). The prompts are
         prefilled together in steps of at most `pack_tokens` tokens (1:
         each alone), with the same logits (docs/llm.md, "Packed prefill")."""
         single = isinstance(prompts, str)
@@ -751,16 +739,19 @@ class CausalLM:
             if stream is not None and self.tokenizer is not None:
                 text = self.tokenizer.decode(out[k])
                 if not text.endswith("\ufffd") and text != texts[k]:
-                    stream(k, text[len(texts[k]):])
+                    piece = text[len(texts[k]):]
+                    with bar.aside(piece):
+                        stream(k, piece)
                     texts[k] = text
             return token != self.config.eos and len(out[k]) < max_new_tokens
 
         layers = self.config.layers
         packs = prefill_packs([len(p) for p in prompts], pack_tokens)
-        # With `stream`, the streamed text shows the decode steps (and a bar
-        # would break its line): the bar covers the prefill only.
-        steps = len(packs) + (max_new_tokens - 1 if stream is None else 0)
-        bar = Progress("prefill", layers * steps, unit="layer", show=progress)
+        # With `stream`, the display steps aside for the streamed text (on
+        # stdout, as far as it can tell): a status after it on a terminal.
+        steps = len(packs) + max_new_tokens - 1
+        bar = Progress("prefill", layers * steps, unit="layer", show=progress,
+                       text=sys.stdout if stream is not None else None)
         try:
             live = []
             for pack in packs:
@@ -771,16 +762,12 @@ class CausalLM:
                 # Sampled (and streamed) as soon as their pack is done.
                 live += [k for k, lg in zip(pack, logits)
                          if emit(k, self._sample(lg, temperature, top_k, rng))]
-            if stream is None:
-                bar.advance(0, label="decode")
-            else:
-                bar.close()
+            bar.advance(0, label="decode")
             for _ in range(max_new_tokens - 1):
                 if not live:
                     break
                 logits, stats = self.model.step([seqs[k] for k in live],
-                                                [[out[k][-1]] for k in live],
-                                                tick=bar.advance if stream is None else None)
+                                                [[out[k][-1]] for k in live], tick=bar.advance)
                 self._account(gen.decode, stats, [seqs[k] for k in live], [1] * len(live))
                 live = [k for k, lg in zip(live, logits)
                         if emit(k, self._sample(lg, temperature, top_k, rng))]

@@ -27,6 +27,7 @@ from mxu.hdl import hostops
 from mxu.hdl.config import ChipConfig
 
 from ..runtime.chip import Chip
+from .blocks import OwnsChip
 from .encoder import (VECTOR_BACKENDS, Encoder, EncoderConfig, EncoderWeights,
                               LayerWeights, model_macs)
 from ..progress import Progress
@@ -178,7 +179,7 @@ def pack(token_ids, start, max_len):
     return Batch(range(start, start + len(token_ids)), ids, segments, placed)
 
 
-class SentenceEncoder:
+class SentenceEncoder(OwnsChip):
     """A pretrained sentence encoder whose every matmul runs on a simulated chip.
 
     Parameters
@@ -187,7 +188,8 @@ class SentenceEncoder:
         "all-MiniLM-L6-v2" (also "sentence-transformers/all-MiniLM-L6-v2").
     chip : mxu.sim.Chip or None
         The chip; None makes the default 16x16 chip with the fast MAC model
-        (the same results and cycles as the all-RTL PEs, several times faster).
+        (the same results and cycles as the all-RTL PEs, several times faster);
+        ``close()`` or the end of a ``with`` block closes that one (`OwnsChip`).
     batch_size : int
         Texts per padded batch.
     vector_ops : str
@@ -237,20 +239,6 @@ class SentenceEncoder:
         self.chip, self.encoder = None, None
         pod.map(_load_encoder, [(self.name, self.batch_size, self.vector_ops)] * pod.n_chips,
                 "loading the encoder")
-
-    def close(self):
-        """Close the chip this encoder made; a chip or pod passed in stays
-        open, its owner's to close. Idempotent; ``with SentenceEncoder(...)
-        as enc:`` closes at the end of the block."""
-        if self._owns_chip:
-            self.chip.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     @property
     def dimension(self):

@@ -238,8 +238,8 @@ def _generate_table(monkeypatch, preset, decode_cycles=8_000_000, decode_tokens=
     from mxu.sim.models.causal_lm import GenerationStats, PhaseStats
 
     class FakeLM:
-        def __init__(self, name, chip):
-            self.chip = chip
+        def __init__(self, name, chip, weights):
+            self.chip, self.name = chip, name
 
         def generate(self, prompt, stream=None, **kwargs):
             stream(0, " Paris")
@@ -247,7 +247,8 @@ def _generate_table(monkeypatch, preset, decode_cycles=8_000_000, decode_tokens=
                 prefill=PhaseStats(steps=1, tokens=5, cycles=3_000_000),
                 decode=PhaseStats(steps=decode_tokens, tokens=decode_tokens,
                                   cycles=decode_cycles),
-                prompt_tokens=5, new_tokens=decode_tokens + 1)
+                prompt_tokens=5, new_tokens=decode_tokens + 1,
+                weight_formats={"Q4_1": 66_000_000})
             return " Paris"
 
     monkeypatch.setattr(chip_module, "Chip", lambda config, fast_mac: SimpleNamespace(

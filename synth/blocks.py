@@ -117,7 +117,7 @@ BLOCK_UNITS = {b.name: b for b in [
           lambda c: PortSubset(Dma(c), lambda p: p[0] not in ("vmem_read", "acc_read")
                                and _axi_read(p)), serial=True),
     Block("store_dma", "store DMA (a Dma with its load half tied off, as in the chip)",
-          lambda c: PortSubset(Dma(c), lambda p: p[0] not in ("vmem_write", "acc_write")
+          lambda c: PortSubset(Dma(c), lambda p: not p[0].startswith(("vmem_write", "acc_write"))
                                and _axi_write(p)), serial=True),
     Block("controller", "controller (decode, queues, tokens, status, counters)",
           lambda c: Controller(c), serial=True),

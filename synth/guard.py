@@ -43,6 +43,7 @@ FLOORS = {
     "pe": (TARGET_MHZ * (1 + MARGIN), "the chip's target with the margin"),
     "load_dma": (TARGET_MHZ * (1 + MARGIN), "the chip's target with the margin"),
     "store_dma": (TARGET_MHZ * (1 + MARGIN), "the chip's target with the margin"),
+    "expander": (TARGET_MHZ * (1 + MARGIN), "the chip's target with the margin"),
     "controller": (TARGET_MHZ * (1 + MARGIN), "the chip's target with the margin"),
     "regs": (TARGET_MHZ * (1 + MARGIN), "the chip's target with the margin"),
     "fetch": (TARGET_MHZ * (1 + MARGIN), "the chip's target with the margin"),

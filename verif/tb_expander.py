@@ -15,6 +15,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
 from mxu.hdl import ChipConfig
+from mxu.hdl.expander import Expander
 from mxu.hdl.quant import QUANT_INFO, QuantFormat, repack
 from mxu.verif.golden import assert_bits_equal
 from mxu.verif.quant import expand_tiles, random_blocks
@@ -23,7 +24,7 @@ ARGS = json.loads(os.environ.get("MXU_TB_ARGS", "{}"))
 CONFIG = ChipConfig(**ARGS.get("config", {}))
 SEED = int(ARGS.get("seed", 1))
 PAUSE = int(ARGS.get("pause", 30))
-LATENCY = 5          # cycles from a group's last beat to its rows at the output
+LATENCY = Expander.LATENCY + 1   # cycles from a group's last beat to its rows at the output
 WATCHDOG = 20_000
 
 

@@ -5,16 +5,18 @@ docs/memory.md, "Quantized loads").
 Every weight is ``bf16_rne(fp32_add(fp32_mul(s, q), t))`` with per-(sub-)block
 fp32 scalars ``s = fp32(d) * sc`` and ``t`` (``-0``, ``fp32(m)`` or
 ``-(fp32(dmin) * m_j)``) and an integer code ``q``, the order of the golden
-model `mxu.verif.quant`. The datapath reuses the halves of `Fp32Adder`
-(`Fp32AddAlign`, `Fp32AddRound`) and `Fp32ToBf16` of `mxu.hdl.numerics`.
+model `mxu.verif.quant`. The datapath reuses the four parts of `Fp32Adder`
+(`FpAddOrder`, `FpAddShiftAdd`, `Fp32AddNormAmount`, `Fp32AddNormalize`) and
+`Fp32ToBf16` of `mxu.hdl.numerics`.
 """
 
 from amaranth.hdl import C, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .numerics import (FP32, FP32_QNAN, Fp32AddAlign, Fp32AddPartial, Fp32AddRound, Fp32ToBf16,
-                       leading_zeros)
+from .numerics import (FP32, FP32_QNAN, Fp32AddNormalize, Fp32AddNormAmount, Fp32AddNormPlan,
+                       Fp32AddPartial, Fp32ToBf16, FpAddOrder, FpAddOrdered, FpAddShiftAdd,
+                       leading_zeros, unpack_fp32)
 from .quant import QUANT_INFO, QuantFormat
 
 __all__ = ["Fp16ToFp32", "scale_product_layout", "ScaleMultiply", "ScaleRound", "ScaleMultiplier",
@@ -180,11 +182,11 @@ class Expander(wiring.Component):
     `LATENCY` registers, the output the last: take a group and its scale
     fields -> the products ``fp32(d) * sc`` (and ``fp32(dmin) * m``) -> their
     rounding, ``s`` and ``t`` -> the products ``s * q`` -> their rounding,
-    ``p`` -> ``p + t`` aligned -> rounded to fp32, then to bf16. Each
-    product and each add is split in two halves (`ScaleMultiply`,
-    `ScaleRound`; `Fp32AddAlign`, `Fp32AddRound`) so that no stage holds a
-    whole fp32 unit: the expander closes above the fpga chip's 50 MHz
-    (docs/synth.md).
+    ``p`` -> for ``p + t``: order and distance -> alignment and add ->
+    normalising amount -> normalisation and fp32 rounding, then bf16
+    rounding. Each product is split in two (`ScaleMultiply`, `ScaleRound`)
+    and the add in four, as the PE's at ``mac_stages`` 7 (docs/synth.md), so
+    that the expander closes above the fpga chip's 50 MHz.
 
     Parameters
     ----------
@@ -409,28 +411,49 @@ class Expander(wiring.Component):
             m.d.comb += [p.x.eq(s4.x[r]), out.p[r].eq(p.p)]
         return out
 
-    # Stage 6: p + t, aligned and added, not yet rounded.
-    def _align(self, m, s5):
+    # Stage 6: p + t: the special cases, magnitude order, alignment distance.
+    def _order(self, m, s5):
         c = self.config
         R, N = c.quant_rows, c.cols
-        out = Signal(data.ArrayLayout(Fp32AddPartial, R * N))
+        out = Signal(data.ArrayLayout(FpAddOrdered, R * N))
         for r in range(R * N):
-            m.submodules[f"a{r}"] = a = Fp32AddAlign()
-            m.d.comb += [a.a.eq(s5.p[r]), a.b.eq(s5.t[r % N]), out[r].eq(a.partial)]
+            m.submodules[f"o{r}"] = o = FpAddOrder()
+            m.d.comb += [o.x.eq(unpack_fp32(m, s5.p[r], f"p{r}_unpacked")),
+                         o.y.eq(unpack_fp32(m, s5.t[r % N], f"t{r}_unpacked")),
+                         out[r].eq(o.ordered)]
         return out
 
-    # Stage 7: bf16(p + t).
-    def _sums(self, m, s6):
+    # Stage 7: the alignment shift and the add.
+    def _shift_add(self, m, s6):
+        c = self.config
+        out = Signal(data.ArrayLayout(Fp32AddPartial, c.quant_rows * c.cols))
+        for r in range(len(out)):
+            m.submodules[f"sa{r}"] = sa = FpAddShiftAdd()
+            m.d.comb += [sa.ordered.eq(s6[r]), out[r].eq(sa.partial)]
+        return out
+
+    # Stage 8: the normalising shift amount.
+    def _norm_amount(self, m, s7):
+        c = self.config
+        out = Signal(data.ArrayLayout(Fp32AddNormPlan, c.quant_rows * c.cols))
+        for r in range(len(out)):
+            m.submodules[f"na{r}"] = na = Fp32AddNormAmount("onehot")
+            m.d.comb += [na.partial.eq(s7[r]), out[r].eq(na.plan)]
+        return out
+
+    # Stage 9: the shift and fp32 rounding, then bf16(p + t).
+    def _sums(self, m, s8):
         c = self.config
         R, N = c.quant_rows, c.cols
         out = Signal(expander_rows_layout(c))
         for r in range(R * N):
-            m.submodules[f"x{r}"] = x = Fp32AddRound()
+            m.submodules[f"x{r}"] = x = Fp32AddNormalize()
             m.submodules[f"b{r}"] = b = Fp32ToBf16()
-            m.d.comb += [x.partial.eq(s6[r]), b.x.eq(x.s),
+            m.d.comb += [x.plan.eq(s8[r]), b.x.eq(x.s),
                          out[r // N][r % N].eq(b.y.as_value())]
         return out
 
     # The stages after the first, in order; a register before each and after the last.
-    _STAGES = (_scale_products, _scalars, _code_products, _products, _align, _sums)
+    _STAGES = (_scale_products, _scalars, _code_products, _products, _order, _shift_add,
+               _norm_amount, _sums)
     LATENCY = len(_STAGES) + 1

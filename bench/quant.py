@@ -55,8 +55,8 @@ def main():
             compute = m * k * n / pes
             roof_q = max(Wq.nbytes / bus, compute)
             roof_b = max(2 * k * n / bus, compute)
-            rows.append([name, m, f"{k}x{n}", quantized, f"{roof_q:.0f}",
-                         f"{100 * roof_q / quantized:.1f} %", bf16, f"{roof_b:.0f}",
+            rows.append([name, m, f"{k}x{n}", f"{quantized:,}", f"{roof_q:,.0f}",
+                         f"{100 * roof_q / quantized:.1f} %", f"{bf16:,}", f"{roof_b:,.0f}",
                          f"{bf16 / quantized:.2f}"])
         Wq.free()
     results = Results("quant")

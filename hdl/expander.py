@@ -180,7 +180,8 @@ class Expander(wiring.Component):
 
     Pipeline (a global stall: every stage moves when the output is free),
     `LATENCY` registers, the output the last: take a group and its scale
-    fields -> the products ``fp32(d) * sc`` (and ``fp32(dmin) * m``) -> their
+    fields -> ``fp32(d)`` (and ``fp32(m)`` or ``fp32(dmin)``) -> the products
+    ``fp32(d) * sc`` (and ``fp32(dmin) * m``) -> their
     rounding, ``s`` and ``t`` -> the products ``s * q`` -> their rounding,
     ``p`` -> for ``p + t``: order and distance -> alignment and add ->
     normalising amount -> normalisation and fp32 rounding, then bf16
@@ -291,7 +292,7 @@ class Expander(wiring.Component):
         value = self._take_group(m, infos, header, codes, k)
         moves = []
         for stage in self._STAGES:
-            reg = Signal.like(value)
+            reg = Signal.like(value, name=f"in{stage.__name__}")    # e.g. in_widen
             moves.append(reg.eq(value))
             value = stage(self, m, reg)
         with m.If(adv):
@@ -341,8 +342,24 @@ class Expander(wiring.Component):
             elif f is QuantFormat.Q6_K:
                 m.d.comb += o.sc.eq(header[base + 16:base + 144].word_select(j, 8).as_signed())
 
-    # Stage 2: fp32(d), fp32(e), and the products d * sc and e * mm.
-    def _scale_products(self, m, s1):
+    # Stage 2: fp32(d) and fp32(e) (exact).
+    def _widen(self, m, s1):
+        c = self.config
+        R, N = c.quant_rows, c.cols
+        col = data.StructLayout({"d": FP32, "e": FP32, "sc": signed(_INT), "mm": 6, "tsel": 2})
+        out = Signal(data.StructLayout({"cols": data.ArrayLayout(col, N),
+                                        "q": data.ArrayLayout(signed(_INT), R * N)}))
+        for n in range(N):
+            i, o = s1.cols[n], out.cols[n]
+            m.submodules[f"d{n}"] = d = Fp16ToFp32()
+            m.submodules[f"e{n}"] = e = Fp16ToFp32()
+            m.d.comb += [d.x.eq(i.d), e.x.eq(i.e), o.d.eq(d.y), o.e.eq(e.y),
+                         o.sc.eq(i.sc), o.mm.eq(i.mm), o.tsel.eq(i.tsel)]
+        m.d.comb += out.q.eq(s1.q)
+        return out
+
+    # Stage 3: the products d * sc and e * mm.
+    def _scale_products(self, m, s2):
         c = self.config
         R, N = c.quant_rows, c.cols
         layout = data.StructLayout({
@@ -352,19 +369,16 @@ class Expander(wiring.Component):
             "q": data.ArrayLayout(signed(_INT), R * N)})
         out = Signal(layout)
         for n in range(N):
-            col = s1.cols[n]
-            m.submodules[f"d{n}"] = d = Fp16ToFp32()
-            m.submodules[f"e{n}"] = e = Fp16ToFp32()
+            col = s2.cols[n]
             m.submodules[f"s{n}"] = s = ScaleMultiply()
             m.submodules[f"tm{n}"] = tm = ScaleMultiply()
-            m.d.comb += [d.x.eq(col.d), e.x.eq(col.e),
-                         s.a.eq(d.y), s.n.eq(col.sc), tm.a.eq(e.y), tm.n.eq(col.mm),
-                         out.s[n].eq(s.x), out.tm[n].eq(tm.x), out.e[n].eq(e.y),
+            m.d.comb += [s.a.eq(col.d), s.n.eq(col.sc), tm.a.eq(col.e), tm.n.eq(col.mm),
+                         out.s[n].eq(s.x), out.tm[n].eq(tm.x), out.e[n].eq(col.e),
                          out.tsel[n].eq(col.tsel)]
-        m.d.comb += out.q.eq(s1.q)
+        m.d.comb += out.q.eq(s2.q)
         return out
 
-    # Stage 3: s = fp32(d) * sc, and t.
+    # Stage 4: s = fp32(d) * sc, and t.
     def _scalars(self, m, s2):
         c = self.config
         R, N = c.quant_rows, c.cols
@@ -385,7 +399,7 @@ class Expander(wiring.Component):
         m.d.comb += out.q.eq(s2.q)
         return out
 
-    # Stage 4: the products s * q, unrounded.
+    # Stage 5: the products s * q, unrounded.
     def _code_products(self, m, s3):
         c = self.config
         R, N = c.quant_rows, c.cols
@@ -398,7 +412,7 @@ class Expander(wiring.Component):
             m.d.comb += [p.a.eq(s3.s[r % N]), p.n.eq(s3.q[r]), out.x[r].eq(p.x)]
         return out
 
-    # Stage 5: p = s * q.
+    # Stage 6: p = s * q.
     def _products(self, m, s4):
         c = self.config
         R, N = c.quant_rows, c.cols
@@ -411,7 +425,7 @@ class Expander(wiring.Component):
             m.d.comb += [p.x.eq(s4.x[r]), out.p[r].eq(p.p)]
         return out
 
-    # Stage 6: p + t: the special cases, magnitude order, alignment distance.
+    # Stage 7: p + t: the special cases, magnitude order, alignment distance.
     def _order(self, m, s5):
         c = self.config
         R, N = c.quant_rows, c.cols
@@ -423,7 +437,7 @@ class Expander(wiring.Component):
                          out[r].eq(o.ordered)]
         return out
 
-    # Stage 7: the alignment shift and the add.
+    # Stage 8: the alignment shift and the add.
     def _shift_add(self, m, s6):
         c = self.config
         out = Signal(data.ArrayLayout(Fp32AddPartial, c.quant_rows * c.cols))
@@ -432,7 +446,7 @@ class Expander(wiring.Component):
             m.d.comb += [sa.ordered.eq(s6[r]), out[r].eq(sa.partial)]
         return out
 
-    # Stage 8: the normalising shift amount.
+    # Stage 9: the normalising shift amount.
     def _norm_amount(self, m, s7):
         c = self.config
         out = Signal(data.ArrayLayout(Fp32AddNormPlan, c.quant_rows * c.cols))
@@ -441,7 +455,7 @@ class Expander(wiring.Component):
             m.d.comb += [na.partial.eq(s7[r]), out[r].eq(na.plan)]
         return out
 
-    # Stage 9: the shift and fp32 rounding, then bf16(p + t).
+    # Stage 10: the shift and fp32 rounding, then bf16(p + t).
     def _sums(self, m, s8):
         c = self.config
         R, N = c.quant_rows, c.cols
@@ -454,6 +468,6 @@ class Expander(wiring.Component):
         return out
 
     # The stages after the first, in order; a register before each and after the last.
-    _STAGES = (_scale_products, _scalars, _code_products, _products, _order, _shift_add,
+    _STAGES = (_widen, _scale_products, _scalars, _code_products, _products, _order, _shift_add,
                _norm_amount, _sums)
     LATENCY = len(_STAGES) + 1

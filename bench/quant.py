@@ -9,7 +9,9 @@ against the golden model.
 
 A K-quant's K must be a multiple of 256: when ``--k`` is not, K and N swap
 (SmolLM2's down projection, the same bytes). The roofline of a run is
-``max(weight bytes / bus bytes per cycle, M*K*N / (rows * cols))``.
+``max(weight bytes / bus bytes per cycle, M*K*N / (rows * cols))``. A
+second table times one quantized LOAD of a strip alone: the weight path's
+rate (its beats, plus a fixed start).
 """
 
 import argparse
@@ -17,8 +19,10 @@ import argparse
 import numpy as np
 
 from mxu.hdl import ChipConfig
-from mxu.hdl.quant import QUANT_FORMATS, QUANT_INFO, QuantFormat
+from mxu.hdl.isa import ErrorCode
+from mxu.hdl.quant import QUANT_FORMATS, QUANT_INFO, QuantFormat, repack, tile_block_bytes
 from mxu.sim import Chip
+from mxu.sim.compiler.program import Program
 from mxu.sim.report import Results
 from mxu.verif import golden
 from mxu.verif.quant import D_AT, dequantize, random_blocks
@@ -63,7 +67,37 @@ def main():
     results.table(f"M x K @ K x N on the {config.rows}x{config.cols} chip, fast MAC",
                   ["format", "M", "weight", "quantized cycles", "its roofline", "of roofline",
                    "bf16 cycles", "bf16 roofline", "bf16 / quantized"], rows)
+    results.table(f"One LOAD of a K x {config.cols} strip, then HALT, on the "
+                  f"{config.rows}x{config.cols} chip", ["format", "K", "beats", "cycles"],
+                  _single_loads(chip, config, args.formats))
     results.write()
+
+
+def _single_loads(chip, config, formats):
+    """Cycles of a program of one quantized LOAD (and of a bf16 LOAD of the
+    same rows), to HALT: the weight path's own rate, without a schedule."""
+    at, rows = 0x40000, []
+    for name in formats:
+        fmt = QuantFormat[name]
+        info = QUANT_INFO[fmt]
+        k = 1536 if info.block == 256 else 576
+        strip = repack(random_blocks(fmt, config.cols * k // info.block, 3), fmt,
+                       (config.cols, k), config.cols)
+        program = Program().load(ext_addr=at, rows=k, row_bytes=tile_block_bytes(fmt, config.cols),
+                                 vmem_row=0, format=fmt).halt()
+        rows.append([name, k, f"{strip.size // config.axi_data_bytes:,}",
+                     f"{_cycles(chip, program, {at: strip.tobytes()}):,}"])
+    program = Program().load(ext_addr=at, rows=576, row_bytes=2 * config.cols, vmem_row=0).halt()
+    rows.append(["bf16", 576, f"{576 * 2 * config.cols // config.axi_data_bytes:,}",
+                 f"{_cycles(chip, program, None):,}"])
+    return rows
+
+
+def _cycles(chip, program, image):
+    result = chip.run(program, image)
+    if result.error != ErrorCode.NONE:
+        raise RuntimeError(f"the LOAD failed: {result}")
+    return result.counters["cycles"]
 
 
 if __name__ == "__main__":

@@ -316,7 +316,8 @@ _PRESETS = {
     "pod": ChipConfig(vpu=True, acc_banks=4, acc_bytes=4 << 20, axi_data_bits=512, links=2,
                       link_credits=1024),
     # LFE5U-85F (docs/synth.md): 4x4 is the largest array whose whole chip
-    # places and routes (at MEASURED_FMAX_MHZ["fpga"], 35 % of the LUT4s); 8x8
+    # places and routes (at MEASURED_FMAX_MHZ["fpga"], 35 % of the LUT4s,
+    # before it had the weight expander); 8x8
     # places but does not route. mac_stages 7: the PE alone closes well above
     # the chip (docs/synth.md, "The timing guard"), so the chip's worst path
     # is in the control. VMEM: 8192 rows of 4 bf16; accumulator: 3072 rows

@@ -90,6 +90,12 @@ HEADLINES = [
        "SmolLM2", ["decode batch 16"], "cycles per step"),
     _h("llm.decode16.roofline", "SmolLM2-135M, decode at batch 16: share of the roofline",
        "llm", "SmolLM2", ["decode batch 16"], "roofline share"),
+    _h("quant.q4_0.m1.cycles", "16x16 chip, 1x576 @ 576x1536 with Q4_0 weights on the chip: "
+       "cycles", "quant", "M x K @ K x N", ["Q4_0", "1"], "quantized cycles"),
+    _h("quant.q4_0.m1.roofline", "16x16 chip, 1x576 @ 576x1536 with Q4_0 weights: share of the "
+       "roofline", "quant", "M x K @ K x N", ["Q4_0", "1"], "of roofline"),
+    _h("quant.q4_0.m1.speedup", "16x16 chip, 1x576 @ 576x1536: bf16 cycles / Q4_0 cycles",
+       "quant", "M x K @ K x N", ["Q4_0", "1"], "bf16 / quantized"),
     _h("pod.allreduce64k.busbw", "Pod of 4, ring all-reduce of 64 KiB: busbw of a 64 B/cycle link",
        "pod", "Ring all-reduce on", ["64 KiB"], "of a link"),
     _h("pod.allreduce64k.16both", "Pod of 4, all-reduce of 64 KiB, 16 B/cycle links both ways: "

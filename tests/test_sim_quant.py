@@ -42,6 +42,27 @@ def _program(fmt, m, k, w_row, tile):
 @pytest.mark.parametrize("fmt", [QuantFormat[n] for n in CONFIG.quant_formats],
                          ids=lambda f: f.name)
 def test_quantized_load_loadw_matmul(chip, fmt):
+    """The expander's two rows a cycle on VMEM's two DMA write lanes
+    (``quant_rows`` 2), with the bus at full rate."""
+    assert CONFIG.quant_rows == 2
+    _check_quantized_matmul(chip, fmt)
+
+
+@pytest.mark.parametrize("fmt", [QuantFormat[n] for n in CONFIG.quant_formats],
+                         ids=lambda f: f.name)
+def test_quantized_load_under_stalls(chip, fmt):
+    """The same with a slow, irregular bus: random read latency and the R and
+    AR channels paused 40 % of the cycles, so that beats arrive with gaps
+    and groups of rows leave the expander at irregular times; the strip at
+    an odd VMEM row, so that lane 0 writes the odd rows."""
+    chip.set_memory_timing(latency=(0, 24), pause={"ar": 40, "r": 40}, seed=fmt.value)
+    try:
+        _check_quantized_matmul(chip, fmt, w_row=513)
+    finally:
+        chip.set_memory_timing()
+
+
+def _check_quantized_matmul(chip, fmt, w_row=512):
     info = QUANT_INFO[fmt]
     N, m = CONFIG.cols, 5
     k = info.block * (2 if info.block == 32 else 1)
@@ -50,7 +71,7 @@ def test_quantized_load_loadw_matmul(chip, fmt):
     strip = repack(raw, fmt, (N, k), N)
     W = expand_tiles(strip, fmt, N)                               # (k, N) bf16 bits
     A = golden.as_bf16(rng.standard_normal((m, k)).astype(np.float32))
-    result = chip.run(_program(fmt, m, k, 512, tile_block_bytes(fmt, N)),
+    result = chip.run(_program(fmt, m, k, w_row, tile_block_bytes(fmt, N)),
                       {A_AT: A.view(np.uint16).tobytes(), W_AT: strip.tobytes()})
     assert result.error == ErrorCode.NONE, result
     got = np.frombuffer(chip.read_memory(C_AT, m * N * 4), np.float32).reshape(m, N)

@@ -147,6 +147,8 @@ def test_block_units():
     for name in ("load_dma", "controller", "regs", "fetch", "loop"):
         unit = design(name, config, target="ecp5")
         assert unit.name == name and unit.wrapper == "serial ports" and unit.wrapper_ffs > 0
+    expander = design("expander", config, target="ecp5")
+    assert expander.wrapper == "registered ports" and expander.wrapper_ffs > 0
     dma = Dma(config)
     dma._MustUse__silence = True                # never elaborated, by design
     with pytest.raises(ValueError, match="PortSubset keeps no port of Dma"):

@@ -123,3 +123,8 @@ def test_report_names_commit_seed_slack_and_paths():
     assert "slack +4.00 ns against 20.00 ns" in text
     assert report.slack_ns == pytest.approx(4.0)
     assert "mac" in text and "a -> b" in text and "+17.00" in text
+    assert "expander" not in text
+    report.alone = {"weight expander": {"LUT4": 900, "CCU2C": 50, "MULT18X18D": 24,
+                                        "TRELLIS_FF": 1200}}
+    assert ("weight expander: 1000 LUT4, 24 MULT18X18D, 1200 FF (Yosys synth_ecp5 of the "
+            "block alone") in report.table()

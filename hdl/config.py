@@ -121,6 +121,9 @@ class ChipConfig:
     quant_formats: tuple | None = None
 
     def __post_init__(self):
+        # Not a field: whether quant_formats was left to the sizes (None), so
+        # that `replace` resolves it again for the new sizes.
+        object.__setattr__(self, "_quant_auto", self.quant_formats is None)
         self._resolve_quant_formats()
         # NumPy integers are integers too; store them as int so that equal
         # configurations compare, hash and print equal.
@@ -287,7 +290,10 @@ class ChipConfig:
         return 1 << (self.axi_addr_bits - 4)
 
     def replace(self, **changes):
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again). Formats left to
+        the sizes (``quant_formats=None``) are chosen again for the new ones."""
+        if self._quant_auto and "quant_formats" not in changes:
+            changes["quant_formats"] = None
         return replace(self, **changes)
 
     @classmethod

@@ -122,8 +122,10 @@ BLOCK_UNITS = {b.name: b for b in [
                                and _axi_write(p)), serial=True),
     # The load DMA's weight expander, on its own: the fp32 datapath between
     # the bus and VMEM (hdl/expander.py).
-    Block("expander", "weight expander (the load DMA's, quant_rows rows a cycle)",
-          lambda c: Expander(c), serial=False),
+    Block("expander", "weight expander (the load DMA's, quant_rows rows a cycle; every "
+          "format that fits when the chip has none)",
+          lambda c: Expander(c if c.quant_formats else c.replace(quant_formats=None)),
+          serial=False),
     Block("controller", "controller (decode, queues, tokens, status, counters)",
           lambda c: Controller(c), serial=True),
     Block("regs", "host register file (AXI4-Lite slave)", lambda c: RegisterFile(c), serial=True),

@@ -30,7 +30,7 @@ is its executable statement. In short:
 """
 
 from amaranth.hdl import C, Cat, Module, Mux, ResetInserter, Signal
-from amaranth.lib import data, enum, fifo, stream, wiring
+from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .accmem import AccMem, acc_row_layout
@@ -39,6 +39,7 @@ from .fields import unpack_fields
 from .fields import pack_fields as _pack_dict
 from .numerics import Fp32ToBf16
 from .expander import Expander
+from .fifo import Fifo
 from .quant import QUANT_INFO, QuantFormat, tile_block_bytes
 from .vmem import (ReadPortSignature, RowWrite, Vmem, WritePortSignature, _addr_shape,
                    lane_port_names, vmem_row_layout)
@@ -357,6 +358,15 @@ class _LoadPath(wiring.Component):
         return m
 
 
+def _row_meta_layout(c):
+    return data.StructLayout({"first": 1, "last": 1, "off": range(c.axi_data_bytes)})
+
+
+def _row_reader_width(c):
+    """A queued row: the memory's row (the wider of the two) and its meta."""
+    return max(8 * c.vmem_row_bytes, 8 * c.acc_row_bytes) + _row_meta_layout(c).size
+
+
 class _RowReader(wiring.Component):
     """Store: the descriptor's on-chip rows read in order, through ReLU and
     fp32 -> bf16, into a four-row queue in front of the gearbox.
@@ -379,6 +389,8 @@ class _RowReader(wiring.Component):
         external address within a beat.
     waiting : Out(1)
         A read request is offered and not taken (it stays offered).
+
+    ``queue`` (a `mxu.hdl.fifo.Fifo`) holds the rows read and not yet taken.
     """
 
     DEPTH = 4
@@ -394,16 +406,16 @@ class _RowReader(wiring.Component):
             "rows": Out(stream.Signature(_store_row_layout(c))),
             "waiting": Out(1),
         })
+        self.queue = Fifo(_row_reader_width(c), self.DEPTH)
 
     def elaborate(self, platform):
         m = Module()
         c, d, DEPTH = self.config, self.desc, self.DEPTH
         A, LG = c.axi_addr_bits, _log2(c.axi_data_bytes)
         is_vmem = d.space == DmaSpace.VMEM
-        meta = data.StructLayout({"first": 1, "last": 1, "off": range(c.axi_data_bytes)})
+        meta = _row_meta_layout(c)
         rd_width = max(8 * c.vmem_row_bytes, 8 * c.acc_row_bytes)
-        m.submodules.rd_q = rd_q = ResetInserter(self.clear)(
-            fifo.SyncFIFO(width=rd_width + meta.size, depth=DEPTH))
+        m.submodules.rd_q = rd_q = ResetInserter(self.clear)(self.queue)
         rd_r = Signal(len(d.rows))          # rows requested
         rd_a = Signal(A + 1)                # external address of row rd_r
         rd_pending = Signal()               # a response arrives next cycle
@@ -689,7 +701,10 @@ class Dma(wiring.Component):
         No burst in flight (every one issued has its last R beat or its B).
 
     The sections are attributes (``bursts``, ``load_path``, ``contexts``,
-    ``row_reader``, ``gearbox``), so that checkers can attach to their ports.
+    ``row_reader``, ``gearbox``), so that checkers can attach to their ports,
+    and so are the store's queues (``aw_queue``, ``len_queue``, and the row
+    reader's ``queue``: `mxu.hdl.fifo.Fifo`, whose pointers and entries the
+    proofs' lemmas name).
     """
 
     def __init__(self, config):
@@ -713,6 +728,9 @@ class Dma(wiring.Component):
         self.contexts = _ReceiveContexts(c)
         self.row_reader = _RowReader(c)
         self.gearbox = self._gearbox_class()(c)
+        # The AW queue (address, AxLEN) and the W side's burst lengths.
+        self.aw_queue = Fifo(c.axi_addr_bits + 8, c.dma_max_outstanding)
+        self.len_queue = Fifo(8, c.dma_max_outstanding)
         self.expander = Expander(c) if c.quant_formats else None
 
     def _gearbox_class(self):
@@ -800,8 +818,8 @@ class Dma(wiring.Component):
                      axi.arcache.eq(0b0011), axi.arprot.eq(0), axi.arlock.eq(0)]
         with m.If(axi.arvalid & axi.arready):
             m.d.sync += ar_valid.eq(0)
-        m.submodules.aw_q = aw_q = ResetInserter(clear)(fifo.SyncFIFO(width=A + 8, depth=MAXO))
-        m.submodules.wl_q = wl_q = ResetInserter(clear)(fifo.SyncFIFO(width=8, depth=MAXO))
+        m.submodules.aw_q = aw_q = ResetInserter(clear)(self.aw_queue)
+        m.submodules.wl_q = wl_q = ResetInserter(clear)(self.len_queue)
         m.d.comb += [axi.awvalid.eq(aw_q.r_rdy), axi.awaddr.eq(aw_q.r_data[:A]),
                      axi.awlen.eq(aw_q.r_data[A:]), axi.awsize.eq(LG),
                      axi.awburst.eq(AxiBurst.INCR), axi.awid.eq(0), axi.awcache.eq(0b0011),

@@ -9,7 +9,9 @@ equals a counter of the design) are "glue": they are asserted too, so they
 are proved, and they make the induction step see only reachable states.
 """
 
-from amaranth.hdl import C, Cat, Const, Elaboratable, Module, Mux, Signal, Value
+import weakref
+
+from amaranth.hdl import C, Cat, Const, Elaboratable, Fragment, Module, Mux, Signal, Value
 from amaranth.asserts import AnySeq, Cover
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In
@@ -19,8 +21,8 @@ from mxu.hdl.config import ChipConfig
 from mxu.hdl.isa import VECTOR_LINK_BIT, Engine, ErrorCode
 from mxu.hdl.regs import COUNTERS, HOST_ADDR_BITS, REG, RegisterFile
 
-from .checkers import (DUT, ENV, AXI4LiteSubordinateChecker, Past, StreamChecker, attach,
-                       prop)
+from .checkers import (DUT, ENV, AXI4LiteSubordinateChecker, Past, StreamChecker,
+                       _burst_in_page, attach, prop)
 from .sby import Proof
 
 __all__ = ["Harness", "After", "UNITS", "small_config", "proofs_for", "stream_check"]
@@ -38,6 +40,63 @@ class After(Elaboratable):
         m = Module()
         self.build(m)
         return m
+
+
+class _Elaborated(Elaboratable):
+    """A design already elaborated (its `Fragment`)."""
+
+    def __init__(self, fragment):
+        self.fragment = fragment
+
+    def elaborate(self, platform):
+        return self.fragment
+
+
+# The fragment of each design a `Harness` holds (`inner`).
+_FRAGMENTS = weakref.WeakKeyDictionary()
+
+
+def inner(dut, *path):
+    """The signals that `dut`'s section at `path` (submodule names from the
+    design down) assigns, by name: the local registers of an ``elaborate``
+    (the DMA's descriptor register and state, a section's counters), which
+    induction lemmas must name and the design need not expose. A name that
+    is not there (or twice) raises, so that a renamed register fails the
+    proof's elaboration, not the proof."""
+    fragment = _FRAGMENTS[dut]
+    for name in path:
+        fragment = fragment.find_subfragment(name)
+    found = {}
+    for statements in fragment.statements.values():
+        for statement in statements:
+            for signal in statement._lhs_signals():
+                same = found.setdefault(signal.name, [])
+                if not any(signal is other for other in same):
+                    same.append(signal)
+
+    class Signals(dict):
+        def __getitem__(self, name):
+            if name not in self:
+                raise KeyError(f"{'.'.join(path) or 'the design'} assigns no signal {name!r}")
+            signals = dict.__getitem__(self, name)
+            if len(signals) != 1:
+                raise KeyError(f"{'.'.join(path) or 'the design'} assigns {len(signals)} "
+                               f"signals named {name!r}")
+            return next(iter(signals))
+    return Signals(found)
+
+
+def fsm_state(signal, name):
+    """``signal`` (an FSM's state, from `inner`) is in the state `name`."""
+    def decoded(value):
+        try:
+            return signal.decoder(value).split("/")[0]
+        except KeyError:            # (a value no state has)
+            return None
+    values = [v for v in range(1 << len(signal)) if decoded(v) == name]
+    if len(values) != 1:
+        raise KeyError(f"{signal.name} has no state {name!r}")
+    return signal == values[0]
 
 
 class Harness(Elaboratable):
@@ -58,7 +117,10 @@ class Harness(Elaboratable):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.dut = dut = self._dut
+        dut = self._dut
+        # Elaborated here, once, so that lemmas can name its registers (`inner`).
+        _FRAGMENTS[dut] = fragment = Fragment.get(dut, platform)
+        m.submodules.dut = _Elaborated(fragment)
         for path, member, value in dut.signature.flatten(dut):
             value = Value.cast(value)
             if member.flow == In and isinstance(value, Signal):
@@ -756,7 +818,8 @@ class SoftResetDma(wiring.Component):
         self.dut, self.soft = dut, soft
         members = {k: v for k, v in dut.signature.members.items() if k != "drain"}
         super().__init__({**members, "soft_request": In(1), "core_reset": wiring.Out(1)})
-        for name in ("bursts", "load_path", "contexts", "row_reader", "gearbox"):
+        for name in ("bursts", "load_path", "contexts", "row_reader", "gearbox", "aw_queue",
+                     "len_queue", "config"):
             setattr(self, name, getattr(dut, name))
 
     def elaborate(self, platform):
@@ -878,8 +941,115 @@ def dma_harness(config, direction, *, dma=None, soft_reset=False, soft=None):
         prop(m, DUT, "dma.descriptors_max", open_ <= most,
              witness=(taken & (open_ == most - 1)) if load else (done & (open_ == most)))
         prop(m, DUT, "dma.done_after_cmd", open_ != 0, when=dut.done.valid)
+        if not load:
+            _store_lemmas(m, dut, axi, open_, past, after)
 
     return Harness(dut, extra)
+
+
+def _store_lemmas(m, dut, axi, open_, past, after=None):
+    """The induction lemmas of a store (docs/formal.md): the DMA's state
+    against the AXI checker's ghost state and the harness's count of open
+    descriptors.
+
+    * Outside RUN and COMPLETE nothing is in flight and the sections are
+      empty; one descriptor is open exactly outside IDLE, and it is a store.
+    * Bursts in flight (`_BurstGenerator.inflight`) = the AW queue's level
+      + the AWs the checker counts = the W length queue's level + the W
+      bursts it counts; the queues' pointers agree with their levels
+      (`Fifo.lemma`), and every queued burst is legal.
+    * The two queues and the checker's queue of half-done bursts (``lens``)
+      hold the same bursts in the same order: the bursts whose AW has gone
+      and whose W has not are the oldest of the length queue, and the
+      checker's ``lens`` while AW leads; while W leads, they are the oldest
+      of the AW queue and ``lens``. The gearbox's beat count is the
+      checker's, within its burst.
+    * The burst generator's next burst is legal (a beat-aligned address, a
+      segment of at least a beat).
+    * The row reader's queued rows and its pending response are the rows
+      just before ``rd_r``, each marked first exactly when it is the
+      descriptor's first row (or rows are not contiguous); a gearbox that
+      holds part of a beat and no flush has taken a row, so the next row is
+      not a first one (which would be written from byte ``off``, into the
+      beat that waits).
+
+    Behind a soft reset (`SoftResetDma`, `after`: the cycle after the core's
+    reset) the same lemmas hold: the reset comes only when nothing is in
+    flight, and a read response to a request taken in the reset's cycle is
+    not the row reader's."""
+    from mxu.hdl.dma import DmaDir, _row_meta_layout, dma_descriptor_layout
+    c = dut.config
+    LG, MAXO, MAXB = (c.axi_data_bytes - 1).bit_length(), c.dma_max_outstanding, \
+        c.dma_max_burst_beats
+    path = ("dma",) if isinstance(dut, SoftResetDma) else ()
+    top = inner(dut, *path)
+    state = top["fsm_state"]
+    d = dma_descriptor_layout(c)(top["d"])
+    coalesced = top["derived"][0]           # (`derived`'s first member)
+    run = fsm_state(state, "RUN")
+    complete = fsm_state(state, "COMPLETE")
+    idle = fsm_state(state, "IDLE")
+    bg = inner(dut, *path, "bursts")
+    rr = inner(dut, *path, "row_reader")
+    gb = inner(dut, *path, "gearbox")
+    awq, wlq, rdq = dut.aw_queue, dut.len_queue, dut.row_reader.queue
+    inflight = dut.bursts.inflight
+
+    def lemma(name, test):
+        prop(m, DUT, f"dma.inv.{name}", test, cover=False)
+
+    lemma("open", (open_ == 1) == ~idle)
+    lemma("store", idle | (d.dir == DmaDir.STORE))
+    lemma("no_loads", ~dut.contexts.rx0.valid & ~dut.contexts.rx1.valid & ~top["ar_valid"])
+    lemma("quiet_outside_run", (run | complete)
+          | ((inflight == 0) & ~dut.bursts.active & (rdq.level == 0) & ~rr["rd_pending"]
+             & (gb["gb_n"] == 0) & ~gb["gb_flush"]))
+    lemma("idle_after_complete", ~complete | (inflight == 0))
+    for name, q in (("aw_queue", awq), ("len_queue", wlq), ("row_queue", rdq)):
+        lemma(f"{name}.pointers", q.lemma())
+    lemma("inflight", (inflight <= MAXO) & (inflight == awq.level + axi.aw_count)
+          & (inflight == wlq.level + axi.w_bursts))
+    A = c.axi_addr_bits
+    for i in range(MAXO):
+        entry = awq.entry(i)
+        lemma(f"aw_queue.legal{i}", (i >= awq.level) | (
+            (entry[A:] < MAXB) & _burst_in_page(entry[:A], entry[A:], LG)))
+        lemma(f"len_queue.legal{i}", (i >= wlq.level) | (wlq.entry(i) < MAXB))
+    aw_n, w_n = axi.aw_count, axi.w_bursts
+    for i in range(MAXO):
+        lemma(f"lens.aw_leads{i}", (aw_n <= w_n) | (i >= aw_n - w_n)
+              | (axi.lens[i] == wlq.entry(i)))
+        lemma(f"lens.w_leads{i}", (w_n <= aw_n) | (i >= w_n - aw_n)
+              | (axi.lens[i] == awq.entry(i)[A:]))
+        lemma(f"queues.aw_leads{i}", (aw_n < w_n) | (i >= awq.level)
+              | (wlq.entry(aw_n - w_n + i) == awq.entry(i)[A:]))
+        lemma(f"queues.w_leads{i}", (w_n <= aw_n) | (i >= wlq.level)
+              | (awq.entry(w_n - aw_n + i)[A:] == wlq.entry(i)))
+    w_beat = gb["w_beat"]
+    lemma("w_beat", (w_beat == axi.w_beat)
+          & Mux(wlq.level == 0, w_beat == 0, w_beat <= wlq.entry(0)))
+    lemma("next_burst", ~dut.bursts.active
+          | ((bg["beats"] != 0) & (bg["x"][:LG] == 0) & (bg["seg_len"] != 0)))
+    # The rows read and not yet taken by the gearbox: the queue's, then the
+    # one whose response arrives next cycle, just before row rd_r.
+    rd_r, pending = rr["rd_r"], rr["rd_pending"]
+    meta = _row_meta_layout(c)
+    W = len(rdq.r_data) - meta.size
+    lemma("row_queue.room", (rdq.level + pending <= rdq.depth)
+          & (rdq.level + pending <= rd_r))
+    fired = past(dut.vmem_read.req.valid & dut.vmem_read.req.ready
+                 | dut.acc_read.req.valid & dut.acc_read.req.ready, "rd_fire")
+    lemma("row_reader.pending", pending == (fired if after is None else fired & ~after))
+    taken = rd_r - pending - rdq.level       # rows the gearbox has taken
+    for i in range(rdq.depth):
+        row = meta(rdq.entry(i)[W:])
+        lemma(f"row_queue.marks{i}", (i >= rdq.level)
+              | ((row.first == (~coalesced | (taken + i == 0)))
+                 & (row.last == (~coalesced | (taken + i + 1 == d.rows)))))
+    row = meta(rr["rd_meta"])
+    lemma("row_reader.marks", ~pending | ((row.first == (~coalesced | (rd_r == 1)))
+                                          & (row.last == (~coalesced | (rd_r == d.rows)))))
+    lemma("gearbox.part", (gb["gb_n"] == 0) | gb["gb_flush"] | (coalesced & (taken != 0)))
 
 
 def _soft_reset_checks(m, dut, axi, load):
@@ -921,6 +1091,7 @@ CUT_MEMORY = ("flatten", "cutpoint t:$mem_v2", "opt_clean")
 LOOP_K = 3
 FETCH_K = 4
 ARRAY_K = 2
+DMA_K = 3
 
 
 def _bounded(name, design, depth, why, script=()):
@@ -942,14 +1113,18 @@ def proofs_for(config, *, depth=None):
     proofs = [
         _bounded("dma.load", lambda: dma_harness(c, DmaDir.LOAD), load,
                  "the longest burst through the pipeline, and three descriptors", CUT_DMA),
-        _bounded("dma.store", lambda: dma_harness(c, DmaDir.STORE), store,
-                 "the longest burst through the pipeline", CUT_DMA),
+        # (k-induction; the covers are searched to the longest burst through
+        # the pipeline: `dma_depth`.)
+        Proof("dma.store", lambda: dma_harness(c, DmaDir.STORE), depth=DMA_K,
+              cover_depth=store.cycles, script=CUT_DMA,
+              why="k-induction; lemmas: the queues and the gearbox against the AXI checker's "
+                  "counts and lengths, the row reader's rows and marks"),
         _bounded("dma.soft_reset_load", lambda: dma_harness(c, DmaDir.LOAD, soft_reset=True),
                  depths.soft_reset_depth(c, True),
                  "bursts out, then a soft reset's drain and the reset", CUT_DMA),
-        _bounded("dma.soft_reset_store", lambda: dma_harness(c, DmaDir.STORE, soft_reset=True),
-                 depths.soft_reset_depth(c, False),
-                 "bursts out, then a soft reset's drain and the reset", CUT_DMA),
+        Proof("dma.soft_reset_store", lambda: dma_harness(c, DmaDir.STORE, soft_reset=True),
+              depth=DMA_K, cover_depth=depths.soft_reset_depth(c, False).cycles,
+              script=CUT_DMA, why="k-induction; the store's lemmas, across the reset"),
         Proof("regs.host", lambda: regs_harness(c), depth=4, cover_depth=8,
               why="k-induction; the register file answers one request at a time"),
         Proof("streams.slice", lambda: slice_harness(), depth=4, cover_depth=8,

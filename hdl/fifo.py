@@ -1,0 +1,97 @@
+"""A synchronous FIFO whose state the proofs can name (docs/formal.md, "FIFOs").
+
+Cycle for cycle and bit for bit the queue of `amaranth.lib.fifo.SyncFIFO`
+(the same ports, the same comb read of the entry at the read pointer, the
+same level), but its read and write pointers and its entries are attributes:
+k-induction needs the lemma that the pointers and the level agree (else a
+write may land on the entry being read and change a waiting payload), and
+lemmas about what a queue holds, and the library keeps all of these local to
+its ``elaborate``.
+"""
+
+from amaranth.hdl import Array, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["Fifo"]
+
+
+class Fifo(wiring.Component):
+    """A first-in first-out queue of ``depth`` entries of ``width`` bits.
+
+    Parameters
+    ----------
+    width : int
+    depth : int (at least 1)
+
+    Interface
+    ---------
+    w_en : In(1), w_data : In(width), w_rdy : Out(1)
+        Write ``w_data`` when ``w_en`` and ``w_rdy`` (not full).
+    r_en : In(1), r_data : Out(width), r_rdy : Out(1)
+        ``r_data`` is the oldest entry while ``r_rdy`` (not empty); ``r_en``
+        and ``r_rdy`` remove it. A write to a full queue is refused even when
+        a read frees an entry in the same cycle (as `SyncFIFO`).
+    level : Out(range(depth + 1))
+        Entries held.
+
+    Attributes (for proofs)
+    -----------------------
+    produce, consume : Signal(range(depth))
+        The write and read pointers.
+    entries : list of Signal(width)
+        The storage, entry ``(consume + i) % depth`` the i-th oldest. Not
+        reset (a reset empties the queue, as a memory keeps its contents).
+    """
+
+    def __init__(self, width, depth):
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"Fifo depth must be an integer of at least 1, not {depth!r}")
+        self.width, self.depth = width, depth
+        super().__init__({
+            "w_en": In(1), "w_data": In(width), "w_rdy": Out(1),
+            "r_en": In(1), "r_data": Out(width), "r_rdy": Out(1),
+            "level": Out(range(depth + 1)),
+        })
+        self.produce = Signal(range(depth), name="produce")
+        self.consume = Signal(range(depth), name="consume")
+        self.entries = [Signal(width, name=f"entry{i}", reset_less=True) for i in range(depth)]
+
+    def elaborate(self, platform):
+        m = Module()
+        depth, level = self.depth, self.level
+        m.d.comb += [self.w_rdy.eq(level != depth), self.r_rdy.eq(level != 0)]
+        do_write = self.w_en & self.w_rdy
+        do_read = self.r_en & self.r_rdy
+        m.d.comb += self.r_data.eq(Array(self.entries)[self.consume])
+        with m.If(do_write):
+            with m.Switch(self.produce):
+                for i, entry in enumerate(self.entries):
+                    with m.Case(i):
+                        m.d.sync += entry.eq(self.w_data)
+            m.d.sync += self.produce.eq(_next(self.produce, depth))
+        with m.If(do_read):
+            m.d.sync += self.consume.eq(_next(self.consume, depth))
+        with m.If(do_write & ~do_read):
+            m.d.sync += level.eq(level + 1)
+        with m.If(do_read & ~do_write):
+            m.d.sync += level.eq(level - 1)
+        return m
+
+    def lemma(self):
+        """The pointers agree with the level: the entries from the read
+        pointer on, ``level`` of them, are the ones written and not read."""
+        depth = self.depth
+        held = Mux(self.produce >= self.consume, self.produce - self.consume,
+                   depth + self.produce - self.consume)
+        return (self.produce < depth) & (self.consume < depth) & (self.level <= depth) & (
+            (held == self.level) | ((held == 0) & (self.level == depth)))
+
+    def entry(self, i):
+        """The i-th oldest entry (valid when ``i < level``)."""
+        return Array(self.entries)[(self.consume + i) % self.depth]
+
+
+def _next(pointer, depth):
+    """The pointer after `pointer`, wrapping at `depth`."""
+    return Mux(pointer == depth - 1, 0, pointer + 1)

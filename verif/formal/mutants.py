@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from amaranth.hdl import Signal
 
 from mxu.hdl.array import SystolicArray, _RowFreeWeights, _StaggeredWeights
-from mxu.hdl.dma import Dma, DmaDir, _Gearbox
+from mxu.hdl.dma import Dma, DmaDir, _Gearbox, _row_meta_layout
+from mxu.hdl.fifo import Fifo
 from mxu.hdl.regs import SoftReset
 
 from .sby import Proof
@@ -75,6 +76,63 @@ class _EarlyTileArray(SystolicArray):
         return _EarlyTile
 
 
+class _SlipsOnMeet(Fifo):
+    """A queue whose write pointer stays put when a write meets a read: the
+    write lands, the level stays, and the entry is read again later."""
+
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        with m.If(self.w_en & self.w_rdy & self.r_en & self.r_rdy):
+            m.d.sync += self.produce.eq(self.produce)
+        return m
+
+
+class _MarksFirst(Fifo):
+    """A queue that sets bit `bit` of every entry it takes (the row queue's
+    ``first`` mark: every row of a contiguous store written from its byte
+    ``off``, over the beat that waits)."""
+
+    def __init__(self, width, depth, bit):
+        super().__init__(width, depth)
+        self._bit = bit
+
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        with m.If(self.w_en & self.w_rdy):
+            with m.Switch(self.produce):
+                for i, entry in enumerate(self.entries):
+                    with m.Case(i):
+                        m.d.sync += entry[self._bit].eq(1)
+        return m
+
+
+def _replaced(fifo):
+    """Mark a queue a mutant replaces as used (Amaranth warns of an
+    elaboratable that is never elaborated)."""
+    fifo._MustUse__used = True
+
+
+class _LengthQueueSlips(Dma):
+    """A DMA whose W length queue loses its write pointer's step when a
+    burst is queued in the cycle a W burst ends."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        _replaced(self.len_queue)
+        self.len_queue = _SlipsOnMeet(8, config.dma_max_outstanding)
+
+
+class _EveryRowFirst(Dma):
+    """A DMA whose row reader's queue marks every row as a range's first."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        q = self.row_reader.queue
+        _replaced(q)
+        self.row_reader.queue = _MarksFirst(q.width, q.depth, q.width - _row_meta_layout(
+            config).size)
+
+
 class _ResetMidBurst(SoftReset):
     """A soft reset that does not wait for the drain: the core is reset in
     the cycle after the request, bursts in flight or not (the chip before
@@ -111,6 +169,16 @@ def mutants(config):
                                                                    dma=_ShortBurst),
                      mode="bmc", depth=10, cover_depth=1, covers=False),
                "dma.axi.w.last_on_awlen"),
+        Mutant("dma_length_queue_slips",
+               Proof("mutant.dma_length_queue_slips",
+                     lambda: dma_harness(c, DmaDir.STORE, dma=_LengthQueueSlips),
+                     mode="bmc", depth=10, cover_depth=1, covers=False, script=CUT_DMA),
+               "dma.inv.len_queue.pointers"),
+        Mutant("dma_every_row_first",
+               Proof("mutant.dma_every_row_first",
+                     lambda: dma_harness(c, DmaDir.STORE, dma=_EveryRowFirst),
+                     mode="bmc", depth=10, cover_depth=1, covers=False, script=CUT_DMA),
+               ".marks"),
         Mutant("soft_reset_mid_burst",
                Proof("mutant.soft_reset_mid_burst",
                      lambda: dma_harness(c, DmaDir.STORE, soft_reset=True, soft=_ResetMidBurst),

@@ -943,8 +943,59 @@ def dma_harness(config, direction, *, dma=None, soft_reset=False, soft=None):
         prop(m, DUT, "dma.done_after_cmd", open_ != 0, when=dut.done.valid)
         if not load:
             _store_lemmas(m, dut, axi, open_, past, after)
+        else:
+            _load_lemmas(m, dut, axi, open_, past, after)
 
     return Harness(dut, extra)
+
+
+def _dma_lemma(m):
+    def lemma(name, test):
+        prop(m, DUT, f"dma.inv.{name}", test, cover=False)
+    return lemma
+
+
+def _next_burst_lemma(lemma, dut, bg):
+    """The burst generator's next burst is legal: a beat-aligned address, a
+    segment of at least a beat."""
+    LG = (dut.config.axi_data_bytes - 1).bit_length()
+    lemma("next_burst", ~dut.bursts.active
+          | ((bg["beats"] != 0) & (bg["x"][:LG] == 0) & (bg["seg_len"] != 0)))
+
+
+def _load_lemmas(m, dut, axi, open_, past, after=None):
+    """The induction lemmas of a load (docs/formal.md): ..."""
+    from mxu.hdl.dma import DmaDir, dma_descriptor_layout
+    c = dut.config
+    LG, MAXO, MAXB = (c.axi_data_bytes - 1).bit_length(), c.dma_max_outstanding, \
+        c.dma_max_burst_beats
+    path = ("dma",) if isinstance(dut, SoftResetDma) else ()
+    top = inner(dut, *path)
+    state = top["fsm_state"]
+    d = dma_descriptor_layout(c)(top["d"])
+    run, idle = fsm_state(state, "RUN"), fsm_state(state, "IDLE")
+    bg = inner(dut, *path, "bursts")
+    rc = dut.contexts
+    rx0, rx1 = rc.rx0, rc.rx1
+    inflight = dut.bursts.inflight
+    lemma = _dma_lemma(m)
+    lemma("load", idle | (d.dir == DmaDir.LOAD))
+    for name, q in (("aw_queue", dut.aw_queue), ("len_queue", dut.len_queue)):
+        lemma(f"{name}.empty", (q.level == 0) & q.lemma())
+    lemma("open", open_ == rx0.valid + rx1.valid + ~(idle | run))
+    lemma("contexts.order", ~rx1.valid | (rx0.valid & rx0.issued))
+    lemma("contexts.issuing", run == Mux(rx1.valid, ~rx1.issued, rx0.valid & ~rx0.issued))
+    ar_valid = top["ar_valid"]
+    lemma("inflight", (inflight <= MAXO) & (inflight == axi.ar_count + ar_valid))
+    lemma("ar_legal", ~ar_valid | ((top["ar_len"] < MAXB)
+                                   & _burst_in_page(top["ar_addr"], top["ar_len"], LG)))
+    _next_burst_lemma(lemma, dut, bg)
+    held = Mux(rx0.valid, rx0.bursts, 0) + Mux(rx1.valid, rx1.bursts, 0)
+    lemma("bursts", held == inflight + rc.r_last)
+    moved_on = top["moved_on"]
+    lemma("moved_on", ~moved_on | (rx1.valid & (rx0.bursts == (rc.r_last & ~rc.r_next))))
+    lemma("r_next", ~rc.r_next | moved_on)
+    lemma("row", ~dut.load_path.row.valid | rx0.valid)
 
 
 def _store_lemmas(m, dut, axi, open_, past, after=None):
@@ -1043,7 +1094,7 @@ def _store_lemmas(m, dut, axi, open_, past, after=None):
     taken = rd_r - pending - rdq.level       # rows the gearbox has taken
     for i in range(rdq.depth):
         row = meta(rdq.entry(i)[W:])
-        lemma(f"row_queue.marks{i}", (i >= rdq.level)
+        lemma(f"row_queue{i}.marks", (i >= rdq.level)
               | ((row.first == (~coalesced | (taken + i == 0)))
                  & (row.last == (~coalesced | (taken + i + 1 == d.rows)))))
     row = meta(rr["rd_meta"])

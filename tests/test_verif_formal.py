@@ -76,3 +76,42 @@ def test_property_names_survive_rtlil():
     assert "cell $check \\regs.host.b.valid_held\n" in text
     assert "cell $check \\regs.host.b.valid_held:cover\n" in text
     assert "cell $check \\regs.host.aw.valid_held:assume\n" in text
+
+
+def test_proof_table_gives_each_proofs_kind():
+    """`mxu prove`'s table of proofs: the k an induction succeeded at (the
+    largest of its asserts'), a bounded proof's bound, a failed one as such."""
+    from mxu.verif.formal.prove import format_proofs, proof_kind
+    from mxu.verif.formal.sby import Proof, Result
+    unbounded = Proof("x.unbounded", None, depth=4, cover_depth=8)
+    bounded = Proof("x.bounded", None, depth=12, cover_depth=12, mode="bmc")
+    broken = Proof("x.broken", None, depth=4, cover_depth=8)
+
+    def row(proof, prop, kind, result, depth):
+        return Result(proof.name, prop, kind, result, "smtbmc yices", depth, 1.0)
+    results = [row(unbounded, "a.inv.one", "assert", "proved", "k=1"),
+               row(unbounded, "a.rule", "assert", "proved", "k=3"),
+               row(unbounded, "a.rule", "cover", "reached", "step 5"),
+               row(bounded, "b.rule", "assert", "passed", "bound 12"),
+               row(broken, "c.rule", "assert", "induction failed", "k=4")]
+    assert proof_kind(unbounded, results) == "k = 3"
+    assert proof_kind(bounded, results) == "bound 12"
+    assert proof_kind(broken, results) == "NOT proved"
+    table = format_proofs([unbounded, bounded], results, {"x.unbounded": 12.4})
+    lines = table.splitlines()
+    unbounded_line = next(line for line in lines if "x.unbounded" in line)
+    assert "k = 3" in unbounded_line and "2/2" in unbounded_line and "1/1" in unbounded_line
+    assert "12" in unbounded_line
+
+
+def test_inner_names_a_missing_register():
+    """A lemma that names a register the design does not have fails to
+    elaborate with the name, not later in the prover."""
+    from mxu.hdl.dma import DmaDir
+    from mxu.verif.formal.units import dma_harness, inner
+    harness = dma_harness(small_config(), DmaDir.STORE)
+    design_rtlil(harness)
+    dut = harness._dut
+    assert len(inner(dut, "gearbox")["w_beat"]) == 8
+    with pytest.raises(KeyError, match="gearbox assigns no signal 'no_such'"):
+        inner(dut, "gearbox")["no_such"]

@@ -6,7 +6,9 @@
 Each proof is one sby job (a prove or bmc task and a cover task); the table
 has one row per property and kind: the result, the engine, the induction
 length or bound (asserts) or the step reached (covers), and the seconds into
-its job at which sby decided it. Counterexample and cover traces (VCD) go to
+its job at which sby decided it; a second table has one row per proof: its
+kind (``k = N``, k-induction that succeeded at N, or ``bound N``), its
+asserts, lemmas and covers, and its seconds. Counterexample and cover traces (VCD) go to
 DIR. The exit status is 1 if an assert is not proved or a cover not reached.
 """
 
@@ -21,7 +23,8 @@ from mxu.sim.cli import add_command, output_path
 from .sby import SOLVERS, ToolMissing, run_proof
 from .units import UNITS, proofs_for, small_config
 
-__all__ = ["add_parser", "cmd_prove", "PRESETS", "run_proofs", "format_results"]
+__all__ = ["add_parser", "cmd_prove", "PRESETS", "run_proofs", "format_results",
+           "format_proofs", "proof_kind"]
 
 
 def default_formal_config():
@@ -36,9 +39,10 @@ def default_formal_config():
 PRESETS = {"small": small_config, "default": default_formal_config}
 
 
-def run_proofs(proofs, workdir, traces, *, solver="yices", out=None, quiet=False):
+def run_proofs(proofs, workdir, traces, *, solver="yices", out=None, quiet=False, seconds=None):
     """Run every `Proof`; returns the `Result` list (printing a line per job,
-    with the time left at the mean pace so far, unless `quiet`)."""
+    with the time left at the mean pace so far, unless `quiet`). `seconds`,
+    a dict, gets each proof's wall time by name."""
     out = out or sys.stderr
     say = (lambda text: None) if quiet else (lambda text: print(text, file=out, flush=True))
     results, began = [], time.monotonic()
@@ -49,6 +53,8 @@ def run_proofs(proofs, workdir, traces, *, solver="yices", out=None, quiet=False
         say(f"mxu prove: [{i + 1}/{len(proofs)}] {proof.name} ({proof.mode}, depth "
             f"{proof.depth}){left} ...")
         rows = run_proof(proof, Path(workdir) / proof.name, traces=traces, solver=solver)
+        if seconds is not None:
+            seconds[proof.name] = time.monotonic() - start
         bad = sum(not r.ok for r in rows)
         say(f"mxu prove: {proof.name}: {len(rows)} properties, "
             f"{'all hold' if not bad else f'{bad} NOT'} in {time.monotonic() - start:.0f} s")
@@ -63,6 +69,35 @@ def format_results(results):
     return format_table(["property", "kind", "result", "engine", "depth", "seconds"], rows)
 
 
+def proof_kind(proof, results):
+    """How `proof` went: ``k = N`` (k-induction succeeded at N: the largest
+    of its asserts'), ``bound N``, or ``NOT proved``."""
+    asserts = [r for r in results if r.proof == proof.name and r.kind == "assert"]
+    if not asserts or not all(r.ok for r in asserts):
+        return "NOT proved"
+    if proof.mode == "bmc":
+        return f"bound {proof.depth}"
+    ks = [int(str(r.depth)[2:]) for r in asserts if str(r.depth).startswith("k=")]
+    return f"k = {max(ks)}" if ks else f"k <= {proof.depth}"
+
+
+def format_proofs(proofs, results, seconds):
+    """One row per proof: its kind (k = N or bound N), its properties (asserts
+    holding, of which induction lemmas; covers reached) and its seconds."""
+    from mxu.sim.report import format_table
+    rows = []
+    for p in proofs:
+        mine = [r for r in results if r.proof == p.name]
+        asserts = [r for r in mine if r.kind == "assert"]
+        rows.append([p.name, proof_kind(p, results),
+                     f"{sum(r.ok for r in asserts)}/{len(asserts)}",
+                     str(sum(".inv." in r.property for r in asserts)),
+                     f"{sum(r.ok for r in mine if r.kind == 'cover')}/"
+                     f"{sum(r.kind == 'cover' for r in mine)}",
+                     f"{seconds.get(p.name, 0):.0f}"])
+    return format_table(["proof", "kind", "asserts", "lemmas", "covers", "seconds"], rows)
+
+
 def cmd_prove(args):
     units = UNITS if args.unit == "all" else (args.unit,)
     config = PRESETS[args.sizes]()
@@ -73,12 +108,15 @@ def cmd_prove(args):
     with tempfile.TemporaryDirectory(prefix="mxu-prove-") as tmp:
         work = out_dir / "work" if out_dir is not None else Path(tmp)
         try:
-            results = run_proofs(proofs, work, out_dir, solver=args.solver, quiet=args.quiet)
+            seconds = {}
+            results = run_proofs(proofs, work, out_dir, solver=args.solver, quiet=args.quiet,
+                                 seconds=seconds)
         except ToolMissing as error:
             raise ValueError(str(error)) from None
     print(f"formal proofs, sizes {args.sizes!r}: " + ", ".join(
         f"{p.name} ({p.mode} {p.depth})" for p in proofs))
     print(format_results(results))
+    print(format_proofs(proofs, results, seconds))
     bad = [r for r in results if not r.ok]
     proved = sum(r.ok and r.kind == "assert" for r in results)
     reached = sum(r.ok and r.kind == "cover" for r in results)

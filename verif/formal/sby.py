@@ -132,13 +132,17 @@ def design_rtlil(design):
             value = Value.cast(value)
             if isinstance(value, Signal):
                 ports.append(value)
-    text = rtlil.convert(design, ports=ports)
+    # (The "formal" platform makes `amaranth.lib.fifo`'s FIFOs assert that
+    # their pointers agree with their level: induction lemmas, proved too.)
+    text = rtlil.convert(design, ports=ports, platform="formal")
     lines = text.splitlines()
     out = []
     used = set()
+    module = "top"
     for i, line in enumerate(lines):
         if line.startswith("module "):
             used = set()
+            module = line.split()[1]
         match = _CHECK_CELL.match(line)
         if match:
             params = {}
@@ -149,6 +153,9 @@ def design_rtlil(design):
                 if param:
                     params[param.group(1)] = param.group(2)
             message = params.get("FORMAT")
+            if not message and params.get("FLAVOR") == "assert":
+                # (A library's own lemma, unnamed: named after its module.)
+                message = module.rsplit(".", 1)[-1].lstrip("\\") + ".inv.library"
             if message:
                 base = re.sub(r"[^A-Za-z0-9_.\[\]]", "_", message)
                 if params.get("FLAVOR") in ("cover", "assume"):

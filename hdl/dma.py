@@ -406,7 +406,9 @@ class _RowReader(wiring.Component):
             "rows": Out(stream.Signature(_store_row_layout(c))),
             "waiting": Out(1),
         })
-        self.queue = Fifo(_row_reader_width(c), self.DEPTH)
+        # (The rows in a memory; their marks in registers, for the proofs.)
+        self.queue = Fifo(_row_reader_width(c), self.DEPTH,
+                          memory_bits=max(8 * c.vmem_row_bytes, 8 * c.acc_row_bytes))
 
     def elaborate(self, platform):
         m = Module()

@@ -11,6 +11,7 @@ its ``elaborate``.
 
 from amaranth.hdl import Array, Module, Mux, Signal
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 __all__ = ["Fifo"]
@@ -23,6 +24,11 @@ class Fifo(wiring.Component):
     ----------
     width : int
     depth : int (at least 1)
+    memory_bits : int
+        The low ``memory_bits`` bits of each entry are kept in a memory (a
+        comb read, as `SyncFIFO`'s: distributed RAM on an FPGA), the rest in
+        registers that the proofs can name (``entries``). A wide queue whose
+        data the lemmas need not name keeps its data in the memory.
 
     Interface
     ---------
@@ -39,15 +45,19 @@ class Fifo(wiring.Component):
     -----------------------
     produce, consume : Signal(range(depth))
         The write and read pointers.
-    entries : list of Signal(width)
-        The storage, entry ``(consume + i) % depth`` the i-th oldest. Not
-        reset (a reset empties the queue, as a memory keeps its contents).
+    entries : list of Signal(width - memory_bits)
+        The register part of the storage (bits ``memory_bits`` and up), entry
+        ``(consume + i) % depth`` the i-th oldest. Not reset (a reset empties
+        the queue, as a memory keeps its contents).
     """
 
-    def __init__(self, width, depth):
+    def __init__(self, width, depth, *, memory_bits=0):
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"Fifo depth must be an integer of at least 1, not {depth!r}")
-        self.width, self.depth = width, depth
+        if not 0 <= memory_bits <= width:
+            raise ValueError(f"Fifo memory_bits must be from 0 to the width {width}, "
+                             f"not {memory_bits!r}")
+        self.width, self.depth, self.memory_bits = width, depth, memory_bits
         super().__init__({
             "w_en": In(1), "w_data": In(width), "w_rdy": Out(1),
             "r_en": In(1), "r_data": Out(width), "r_rdy": Out(1),
@@ -55,7 +65,8 @@ class Fifo(wiring.Component):
         })
         self.produce = Signal(range(depth), name="produce")
         self.consume = Signal(range(depth), name="consume")
-        self.entries = [Signal(width, name=f"entry{i}", reset_less=True) for i in range(depth)]
+        self.entries = [Signal(width - memory_bits, name=f"entry{i}", reset_less=True)
+                        for i in range(depth)]
 
     def elaborate(self, platform):
         m = Module()
@@ -63,12 +74,19 @@ class Fifo(wiring.Component):
         m.d.comb += [self.w_rdy.eq(level != depth), self.r_rdy.eq(level != 0)]
         do_write = self.w_en & self.w_rdy
         do_read = self.r_en & self.r_rdy
-        m.d.comb += self.r_data.eq(Array(self.entries)[self.consume])
+        low = self.memory_bits
+        m.d.comb += self.r_data[low:].eq(Array(self.entries)[self.consume])
+        if low:
+            m.submodules.storage = storage = Memory(shape=low, depth=depth, init=[])
+            w_port, r_port = storage.write_port(), storage.read_port(domain="comb")
+            m.d.comb += [w_port.addr.eq(self.produce), w_port.data.eq(self.w_data[:low]),
+                         w_port.en.eq(do_write), r_port.addr.eq(self.consume),
+                         self.r_data[:low].eq(r_port.data)]
         with m.If(do_write):
             with m.Switch(self.produce):
                 for i, entry in enumerate(self.entries):
                     with m.Case(i):
-                        m.d.sync += entry.eq(self.w_data)
+                        m.d.sync += entry.eq(self.w_data[low:])
             m.d.sync += self.produce.eq(_next(self.produce, depth))
         with m.If(do_read):
             m.d.sync += self.consume.eq(_next(self.consume, depth))
@@ -88,7 +106,7 @@ class Fifo(wiring.Component):
             (held == self.level) | ((held == 0) & (self.level == depth)))
 
     def entry(self, i):
-        """The i-th oldest entry (valid when ``i < level``)."""
+        """The register part of the i-th oldest entry (valid when ``i < level``)."""
         return Array(self.entries)[(self.consume + i) % self.depth]
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from amaranth.hdl import Signal
 
 from mxu.hdl.array import SystolicArray, _RowFreeWeights, _StaggeredWeights
-from mxu.hdl.dma import Dma, DmaDir, _Gearbox, _row_meta_layout
+from mxu.hdl.dma import Dma, DmaDir, _Gearbox
 from mxu.hdl.fifo import Fifo
 from mxu.hdl.regs import SoftReset
 
@@ -88,13 +88,12 @@ class _SlipsOnMeet(Fifo):
 
 
 class _MarksFirst(Fifo):
-    """A queue that sets bit `bit` of every entry it takes (the row queue's
-    ``first`` mark: every row of a contiguous store written from its byte
+    """A queue that sets the first register bit of every entry it takes (the
+    row queue's ``first`` mark: every row of a contiguous store written from its byte
     ``off``, over the beat that waits)."""
 
-    def __init__(self, width, depth, bit):
-        super().__init__(width, depth)
-        self._bit = bit
+    def __init__(self, width, depth, *, memory_bits):
+        super().__init__(width, depth, memory_bits=memory_bits)
 
     def elaborate(self, platform):
         m = super().elaborate(platform)
@@ -102,7 +101,7 @@ class _MarksFirst(Fifo):
             with m.Switch(self.produce):
                 for i, entry in enumerate(self.entries):
                     with m.Case(i):
-                        m.d.sync += entry[self._bit].eq(1)
+                        m.d.sync += entry[0].eq(1)
         return m
 
 
@@ -129,8 +128,7 @@ class _EveryRowFirst(Dma):
         super().__init__(config)
         q = self.row_reader.queue
         _replaced(q)
-        self.row_reader.queue = _MarksFirst(q.width, q.depth, q.width - _row_meta_layout(
-            config).size)
+        self.row_reader.queue = _MarksFirst(q.width, q.depth, memory_bits=q.memory_bits)
 
 
 class _ResetMidBurst(SoftReset):

@@ -1085,7 +1085,6 @@ def _store_lemmas(m, dut, axi, open_, past, after=None):
     # one whose response arrives next cycle, just before row rd_r.
     rd_r, pending = rr["rd_r"], rr["rd_pending"]
     meta = _row_meta_layout(c)
-    W = len(rdq.r_data) - meta.size
     lemma("row_queue.room", (rdq.level + pending <= rdq.depth)
           & (rdq.level + pending <= rd_r))
     fired = past(dut.vmem_read.req.valid & dut.vmem_read.req.ready
@@ -1093,7 +1092,7 @@ def _store_lemmas(m, dut, axi, open_, past, after=None):
     lemma("row_reader.pending", pending == (fired if after is None else fired & ~after))
     taken = rd_r - pending - rdq.level       # rows the gearbox has taken
     for i in range(rdq.depth):
-        row = meta(rdq.entry(i)[W:])
+        row = meta(rdq.entry(i))            # (the marks: the rows are in a memory)
         lemma(f"row_queue{i}.marks", (i >= rdq.level)
               | ((row.first == (~coalesced | (taken + i == 0)))
                  & (row.last == (~coalesced | (taken + i + 1 == d.rows)))))

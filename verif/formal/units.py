@@ -569,6 +569,7 @@ def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
                     prop(m, DUT, f"array.pe_{r}_{c}.switch_loaded", full, when=switch)
                     fulls[r, c] = full
             _weight_lemmas(m, dut, fulls)
+            _one_beat_lemmas(m, dut, fulls)
             _valid_lemmas(m, dut, flight, ghost)
         fulls = {}
         return After(inside)
@@ -577,14 +578,11 @@ def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
 
 
 def _valid_lemmas(m, dut, flight, ghost):
-    """Induction lemmas of the array's beat count (`_RowFreeWeights` arrays,
-    as `_weight_lemmas`): every valid register of the array (the seed's
+    """Induction lemmas of the array's beat count (any weight scheme): every
+    valid register of the array (the seed's
     skew, each MAC's stages) holds the beat taken as many enabled cycles
     ago as it is deep, and the count of beats in flight is the number of
     those in the ghost delay line."""
-    from mxu.hdl.array import _RowFreeWeights
-    if not isinstance(dut.weights, _RowFreeWeights):
-        return
     S = dut.mac_stages
     for r in range(dut.rows):
         for c in range(dut.cols):
@@ -596,6 +594,59 @@ def _valid_lemmas(m, dut, flight, ghost):
         prop(m, DUT, f"array.inv.seed_valid_{c}", dut.pes[0][c].north.valid == ghost[c],
              cover=False)
     prop(m, DUT, "array.inv.flight", flight == sum(ghost[1:]), cover=False)
+
+
+def _column_lemmas(m, dut, fulls):
+    """Column c > 0 sees column 0's loads and switches c steps of the global
+    enable later (the weight bus and the switch marker move one column a
+    step, in every weight scheme): a PE's ghost "shadow full" bit is its west
+    neighbour's, undone by the load and the switch on their way between them
+    (the PE's inputs now, ``shadow_*``); a switch marker between two columns
+    finds its PE's shadow loaded (``switch_*``), a row on the weight bus
+    finds it free or switching (``load_*``)."""
+    for r in range(dut.rows):
+        for c in range(1, dut.cols):
+            pe = dut.pes[r][c]
+            west = Mux(pe.weight.load, 1, Mux(pe.west.switch, 0, fulls[r, c]))
+            prop(m, DUT, f"array.inv.shadow_{r}_{c}", fulls[r, c - 1] == west, cover=False)
+            # A switch marker on its way (also while the array stalls) finds
+            # the shadow register loaded.
+            prop(m, DUT, f"array.inv.switch_{r}_{c}", ~pe.west.switch | fulls[r, c], cover=False)
+            prop(m, DUT, f"array.inv.load_{r}_{c}",
+                 ~pe.weight.load | ~fulls[r, c] | pe.west.switch, cover=False)
+
+
+def _one_beat_lemmas(m, dut, fulls):
+    """Induction lemmas of `_StaggeredWeights` when a tile is one beat (the
+    chip's two weight rows a beat on a two-row array: every row of a tile
+    leaves the queue in one drain, and row r's load and its switch both
+    reach column 0 ``r * mac_stages`` steps after row 0's):
+
+    * ``pending0`` is row 0's ghost "shadow full" bit at column 0, and
+      ``loaded`` equals it (both set by the drain, cleared by the switch);
+    * row r's bit at column 0, advanced by the loads and switches on their
+      way to it (the taps of the weight bus's valid line and the switch
+      skew, oldest first), is ``pending0`` (``row_*``); every switch on its
+      way finds the row loaded when it arrives, every load finds it free or
+      switching (``ahead_*``);
+    * the columns as `_column_lemmas`."""
+    from mxu.hdl.array import _StaggeredWeights
+    weights = dut.weights
+    if not isinstance(weights, _StaggeredWeights) or dut.rows > dut.weight_rows:
+        return
+    top = inner(dut)
+    pending0, loaded = top["pending0"], top["loaded"]
+    S, valid, switch = dut.mac_stages, weights._valid, dut.switch_taps
+    prop(m, DUT, "array.inv.pending0", fulls[0, 0] == pending0, cover=False)
+    prop(m, DUT, "array.inv.loaded", loaded == pending0, cover=False)
+    for r in range(1, dut.rows):
+        state = fulls[r, 0]
+        for j in range(r * S, 0, -1):          # the events at tap j reach row r next
+            prop(m, DUT, f"array.inv.ahead_{r}_{j}",
+                 (~switch[j] | state) & (~valid[j] | ~state | switch[j]), cover=False)
+            state = Mux(valid[j], 1, Mux(switch[j], 0, state))
+        prop(m, DUT, f"array.inv.row_{r}", state == pending0, cover=False)
+    _column_lemmas(m, dut, fulls)
 
 
 def _weight_lemmas(m, dut, fulls):
@@ -1235,6 +1286,12 @@ def _array_proof(name, rows, cols, stages, weight_rows, why):
         return Proof(name, design, depth=ARRAY_K, cover_depth=depth.cycles, script=CUT_MAC,
                      why="k-induction; lemmas: the weight path's shadow bits, pending rows, "
                          "markers and queue, the valid registers against a ghost delay line")
+    if weight_rows >= rows:
+        return Proof(name, design, depth=ARRAY_K + (rows - 1) * stages, cover_depth=depth.cycles,
+                     script=CUT_MAC,
+                     why="k-induction; lemmas: each row's shadow bit against row 0's through "
+                         "the loads and switches on their way, the valid registers against a "
+                         "ghost delay line")
     return _bounded(name, design, depth, why, CUT_MAC)
 
 

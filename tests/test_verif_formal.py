@@ -10,11 +10,11 @@ from mxu.verif.formal.prove import default_formal_config, format_results
 from mxu.verif.formal.sby import design_rtlil, run_proof
 from mxu.verif.formal.units import proofs_for, small_config
 
-# The staggered weight scheme (mac_stages >= 3) is not the default chip's, and
-# the soft-reset proofs (the DMA's bound with a drain on top, about a minute
-# each on the small sizes, several under load) cover the same DMA as `dma.load`/`dma.store`, which stay, and
-# their mutant stays too: they run in `slow` to keep make test short.
-SLOW = {"array.weights_s3", "dma.soft_reset_load", "dma.soft_reset_store"}
+# The soft-reset proofs (about a minute each on the small sizes, the load's
+# bound several under load) cover the same DMA as `dma.load`/`dma.store`,
+# which stay, and their mutant stays too: they run in `slow` to keep make
+# test short.
+SLOW = {"dma.soft_reset_load", "dma.soft_reset_store"}
 SMALL = [p for p in proofs_for(small_config()) if p.name not in SLOW]
 SMALL_SLOW = [p for p in proofs_for(small_config()) if p.name in SLOW]
 MUTANTS = mutants(small_config())

@@ -569,7 +569,7 @@ def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
                     prop(m, DUT, f"array.pe_{r}_{c}.switch_loaded", full, when=switch)
                     fulls[r, c] = full
             _weight_lemmas(m, dut, fulls)
-            _one_beat_lemmas(m, dut, fulls)
+            _staggered_lemmas(m, dut, fulls)
             _valid_lemmas(m, dut, flight, ghost)
         fulls = {}
         return After(inside)
@@ -616,36 +616,48 @@ def _column_lemmas(m, dut, fulls):
                  ~pe.weight.load | ~fulls[r, c] | pe.west.switch, cover=False)
 
 
-def _one_beat_lemmas(m, dut, fulls):
-    """Induction lemmas of `_StaggeredWeights` when a tile is one beat (the
-    chip's two weight rows a beat on a two-row array: every row of a tile
-    leaves the queue in one drain, and row r's load and its switch both
-    reach column 0 ``r * mac_stages`` steps after row 0's):
+def _staggered_lemmas(m, dut, fulls):
+    """Induction lemmas of `_StaggeredWeights` (``mac_stages`` >= 3, or more
+    than one weight row a beat). A tile leaves the queue beat by beat
+    (``beat``: the next beat to leave); row k, of beat ``b = k // w``, is
+    loaded ``d_k = k * mac_stages - b`` steps after its beat left, and its
+    switch arrives ``k * mac_stages`` steps after row 0's:
 
-    * ``pending0`` is row 0's ghost "shadow full" bit at column 0, and
-      ``loaded`` equals it (both set by the drain, cleared by the switch);
-    * row r's bit at column 0, advanced by the loads and switches on their
-      way to it (the taps of the weight bus's valid line and the switch
-      skew, oldest first), is ``pending0`` (``row_*``); every switch on its
-      way finds the row loaded when it arrives, every load finds it free or
+    * ``pending0`` is row 0's ghost "shadow full" bit at column 0;
+      ``loaded`` (a whole tile out of the queue, not switched in) is
+      ``pending0`` with the next beat 0, and without ``pending0`` no beat
+      of a tile has left (``tile``);
+    * row k's bit at column 0, advanced by the loads and switches on their
+      way to it in the order they arrive (the taps of the weight bus's valid
+      and beat lines and of the switch skew), is "the tile's beat b has
+      left and the tile has not switched in at row 0": ``pending0`` and
+      (``beat`` > b or ``loaded``) (``row_*``); every switch on its way
+      finds the row loaded when it arrives, every load finds it free or
       switching (``ahead_*``);
     * the columns as `_column_lemmas`."""
     from mxu.hdl.array import _StaggeredWeights
     weights = dut.weights
-    if not isinstance(weights, _StaggeredWeights) or dut.rows > dut.weight_rows:
+    if not isinstance(weights, _StaggeredWeights):
         return
     top = inner(dut)
     pending0, loaded = top["pending0"], top["loaded"]
-    S, valid, switch = dut.mac_stages, weights._valid, dut.switch_taps
+    beat = top["row" if dut.weight_rows == 1 else "beat"]
+    S, w, valid, switch = dut.mac_stages, dut.weight_rows, weights._valid, dut.switch_taps
+    on_bus = weights._beat
     prop(m, DUT, "array.inv.pending0", fulls[0, 0] == pending0, cover=False)
-    prop(m, DUT, "array.inv.loaded", loaded == pending0, cover=False)
-    for r in range(1, dut.rows):
-        state = fulls[r, 0]
-        for j in range(r * S, 0, -1):          # the events at tap j reach row r next
-            prop(m, DUT, f"array.inv.ahead_{r}_{j}",
-                 (~switch[j] | state) & (~valid[j] | ~state | switch[j]), cover=False)
-            state = Mux(valid[j], 1, Mux(switch[j], 0, state))
-        prop(m, DUT, f"array.inv.row_{r}", state == pending0, cover=False)
+    prop(m, DUT, "array.inv.tile", (loaded == (pending0 & (beat == 0)))
+         & (pending0 | (beat == 0)), cover=False)
+    for k in range(1, dut.rows):
+        b, d = k // w, weights._delay[k]
+        state = fulls[k, 0]
+        for i in range(k * S):                  # the events arriving in i steps
+            load = valid[d - i] & (on_bus[d - i] == b) if d - i >= 1 else C(0, 1)
+            sw = switch[k * S - i]
+            prop(m, DUT, f"array.inv.ahead_{k}_{i}",
+                 (~sw | state) & (~load | ~state | sw), cover=False)
+            state = Mux(load, 1, Mux(sw, 0, state))
+        prop(m, DUT, f"array.inv.row_{k}", state == (pending0 & ((beat > b) | loaded)),
+             cover=False)
     _column_lemmas(m, dut, fulls)
 
 
@@ -653,13 +665,8 @@ def _weight_lemmas(m, dut, fulls):
     """Induction lemmas of the array's weight path (`_RowFreeWeights`, two
     rows, two MAC stages: the proofs' array):
 
-    * PE column c sees column 0's loads and switches c steps of the global
-      enable later, so a PE's ghost "shadow full" bit is its west
-      neighbour's, undone by the load and the switch on their way between
-      them (the PE's inputs now); column 0's is the admission's ``pending``
-      bit of its row (``shadow_*``, ``pending_*``); a switch marker between
-      two columns finds its PE's shadow loaded (``switch_*``), a row on the
-      weight bus finds it free or switching (``load_*``);
+    * column 0's ghost "shadow full" bit is the admission's ``pending`` bit
+      of its row (``pending_*``), the other columns' as `_column_lemmas`;
     * the queue holds at most its depth (``queue_level``: its own
       counter's range is larger); ``staged`` counts the rows in the queue,
       plus the drained rows of the tile not yet switched in at row 0
@@ -672,9 +679,8 @@ def _weight_lemmas(m, dut, fulls):
       row 0 written yet) and row 1 is free (``marker``); none is on its way while a whole tile waits
       (``no_marker``).
 
-    With them every weight property of ``array.weights_s2`` is inductive;
-    ``array.result_per_beat`` is not yet (docs/formal.md, "Not proved
-    yet"), so the proof stays bounded and these are checked to its bound."""
+    With them and `_valid_lemmas` every property of ``array.weights_s2`` is
+    inductive."""
     from mxu.hdl.array import _RowFreeWeights
     weights = dut.weights
     if not isinstance(weights, _RowFreeWeights):
@@ -686,15 +692,7 @@ def _weight_lemmas(m, dut, fulls):
         if r:
             prop(m, DUT, f"array.inv.switch_{r}_0",
                  ~dut.switch_taps[r * dut.mac_stages] | pending[r], cover=False)
-        for c in range(1, dut.cols):
-            pe = dut.pes[r][c]
-            west = Mux(pe.weight.load, 1, Mux(pe.west.switch, 0, fulls[r, c]))
-            prop(m, DUT, f"array.inv.shadow_{r}_{c}", fulls[r, c - 1] == west, cover=False)
-            # A switch marker on its way (also while the array stalls) finds
-            # the shadow register loaded.
-            prop(m, DUT, f"array.inv.switch_{r}_{c}", ~pe.west.switch | fulls[r, c], cover=False)
-            prop(m, DUT, f"array.inv.load_{r}_{c}",
-                 ~pe.weight.load | ~fulls[r, c] | pe.west.switch, cover=False)
+    _column_lemmas(m, dut, fulls)
     prop(m, DUT, "array.inv.queue_level", level <= dut.weight_queue_depth, cover=False)
     drained = Mux(pending[0], Mux(d == 0, rows, d), Mux(d == 0, 0, d - rows))
     # The tile not yet switched in at row 0 has its drained rows pending.
@@ -994,59 +992,8 @@ def dma_harness(config, direction, *, dma=None, soft_reset=False, soft=None):
         prop(m, DUT, "dma.done_after_cmd", open_ != 0, when=dut.done.valid)
         if not load:
             _store_lemmas(m, dut, axi, open_, past, after)
-        else:
-            _load_lemmas(m, dut, axi, open_, past, after)
 
     return Harness(dut, extra)
-
-
-def _dma_lemma(m):
-    def lemma(name, test):
-        prop(m, DUT, f"dma.inv.{name}", test, cover=False)
-    return lemma
-
-
-def _next_burst_lemma(lemma, dut, bg):
-    """The burst generator's next burst is legal: a beat-aligned address, a
-    segment of at least a beat."""
-    LG = (dut.config.axi_data_bytes - 1).bit_length()
-    lemma("next_burst", ~dut.bursts.active
-          | ((bg["beats"] != 0) & (bg["x"][:LG] == 0) & (bg["seg_len"] != 0)))
-
-
-def _load_lemmas(m, dut, axi, open_, past, after=None):
-    """The induction lemmas of a load (docs/formal.md): ..."""
-    from mxu.hdl.dma import DmaDir, dma_descriptor_layout
-    c = dut.config
-    LG, MAXO, MAXB = (c.axi_data_bytes - 1).bit_length(), c.dma_max_outstanding, \
-        c.dma_max_burst_beats
-    path = ("dma",) if isinstance(dut, SoftResetDma) else ()
-    top = inner(dut, *path)
-    state = top["fsm_state"]
-    d = dma_descriptor_layout(c)(top["d"])
-    run, idle = fsm_state(state, "RUN"), fsm_state(state, "IDLE")
-    bg = inner(dut, *path, "bursts")
-    rc = dut.contexts
-    rx0, rx1 = rc.rx0, rc.rx1
-    inflight = dut.bursts.inflight
-    lemma = _dma_lemma(m)
-    lemma("load", idle | (d.dir == DmaDir.LOAD))
-    for name, q in (("aw_queue", dut.aw_queue), ("len_queue", dut.len_queue)):
-        lemma(f"{name}.empty", (q.level == 0) & q.lemma())
-    lemma("open", open_ == rx0.valid + rx1.valid + ~(idle | run))
-    lemma("contexts.order", ~rx1.valid | (rx0.valid & rx0.issued))
-    lemma("contexts.issuing", run == Mux(rx1.valid, ~rx1.issued, rx0.valid & ~rx0.issued))
-    ar_valid = top["ar_valid"]
-    lemma("inflight", (inflight <= MAXO) & (inflight == axi.ar_count + ar_valid))
-    lemma("ar_legal", ~ar_valid | ((top["ar_len"] < MAXB)
-                                   & _burst_in_page(top["ar_addr"], top["ar_len"], LG)))
-    _next_burst_lemma(lemma, dut, bg)
-    held = Mux(rx0.valid, rx0.bursts, 0) + Mux(rx1.valid, rx1.bursts, 0)
-    lemma("bursts", held == inflight + rc.r_last)
-    moved_on = top["moved_on"]
-    lemma("moved_on", ~moved_on | (rx1.valid & (rx0.bursts == (rc.r_last & ~rc.r_next))))
-    lemma("r_next", ~rc.r_next | moved_on)
-    lemma("row", ~dut.load_path.row.valid | rx0.valid)
 
 
 def _store_lemmas(m, dut, axi, open_, past, after=None):
@@ -1286,12 +1233,12 @@ def _array_proof(name, rows, cols, stages, weight_rows, why):
         return Proof(name, design, depth=ARRAY_K, cover_depth=depth.cycles, script=CUT_MAC,
                      why="k-induction; lemmas: the weight path's shadow bits, pending rows, "
                          "markers and queue, the valid registers against a ghost delay line")
-    if weight_rows >= rows:
+    if weight_rows > 1 or stages >= 3:
         return Proof(name, design, depth=ARRAY_K + (rows - 1) * stages, cover_depth=depth.cycles,
                      script=CUT_MAC,
-                     why="k-induction; lemmas: each row's shadow bit against row 0's through "
-                         "the loads and switches on their way, the valid registers against a "
-                         "ghost delay line")
+                     why="k-induction; lemmas: each row's shadow bit against the queue's beat "
+                         "and row 0's through the loads and switches on their way, the valid "
+                         "registers against a ghost delay line")
     return _bounded(name, design, depth, why, CUT_MAC)
 
 

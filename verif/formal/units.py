@@ -1015,18 +1015,16 @@ def _store_lemmas(m, dut, axi, open_, past, after=None):
       checker's, within its burst.
     * The burst generator's next burst is legal (a beat-aligned address, a
       segment of at least a beat).
-    * The row reader's queued rows and its pending response are the rows
-      just before ``rd_r``, each marked first exactly when it is the
-      descriptor's first row (or rows are not contiguous); a gearbox that
-      holds part of a beat and no flush has taken a row, so the next row is
-      not a first one (which would be written from byte ``off``, into the
-      beat that waits).
+    * The rows (`_row_lemmas`): each marked first and last as its index
+      says, so that a gearbox holding part of a beat without a flush never
+      takes a first row (written from byte ``off``, into the beat that
+      waits).
 
     Behind a soft reset (`SoftResetDma`, `after`: the cycle after the core's
     reset) the same lemmas hold: the reset comes only when nothing is in
     flight, and a read response to a request taken in the reset's cycle is
     not the row reader's."""
-    from mxu.hdl.dma import DmaDir, _row_meta_layout, dma_descriptor_layout
+    from mxu.hdl.dma import DmaDir, dma_descriptor_layout
     c = dut.config
     LG, MAXO, MAXB = (c.axi_data_bytes - 1).bit_length(), c.dma_max_outstanding, \
         c.dma_max_burst_beats
@@ -1079,10 +1077,19 @@ def _store_lemmas(m, dut, axi, open_, past, after=None):
           & Mux(wlq.level == 0, w_beat == 0, w_beat <= wlq.entry(0)))
     lemma("next_burst", ~dut.bursts.active
           | ((bg["beats"] != 0) & (bg["x"][:LG] == 0) & (bg["seg_len"] != 0)))
-    # The rows read and not yet taken by the gearbox: the queue's, then the
-    # one whose response arrives next cycle, just before row rd_r.
+    _row_lemmas(lemma, dut, d, coalesced, rr, gb, past, after)
+
+
+def _row_lemmas(lemma, dut, d, coalesced, rr, gb, past, after):
+    """A store's rows (`_store_lemmas`): the rows read and not yet taken by
+    the gearbox, the queue's and then the one whose response arrives next
+    cycle, are the rows just before ``rd_r``, marked first and last as
+    their index says; a gearbox holding part of a beat without a flush has
+    taken a row of a contiguous store."""
+    from mxu.hdl.dma import _row_meta_layout
+    rdq = dut.row_reader.queue
     rd_r, pending = rr["rd_r"], rr["rd_pending"]
-    meta = _row_meta_layout(c)
+    meta = _row_meta_layout(dut.config)
     lemma("row_queue.room", (rdq.level + pending <= rdq.depth)
           & (rdq.level + pending <= rd_r))
     fired = past(dut.vmem_read.req.valid & dut.vmem_read.req.ready

@@ -1,4 +1,4 @@
-"""A synchronous FIFO whose state the proofs can name (docs/formal.md, "FIFOs").
+"""A synchronous FIFO whose state the proofs can name (docs/formal.md).
 
 Cycle for cycle and bit for bit the queue of `amaranth.lib.fifo.SyncFIFO`
 (the same ports, the same comb read of the entry at the read pointer, the

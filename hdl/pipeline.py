@@ -148,7 +148,7 @@ class PipelineOps(_FpOps):
                 if inside:
                     self.m.d.comb += unit.en.eq(self.enable)
             elif inside and kind in self.unit_modules.get("staged", ()):
-                unit = black_box(self.m, name, module, cls(stages=self.stages).signature,
+                unit = black_box(self.m, name, module, _staged_signature(cls, self.stages),
                                  clocked=True)
                 self.m.d.comb += unit.en.eq(self.enable)
             else:
@@ -270,6 +270,14 @@ class SharedPipelineOps(PipelineOps):
                 x, y = Mux(select, ux, x), Mux(select, uy, y)
             self.m.d.comb += [in_a.eq(x), in_b.eq(y)]
         super().finish()
+
+
+def _staged_signature(cls, stages):
+    """The signature of an fp32 unit class `cls` of `stages` stages (from an
+    instance that is never elaborated, and says so)."""
+    unit = cls(stages=stages)
+    unit._MustUse__silence = True
+    return unit.signature
 
 
 def _is_nan(x):

@@ -8,6 +8,7 @@ import numbers
 from dataclasses import dataclass, fields, replace
 
 from .mac import MAC_STAGES
+from .numerics import FP_STAGES
 from .quant import QUANT_FORMATS, QUANT_INFO, QuantFormat, sections_fit_beats, tile_block_bytes
 
 __all__ = ["ChipConfig", "MeasuredFmax", "MEASURED_FMAX_MHZ"]
@@ -73,6 +74,12 @@ class ChipConfig:
         engine (a power of two, >= 2).
     loop_body_instrs : int
         Longest body of a LOOP instruction each loop expander stores (1..4096).
+    vpu_stages : int
+        Pipeline stages of each fp32 unit (adder, multipliers, max, min) of
+        the vector unit's lanes and reduction tree: 1 to 5 (docs/vpu.md,
+        "Pipeline depth": where the boundaries go). The same bits at every
+        depth and a row a cycle; a deeper unit makes every lane and tree
+        latency that many times longer.
     vpu : bool
         Build the vector unit (`mxu.hdl.vpu.VectorUnit`, docs/vpu.md): the
         vector engine and its VECTOR instruction. Off by default: it is 2.5
@@ -115,6 +122,7 @@ class ChipConfig:
     cmd_queue_depth: int = 8
     loop_body_instrs: int = 255
     vpu: bool = False
+    vpu_stages: int = 1
     links: int = 0
     link_credits: int = 64
     weight_rows_per_cycle: int = 2
@@ -147,6 +155,9 @@ class ChipConfig:
         if self.mac_stages not in MAC_STAGES:
             raise ValueError(f"ChipConfig.mac_stages must be {MAC_STAGES[0]} to {MAC_STAGES[-1]}, "
                              f"not {self.mac_stages!r}")
+        if self.vpu_stages not in FP_STAGES:
+            raise ValueError(f"ChipConfig.vpu_stages must be {FP_STAGES[0]} to {FP_STAGES[-1]}, "
+                             f"not {self.vpu_stages!r}")
         if self.axi_data_bits not in (64, 128, 256, 512):
             raise ValueError(
                 f"ChipConfig.axi_data_bits must be 64, 128, 256 or 512, not {self.axi_data_bits!r}")
@@ -302,8 +313,11 @@ class ChipConfig:
         ``"vpu"`` (the same with the vector unit and four accumulator banks,
         docs/vpu.md), ``"pod"`` (the vpu chip with a 64-byte bus, links and a
         4 MiB accumulator: a chip of a `Pod`, docs/pod.md), ``"llm"`` (the vpu chip with 1 MiB of accumulator and 1 GiB of external memory: a
-        decoder LLM's weights and KV caches, docs/llm.md) or ``"fpga"`` (4x4, the largest array measured whose whole
-        chip places and routes on an LFE5U-85F, see docs/synth.md)."""
+        decoder LLM's weights and KV caches, docs/llm.md), ``"fpga"`` (4x4, the largest array measured whose whole
+        chip places and routes on an LFE5U-85F, see docs/synth.md) or
+        ``"fpga-llm"`` (16x1 with the vector unit of pipelined fp32 units and
+        1 GiB of external memory: the LLM chip sized for the LFE5U-85F,
+        docs/synth.md)."""
         try:
             return _PRESETS[name]
         except KeyError:
@@ -352,4 +366,20 @@ _PRESETS = {
     "fpga": ChipConfig(rows=4, cols=4, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
                        acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20,
                        weight_rows_per_cycle=1, quant_formats=()),
+    # The LLM chip for the LFE5U-85F (docs/synth.md, "The fpga-llm chip"). A
+    # vector lane is 15 fp32 multipliers (4 MULT18X18D each, 60 a lane) and
+    # 14 adders, about 22k LUT4: one lane is what fits beside an array, so the
+    # array is one column wide (cols = lanes), and 16 rows deep: 16 PEs of 2
+    # MULT18X18D, whose batch-4 decode takes a tile's 16 weights in the 4
+    # cycles the 64-bit bus brings them. The lanes' fp32 units take
+    # `vpu_stages` 4 stages, for 50 MHz (the timing guard's lane blocks).
+    # Four accumulator banks keep the vector unit at a row a cycle beside the
+    # array (docs/vpu.md); 128 KiB of accumulator, 64 KiB of VMEM, block RAM.
+    # 1 GiB of external memory, as the llm chip: SmolLM2-135M's bf16 weights
+    # and KV caches (off-chip: it costs address bits only). No weight
+    # expander: one column is not a whole bus beat of any format's sections.
+    "fpga-llm": ChipConfig(rows=16, cols=1, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
+                           acc_bytes=128 << 10, acc_banks=4, axi_data_bits=64,
+                           ext_mem_bytes=1 << 30, vpu=True, vpu_stages=4,
+                           weight_rows_per_cycle=2, quant_formats=()),
 }

@@ -28,7 +28,7 @@ the adder to unpack it again.
 same blocks; `MacPipeline` (hdl/mac.py) chains the unpacked ones.
 """
 
-from amaranth.hdl import C, Cat, Module, Mux, Shape, Signal
+from amaranth.hdl import C, Cat, Module, Mux, Shape, Signal, Value
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -36,7 +36,7 @@ __all__ = [
     "BF16", "FP32", "FP32_QNAN", "BF16_QNAN", "FpUnpacked",
     "Bf16Multiplier", "Bf16ExactMultiplier", "Bf16ProductCore", "Bf16ProductRound",
     "Bf16RawProduct", "Bf16ProductPlan", "Bf16ProductAmount", "Bf16ProductShift",
-    "Fp32Adder", "FpAddAlign", "FpAddOrdered", "FpAddOrder", "FpAddShiftAdd", "Fp32AddAlign",
+    "FP_STAGES", "Fp32Adder", "FpAddAlign", "FpAddOrdered", "FpAddOrder", "FpAddShiftAdd", "Fp32AddAlign",
     "Fp32AddRound", "Fp32AddNormPlan", "Fp32AddNormAmount", "Fp32AddNormalize", "Fp32AddPartial", "Fp32ToBf16", "Fp32Multiplier", "leading_zeros",
     "LZC_FORMS",
     "unpack_fp32",
@@ -750,32 +750,96 @@ class Fp32AddRound(wiring.Component):
         return m
 
 
-class Fp32Adder(wiring.Component):
-    """fp32 + fp32 -> fp32, combinational: `Fp32AddAlign` then `Fp32AddRound`.
+FP_STAGES = (1, 2, 3, 4, 5)
 
-    Interface: ``a``, ``b``: In(FP32); ``s``: Out(FP32).
+
+class _Stages:
+    """Register boundaries of a pipelined fp32 unit: `cut(depth, *values)`
+    puts a register (loaded while `en`) after each value when the unit has
+    `depth` stages or more, and returns the values as the next stage sees
+    them."""
+
+    def __init__(self, m, stages, en):
+        self.m, self.stages, self.en = m, stages, en
+
+    def cut(self, depth, *values):
+        if self.stages < depth:
+            return values if len(values) > 1 else values[0]
+        regs = []
+        for k, value in enumerate(values):
+            shape = value.shape() if isinstance(value, data.View) else Value.cast(value).shape()
+            reg = Signal(shape, name=f"cut{depth}_{k}")
+            with self.m.If(self.en):
+                self.m.d.sync += reg.eq(value)
+            regs.append(reg)
+        return regs if len(regs) > 1 else regs[0]
+
+
+def _fp_unit_signature(result, stages):
+    """Ports of a two-operand fp32 unit: ``a``, ``b``, the `result`, and
+    ``en`` (advance the pipeline) when it has more than one stage."""
+    if stages not in FP_STAGES:
+        raise ValueError(f"fp32 unit stages must be one of {FP_STAGES}, not {stages!r}")
+    members = {"a": In(FP32), "b": In(FP32), result: Out(FP32)}
+    if stages > 1:
+        members["en"] = In(1)
+    return wiring.Signature(members)
+
+
+class Fp32Adder(wiring.Component):
+    """fp32 + fp32 -> fp32: `Fp32AddAlign` then `Fp32AddRound`, combinational
+    with one stage, else pipelined.
+
+    Parameters
+    ----------
+    stages : int
+        1 to 5 (`FP_STAGES`): with 1, combinational. With more, ``stages - 1``
+        register boundaries, loaded while ``en``, so that ``s`` is the sum of
+        the operands ``stages - 1`` enabled cycles earlier (the caller adds the
+        last register). The boundaries, as for the MAC (docs/vpu.md,
+        "Pipeline depth"): 2, between alignment and rounding; 3, also between
+        the magnitude order and the alignment shift; 4, also between the
+        normalising shift's amount and the shift; 5, also at the inputs (the
+        integer steps in front of the unit in a lane). Same bits at every depth.
+
+    Interface: ``a``, ``b``: In(FP32); ``s``: Out(FP32); ``en``: In(1) when
+    ``stages > 1``.
     """
 
-    a: In(FP32)
-    b: In(FP32)
-    s: Out(FP32)
+    def __init__(self, stages=1):
+        self.stages = stages
+        super().__init__(_fp_unit_signature("s", stages))
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.align = align = Fp32AddAlign()
-        m.submodules.round = rnd = Fp32AddRound()
-        m.d.comb += [
-            align.a.eq(self.a),
-            align.b.eq(self.b),
-            rnd.partial.eq(align.partial),
-            self.s.eq(rnd.s),
-        ]
+        if self.stages == 1:
+            m.submodules.align = align = Fp32AddAlign()
+            m.submodules.round = rnd = Fp32AddRound()
+            m.d.comb += [
+                align.a.eq(self.a),
+                align.b.eq(self.b),
+                rnd.partial.eq(align.partial),
+                self.s.eq(rnd.s),
+            ]
+            return m
+        cut = _Stages(m, self.stages, self.en).cut
+        m.submodules.order = order = FpAddOrder()
+        m.submodules.shift_add = shift_add = FpAddShiftAdd()
+        m.submodules.amount = amount = Fp32AddNormAmount()
+        m.submodules.normalize = normalize = Fp32AddNormalize()
+        a, b = cut(5, self.a, self.b)
+        m.d.comb += [order.x.eq(unpack_fp32(m, a, "a_unpacked")),
+                     order.y.eq(unpack_fp32(m, b, "b_unpacked"))]
+        m.d.comb += shift_add.ordered.eq(cut(3, order.ordered))
+        m.d.comb += amount.partial.eq(cut(2, shift_add.partial))
+        m.d.comb += normalize.plan.eq(cut(4, amount.plan))
+        m.d.comb += self.s.eq(normalize.s)
         return m
 
 
 class Fp32Multiplier(wiring.Component):
-    """fp32 x fp32 -> fp32, combinational, for the vector unit (the MAC's bf16
-    products need only `Bf16ExactMultiplier`).
+    """fp32 x fp32 -> fp32, for the vector unit (the MAC's bf16 products need
+    only `Bf16ExactMultiplier`); combinational with one stage, else pipelined.
 
     The 48-bit significand product ``P`` (value ``P * 2**(ea + eb - 300)``, with
     effective exponents) is normalised by one left shift of ``min(lz, ea + eb -
@@ -791,23 +855,32 @@ class Fp32Multiplier(wiring.Component):
     multiplier is built. The result is the same as the general unit's for such
     a `b`; any other `b` gives an unspecified result.
 
-    Interface: ``a``, ``b``: In(FP32); ``p``: Out(FP32).
-    """
+    Parameters
+    ----------
+    power_of_two : bool
+    stages : int
+        1 to 5 (`FP_STAGES`), as for `Fp32Adder`: ``stages - 1`` register
+        boundaries loaded while ``en``. 2, after the significand product (the
+        DSP blocks); 3, also before the rounding; 4, also between the
+        normalising amount and the shifts; 5, also at the inputs. Same bits at
+        every depth.
 
-    a: In(FP32)
-    b: In(FP32)
-    p: Out(FP32)
+    Interface: ``a``, ``b``: In(FP32); ``p``: Out(FP32); ``en``: In(1) when
+    ``stages > 1``.
+    """
 
     # Right shifts beyond this leave nothing at or above the guard bit.
     _MAX_RIGHT = 26
 
-    def __init__(self, *, power_of_two=False):
+    def __init__(self, *, power_of_two=False, stages=1):
         self.power_of_two = power_of_two
-        super().__init__()
+        self.stages = stages
+        super().__init__(_fp_unit_signature("p", stages))
 
     def elaborate(self, platform):
         m = Module()
-        a, b = self.a, self.b
+        cut = _Stages(m, self.stages, self.en if self.stages > 1 else None).cut
+        a, b = cut(5, self.a, self.b)
         a_nan, a_inf, a_zero = _classify(a, 23)
         b_nan, b_inf, b_zero = _classify(b, 23)
         sig_a, exp_a = _significand(a)
@@ -820,6 +893,12 @@ class Fp32Multiplier(wiring.Component):
         else:
             m.d.comb += product.eq(sig_a * sig_b)
         m.d.comb += exp_sum.eq(exp_a + exp_b)
+        nan = Signal()
+        inf = Signal()
+        sign = Signal()
+        m.d.comb += [nan.eq(a_nan | b_nan | (a_inf & b_zero) | (a_zero & b_inf)),
+                     inf.eq(a_inf | b_inf), sign.eq(a.sign ^ b.sign)]
+        product, exp_sum, nan, inf, sign = cut(2, product, exp_sum, nan, inf, sign)
 
         lz = Signal(range(49))
         # One expression, not named steps: with them the lane's multiplier
@@ -829,6 +908,8 @@ class Fp32Multiplier(wiring.Component):
         m.d.comb += grid.eq(exp_sum - 127)
         amount = Signal(signed(11))
         m.d.comb += amount.eq(Mux(grid < lz, grid, lz))
+        product, exp_sum, amount, nan, inf, sign = cut(4, product, exp_sum, amount, nan, inf, sign)
+
         left = Signal(48)
         m.d.comb += left.eq(product << Mux(amount < 0, 0, amount[:6]))
         right = Signal(range(self._MAX_RIGHT + 1))
@@ -840,20 +921,24 @@ class Fp32Multiplier(wiring.Component):
             m.d.comb += right.eq(-amount)
         window = Signal(48 + self._MAX_RIGHT)
         m.d.comb += window.eq(Cat(C(0, self._MAX_RIGHT), left) >> right)
-        sig = window[-24:]
-        guard = window[-25]
-        sticky = window[:-25] != 0
-        round_up = guard & (sticky | sig[0])
-
+        sig = Signal(24)
+        guard = Signal()
+        sticky = Signal()
+        m.d.comb += [sig.eq(window[-24:]), guard.eq(window[-25]), sticky.eq(window[:-25] != 0)]
         # Bit 23 of `sig` has the biased exponent exp_sum - 126 - amount.
+        biased = Signal(signed(12))
+        m.d.comb += biased.eq(exp_sum - 126 - amount)
+        sig, guard, sticky, biased, nan, inf, sign = cut(3, sig, guard, sticky, biased,
+                                                         nan, inf, sign)
+
+        round_up = guard & (sticky | sig[0])
         field = Signal(signed(12))
-        m.d.comb += field.eq(Mux(sig[23], exp_sum - 126 - amount, 0))
+        m.d.comb += field.eq(Mux(sig[23], biased, 0))
         magnitude = Signal(32)
         m.d.comb += magnitude.eq(Cat(sig[:23], field[:8]) + round_up)
-        sign = a.sign ^ b.sign
-        with m.If(a_nan | b_nan | (a_inf & b_zero) | (a_zero & b_inf)):
+        with m.If(nan):
             m.d.comb += self.p.as_value().eq(FP32_QNAN)
-        with m.Elif(a_inf | b_inf | (field >= 255)):
+        with m.Elif(inf | (field >= 255)):
             m.d.comb += self.p.as_value().eq(Cat(C(0x7F800000, 31), sign))
         with m.Else():
             m.d.comb += self.p.as_value().eq(Cat(magnitude[:31], sign))

@@ -56,8 +56,13 @@ class Value:
 class PipelineOps(_FpOps):
     """The `mxu.hdl.vecmath` operation interface, building hardware in module `m`.
 
-    Each fp32 operation (`Fp32Adder`, `Fp32Multiplier`, max, min) is followed by a
-    register, so a sequence becomes a pipeline with one fp32 operation per stage.
+    Each fp32 operation (`Fp32Adder`, `Fp32Multiplier`, max, min) takes
+    `stages` pipeline stages (1 to 5, `FP_STAGES`): the adder and the
+    multipliers are built with ``stages - 1`` register boundaries inside and
+    a register after them, max and min (and combinational black boxes) are
+    followed by ``stages`` registers. A sequence becomes a pipeline in which
+    every fp32 operation takes `stages` stages and the integer steps none
+    (docs/vpu.md, "Pipeline depth").
     Every register loads only while `enable` is high (the pipeline stalls as a
     whole). Values are `Value` objects; `lift` makes one from a signal.
 
@@ -67,7 +72,10 @@ class PipelineOps(_FpOps):
     hierarchical synthesis handles one of each.
 
     `unit_modules` may map "fmax" and "fmin" too, to modules with ports
-    ``a``, ``b`` and ``s`` (`min_max_signature`).
+    ``a``, ``b`` and ``s`` (`min_max_signature`). A black-box unit is
+    combinational unless `unit_modules["staged"]` lists its kind: then it is
+    a module of the unit with `stages` stages (ports ``en``, ``clk`` and
+    ``rst`` as well; `mxu.synth`).
 
     `used`, if given, is a function of a stage and a unit's kind: a 1-bit value
     that is high when the results of that kind computed in that stage will be
@@ -76,8 +84,9 @@ class PipelineOps(_FpOps):
     simulation's C stand-ins (`mxu.sim.backends.fast_vpu`) then skip their call.
     """
 
-    def __init__(self, m, enable, prefix="", unit_modules=None, used=None):
+    def __init__(self, m, enable, prefix="", unit_modules=None, used=None, stages=1):
         self.m, self.enable, self.prefix = m, enable, prefix
+        self.stages = stages
         self.unit_modules = unit_modules or {}
         self.used = used
         self._delayed = {}
@@ -122,27 +131,51 @@ class PipelineOps(_FpOps):
 
     def _fp_unit(self, kind, stage):
         """A new fp32 unit of `kind` ("fadd", "fmul", "fscale", "fmax", "fmin")
-        working in `stage`: its two input signals and its output."""
+        working in `stage`: its two input signals, its output, and the
+        register boundaries it has inside."""
+        inside = self.stages - 1
         if kind in ("fadd", "fmul", "fscale"):
             cls = Fp32Adder if kind == "fadd" else Fp32Multiplier
             self._count += 1
             name = f"{self.prefix}{kind}_{self._count}"
             module = self.unit_modules.get(kind)
             if module is None:
-                make = (lambda: Fp32Multiplier(power_of_two=True)) if kind == "fscale" else cls
-                self.m.submodules[name] = unit = make()
+                if kind == "fadd":
+                    unit = Fp32Adder(stages=self.stages)
+                else:
+                    unit = Fp32Multiplier(power_of_two=kind == "fscale", stages=self.stages)
+                self.m.submodules[name] = unit
+                if inside:
+                    self.m.d.comb += unit.en.eq(self.enable)
+            elif inside and kind in self.unit_modules.get("staged", ()):
+                unit = black_box(self.m, name, module, _staged_signature(cls, self.stages),
+                                 clocked=True)
+                self.m.d.comb += unit.en.eq(self.enable)
             else:
                 unit = self._black_box(kind, name, module, signature_of(cls), stage)
+                inside = 0
             out = unit.s if kind == "fadd" else unit.p
-            return unit.a.as_value(), unit.b.as_value(), out.as_value()
+            return unit.a.as_value(), unit.b.as_value(), out.as_value(), inside
         module = self.unit_modules.get(kind)
         if module is not None:
             self._count += 1
             unit = self._black_box(kind, f"{self.prefix}{kind}_{self._count}", module,
                                    min_max_signature(), stage)
-            return unit.a, unit.b, unit.s
+            return unit.a, unit.b, unit.s, 0
         x, y = self._signal(f"{kind}_a"), self._signal(f"{kind}_b")
-        return x, y, _min_max(x, y, larger=kind == "fmax")
+        return x, y, _min_max(x, y, larger=kind == "fmax"), 0
+
+    def _fp_result(self, kind, stage):
+        """A unit of `kind` in `stage` and the registers after it, up to
+        ``stage + stages``: (input a, input b, the result's register)."""
+        in_a, in_b, out, inside = self._fp_unit(kind, stage)
+        for _ in range(self.stages - 1 - inside):
+            reg = self._signal(f"{kind}_pipe")
+            self.registers.append((reg, out))
+            out = reg
+        reg = self._signal(kind)
+        self.registers.append((reg, out))
+        return in_a, in_b, reg
 
     def _black_box(self, kind, name, module, signature, stage):
         """An instance of `module` for a unit of `kind`, with the ``used`` input
@@ -155,13 +188,11 @@ class PipelineOps(_FpOps):
         return unit
 
     def _fp_op(self, kind, a, b):
-        """`kind` applied to `a` and `b`, then a register."""
+        """`kind` applied to `a` and `b`, `stages` stages."""
         stage, (x, y) = self._operands(a, b)
-        in_a, in_b, out = self._fp_unit(kind, stage or 0)
+        in_a, in_b, reg = self._fp_result(kind, stage or 0)
         self.m.d.comb += [in_a.eq(x), in_b.eq(y)]
-        reg = self._signal(kind)
-        self.registers.append((reg, out))
-        return Value(reg, (stage or 0) + 1)
+        return Value(reg, (stage or 0) + self.stages)
 
     def const(self, bits):
         return Value(C(bits & 0xFFFFFFFF, 32), None)
@@ -212,8 +243,8 @@ class SharedPipelineOps(PipelineOps):
     from the sequence that owns the stage.
     """
 
-    def __init__(self, m, enable, prefix="", unit_modules=None):
-        super().__init__(m, enable, prefix, unit_modules)
+    def __init__(self, m, enable, prefix="", unit_modules=None, stages=1):
+        super().__init__(m, enable, prefix, unit_modules, stages=stages)
         self._slots = {}          # (stage, kind, index) -> [in_a, in_b, register, users]
         self._select = None
         self._used = Counter()
@@ -228,12 +259,9 @@ class SharedPipelineOps(PipelineOps):
         self._used[(stage, kind)] += 1
         slot = self._slots.get((stage, kind, index))
         if slot is None:
-            in_a, in_b, out = self._fp_unit(kind, stage)
-            reg = self._signal(kind)
-            self.registers.append((reg, out))
-            slot = self._slots[(stage, kind, index)] = [in_a, in_b, reg, []]
+            slot = self._slots[(stage, kind, index)] = [*self._fp_result(kind, stage), []]
         slot[3].append((self._select(stage), x, y))
-        return Value(slot[2], stage + 1)
+        return Value(slot[2], stage + self.stages)
 
     def finish(self):
         for in_a, in_b, _, users in self._slots.values():
@@ -242,6 +270,14 @@ class SharedPipelineOps(PipelineOps):
                 x, y = Mux(select, ux, x), Mux(select, uy, y)
             self.m.d.comb += [in_a.eq(x), in_b.eq(y)]
         super().finish()
+
+
+def _staged_signature(cls, stages):
+    """The signature of an fp32 unit class `cls` of `stages` stages (from an
+    instance that is never elaborated, and says so)."""
+    unit = cls(stages=stages)
+    unit._MustUse__silence = True
+    return unit.signature
 
 
 def _is_nan(x):
@@ -264,7 +300,10 @@ def _min_max(x, y, larger):
 
 class LatencyOps(_FpOps):
     """The `mxu.hdl.vecmath` interface on stages only (None: a constant), to know a
-    pipeline's latency without building it."""
+    pipeline's latency without building it; each fp32 operation takes `stages`."""
+
+    def __init__(self, stages=1):
+        self.stages = stages
 
     @staticmethod
     def _stage(*stages):
@@ -275,7 +314,7 @@ class LatencyOps(_FpOps):
         return None
 
     def _fp_op(self, kind, a, b):
-        return (self._stage(a, b) or 0) + 1
+        return (self._stage(a, b) or 0) + self.stages
 
     def _int(self, *values):
         return self._stage(*values)
@@ -290,10 +329,11 @@ class LatencyOps(_FpOps):
 class UsageOps(LatencyOps):
     """`LatencyOps` that also counts the fp32 units a sequence uses, by stage."""
 
-    def __init__(self):
+    def __init__(self, stages=1):
+        super().__init__(stages)
         self.units = Counter()      # (input stage, kind) -> units
 
     def _fp_op(self, kind, a, b):
         stage = self._stage(a, b) or 0
         self.units[(stage, kind)] += 1
-        return stage + 1
+        return stage + self.stages

@@ -7,10 +7,15 @@ The pipelines come from `mxu.hdl.pipeline` (`PipelineOps`,
 
 * `VectorLane`: one element, any `VpuOp`, a fixed latency; its ops share
   their units, the functions starting at `function_offsets()`.
-* `VectorAlu`: ``cols`` lanes in lockstep on whole rows.
+* `VectorAlu`: ``cols`` lanes in lockstep on whole rows, then a
+  `ReductionTree` for RSUM and RMAX.
 * `RowTranspose`: accumulator rows to VMEM columns, in bf16.
 * `VectorUnit`: the vector engine of the chip, which runs VECTOR instructions
   on a `VectorAlu`.
+
+Every fp32 unit of the lanes and the tree takes `ChipConfig.vpu_stages`
+pipeline stages (docs/vpu.md, "Pipeline depth"): the same bits at every
+depth, a row a cycle, latencies from `lane_latency` and `alu_latency`.
 
 For synthesis (`mxu synth --unit vpu`), the fp32 adder, the multiplier and the
 lane can each be generated once and instantiated by name
@@ -35,9 +40,9 @@ from .numerics import Fp32ToBf16
 from .pipeline import LatencyOps, PipelineOps, SharedPipelineOps, UsageOps, Value
 from .vmem import ReadPortSignature, WritePortSignature, _addr_shape, vmem_row_layout
 
-__all__ = ["VpuOp", "VectorUnit", "VectorLane", "VectorAlu", "LaneInput", "RowTranspose", "lane_latency",
-           "lane_row_signature",
-           "alu_latency", "function_offsets", "tree_levels"]
+__all__ = ["VpuOp", "VectorUnit", "VectorLane", "VectorAlu", "ReductionTree", "LaneInput",
+           "RowTranspose", "lane_latency", "lane_row_signature", "tree_signature",
+           "alu_latency", "tree_latency", "function_offsets", "tree_levels"]
 
 
 _REDUCTIONS = {VpuOp.RSUM: ("fadd", 0x00000000), VpuOp.RMAX: ("fmax", 0xFF800000)}
@@ -67,6 +72,7 @@ def _build_lane(ops, op, a, b):
     adders."""
     av, bv = ops.lift(a), ops.lift(b)
     op_v = ops.lift(op)
+    offsets = function_offsets(ops.stages)
 
     def owner(code):
         return lambda stage: ops.at(op_v, stage)[:len(op)] == code.value
@@ -76,7 +82,7 @@ def _build_lane(ops, op, a, b):
         ops.begin(owner(code))
         results[code] = alu(ops, av, bv)
     for code, name in _FUNCTION_OF.items():
-        offset = function_offsets()[name]
+        offset = offsets[name]
         ops.begin(owner(code))
         start = Value(ops.at(av, offset), offset) if offset else av
         results[code] = vecmath.FUNCTIONS[name](ops, start)
@@ -88,10 +94,15 @@ _UNIT_COST = {"fmul": 4671, "fscale": 700, "fadd": 1333, "fmax": 300, "fmin": 30
 _OFFSETS = {}
 
 
-def function_offsets():
-    """The stage at which each function of `mxu.hdl.vecmath` starts in a lane:
-    the offsets (within the longest function's latency) that minimise the
-    units the functions and the ALU ops need when they share them by stage."""
+def function_offsets(stages=1):
+    """The stage at which each function of `mxu.hdl.vecmath` starts in a lane
+    whose fp32 units take `stages` stages: the offsets (within the longest
+    function's latency) that minimise the units the functions and the ALU ops
+    need when they share them by stage. Every stage of a lane is `stages`
+    times its stage with one-stage units (the integer steps take none), so
+    the offsets are too."""
+    if stages != 1:
+        return {name: stages * offset for name, offset in function_offsets().items()}
     if _OFFSETS:
         return _OFFSETS
     usage = {}
@@ -118,18 +129,19 @@ def function_offsets():
     return _OFFSETS
 
 
-def lane_latency():
-    """Cycles from a `VectorLane` input to its output (every op takes as long)."""
-    ops = LatencyOps()
-    stages = [ops.fadd(0, 0)]
+def lane_latency(stages=1):
+    """Cycles from a `VectorLane` input to its output (every op takes as long)
+    when each fp32 unit takes `stages` stages."""
+    ops = LatencyOps(stages)
+    ends = [ops.fadd(0, 0)]
     for name in _FUNCTION_OF.values():
-        stages.append(vecmath.FUNCTIONS[name](ops, 0) + function_offsets()[name])
-    return max(stages)
+        ends.append(vecmath.FUNCTIONS[name](ops, 0) + function_offsets(stages)[name])
+    return max(ends)
 
 
-def _lane_datapath(m, enable, inp, prefix="", unit_modules=None):
+def _lane_datapath(m, enable, inp, prefix="", unit_modules=None, stages=1):
     """Build one lane in `m`; (result word, latency)."""
-    ops = SharedPipelineOps(m, enable, prefix, unit_modules)
+    ops = SharedPipelineOps(m, enable, prefix, unit_modules, stages=stages)
     op = inp.op.as_value()
     results = _build_lane(ops, op, inp.a, inp.b)
     latency = max(v.stage or 0 for v in results.values())
@@ -155,13 +167,16 @@ def _valid_chain(m, enable, valid, latency):
 
 class VectorLane(wiring.Component):
     """One element of the vector unit: ``y = op(a, b)`` for any element `VpuOp`
-    (not RSUM/RMAX), after a fixed latency (`lane_latency()` cycles). The ops
+    (not RSUM/RMAX), after a fixed latency (`lane_latency(stages)` cycles). The ops
     share their fp32 units (`SharedPipelineOps`).
 
     Parameters
     ----------
     unit_modules : dict or None
         See `PipelineOps`.
+    stages : int
+        Pipeline stages of each fp32 unit (`ChipConfig.vpu_stages`): same
+        bits at every depth, one element a cycle.
 
     Interface
     ---------
@@ -173,15 +188,17 @@ class VectorLane(wiring.Component):
     i: In(stream.Signature(LaneInput))
     o: Out(stream.Signature(32))
 
-    def __init__(self, unit_modules=None):
+    def __init__(self, unit_modules=None, stages=1):
         self.unit_modules = unit_modules
+        self.stages = stages
         super().__init__()
 
     def elaborate(self, platform):
         m = Module()
         enable = ~self.o.valid | self.o.ready
         m.d.comb += self.i.ready.eq(enable)
-        y, latency = _lane_datapath(m, enable, self.i.payload, unit_modules=self.unit_modules)
+        y, latency = _lane_datapath(m, enable, self.i.payload, unit_modules=self.unit_modules,
+                                    stages=self.stages)
         m.d.comb += [self.o.valid.eq(_valid_chain(m, enable, self.i.valid, latency)),
                      self.o.payload.eq(y)]
         return m
@@ -193,9 +210,15 @@ def tree_levels(cols):
     return max(0, (cols - 1).bit_length())
 
 
+def tree_latency(config):
+    """Cycles through the `ReductionTree` of `config`: its levels, each an
+    fp32 unit of `ChipConfig.vpu_stages` stages."""
+    return tree_levels(config.cols) * config.vpu_stages
+
+
 def alu_latency(config):
     """Cycles from a `VectorAlu` input row to its output row (every op)."""
-    return lane_latency() + tree_levels(config.cols)
+    return lane_latency(config.vpu_stages) + tree_latency(config)
 
 
 def vector_alu_signature(config):
@@ -218,25 +241,95 @@ def lane_row_signature(cols):
     })
 
 
-class VectorAlu(wiring.Component):
-    """``cols`` `VectorLane` s in lockstep, then a reduction tree: one row
-    operation per cycle, `alu_latency` cycles each.
+def tree_signature(config):
+    """`ReductionTree`'s ports: ``i`` (the op and a row of ``cols`` fp32
+    words) and ``o`` (the result row)."""
+    row = data.ArrayLayout(32, config.cols)
+    return wiring.Signature({
+        "i": In(stream.Signature(data.StructLayout({"op": VpuOp, "row": row}))),
+        "o": Out(stream.Signature(row)),
+    })
 
-    Every lane sees the same valid, ready and op, and all have the same latency,
-    so they never drift apart; lane 0's handshake stands for all. For RSUM and
-    RMAX the lanes pass ``a`` through, and the tree reduces the row in the order
-    of ``tree_sum`` (docs/vpu.md): padded with +0 (or -inf) to a power of two,
-    the upper half added onto the lower half until one element is left, which
-    goes to every lane. Other ops go around the tree through delay registers.
+
+class ReductionTree(wiring.Component):
+    """The row reductions of a `VectorAlu` behind its lanes: for RSUM and RMAX
+    the row is reduced in the order of ``tree_sum`` (docs/vpu.md): padded
+    with +0 (or -inf) to a power of two, the upper half added onto the lower
+    half until one element is left, which goes to every lane. Other ops go
+    around the tree through delay registers. A row a cycle, `tree_latency`
+    cycles each (`tree_levels` levels of fp32 units of
+    `ChipConfig.vpu_stages` stages); the pipeline stalls as a whole while
+    ``o`` is not taken.
 
     Parameters
     ----------
     config : ChipConfig
-        ``cols`` lanes.
+        ``cols`` and ``vpu_stages``.
+    unit_modules : mapping or None
+        See `PipelineOps` (the simulation's fast adders and max units).
+
+    Interface
+    ---------
+    i : In(stream.Signature(StructLayout({"op": VpuOp, "row": ArrayLayout(32, cols)})))
+    o : Out(stream.Signature(ArrayLayout(32, cols)))
+    """
+
+    def __init__(self, config, unit_modules=None):
+        self.config = config
+        self.unit_modules = unit_modules or {}
+        super().__init__(tree_signature(config))
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.config
+        cols = c.cols
+        valid = Signal()
+        enable = ~valid | self.o.ready
+        m.d.comb += self.i.ready.eq(enable)
+        op_width = len(self.i.payload.op.as_value())
+        tree_op = Value(self.i.payload.op.as_value(), 0)
+
+        # A tree's sums are used only for a row of its op: the stand-ins that
+        # `unit_modules["used"]` names compute nothing for the other rows.
+        def op_in(stage):
+            return ops.at(tree_op, stage)[:op_width]
+        reduction_of = {kind: code for code, (kind, _) in _REDUCTIONS.items()}
+        ops = PipelineOps(m, enable, "tree_", self.unit_modules,
+                          used=lambda stage, kind: op_in(stage) == reduction_of[kind],
+                          stages=c.vpu_stages)
+        row = [ops.lift(self.i.payload.row[k]) for k in range(cols)]
+        latency = tree_latency(c)
+        trees = {code: _reduce_tree(ops, row, kind, pad)
+                 for code, (kind, pad) in _REDUCTIONS.items()}
+        final_op = Signal(VpuOp)
+        m.d.comb += final_op.eq(op_in(latency))
+        for k in range(cols):
+            out = ops.at(row[k], latency)
+            for code, total in trees.items():
+                out = Mux(final_op == code, ops.at(total, latency), out)
+            m.d.comb += self.o.payload[k].eq(out)
+        ops.finish()
+        m.d.comb += [valid.eq(_valid_chain(m, enable, self.i.valid, latency)),
+                     self.o.valid.eq(valid)]
+        return m
+
+
+class VectorAlu(wiring.Component):
+    """``cols`` `VectorLane` s in lockstep, then a `ReductionTree`: one row
+    operation per cycle, `alu_latency` cycles each.
+
+    Every lane sees the same valid, ready and op, and all have the same latency,
+    so they never drift apart; lane 0's handshake stands for all. For RSUM and
+    RMAX the lanes pass ``a`` through, and the tree reduces the row.
+
+    Parameters
+    ----------
+    config : ChipConfig
+        ``cols`` lanes, fp32 units of ``vpu_stages`` stages.
     hooks : BuildHooks or None
         Its ``vpu_modules``: see `PipelineOps`; with a "lane" entry, the lanes
         themselves are black-box instances of that module (a `VectorLane`
-        generated once); with a "lanes" entry, the whole row of lanes is one
+        generated once, of the same stages); with a "lanes" entry, the whole row of lanes is one
         instance of that module, with the ports of `lane_row_signature` (the
         simulation's stand-in: the lanes run in lockstep).
 
@@ -270,7 +363,7 @@ class VectorAlu(wiring.Component):
     def _lane(self, m, name):
         module = self.unit_modules.get("lane")
         if module is None:
-            m.submodules[name] = lane = VectorLane(self.unit_modules)
+            m.submodules[name] = lane = VectorLane(self.unit_modules, self.config.vpu_stages)
             return lane
         return black_box(m, name, module, signature_of(VectorLane), clocked=True)
 
@@ -280,47 +373,26 @@ class VectorAlu(wiring.Component):
         op = self.i.payload.op
         reduce = (op == VpuOp.RSUM) | (op == VpuOp.RMAX)
         lanes = self._lanes(m, cols)
-        # One stallable pipeline: the tree's stages load under `enable`, the
-        # lanes' under their own handshake with the tree (bubbles collapse).
-        valid = Signal()
-        enable = ~valid | self.o.ready
+        m.submodules.tree = tree = ReductionTree(self.config, self.unit_modules)
+        # One stallable pipeline: the tree's stages load under its own
+        # enable, the lanes' under their handshake with the tree (bubbles collapse).
         for k, lane in enumerate(lanes):
             m.d.comb += [
-                lane.i.valid.eq(self.i.valid), lane.o.ready.eq(enable),
+                lane.i.valid.eq(self.i.valid), lane.o.ready.eq(tree.i.ready),
                 lane.i.payload.op.eq(Mux(reduce, VpuOp.PASS, op)),
                 lane.i.payload.a.eq(self.i.payload.a[k]), lane.i.payload.b.eq(self.i.payload.b[k]),
+                tree.i.payload.row[k].eq(lane.o.payload),
             ]
-        m.d.comb += self.i.ready.eq(lanes[0].i.ready)
+        m.d.comb += [self.i.ready.eq(lanes[0].i.ready), tree.i.valid.eq(lanes[0].o.valid)]
 
         # The op travels beside the lanes, under their enable, to pick the tree.
         lane_enable = ~lanes[0].o.valid | lanes[0].o.ready
         beside = PipelineOps(m, lane_enable, "op_")
         op_width = len(op.as_value())
-        op_at_tree = beside.at(beside.lift(op.as_value()), lane_latency())[:op_width]
+        m.d.comb += tree.i.payload.op.eq(
+            beside.at(beside.lift(op.as_value()), lane_latency(self.config.vpu_stages))[:op_width])
         beside.finish()
-
-        # A tree's sums are used only for a row of its op: the stand-ins that
-        # `unit_modules["used"]` names compute nothing for the other rows.
-        tree_op = Value(op_at_tree, 0)
-        def op_in(stage):
-            return ops.at(tree_op, stage)[:op_width]
-        reduction_of = {kind: code for code, (kind, _) in _REDUCTIONS.items()}
-        ops = PipelineOps(m, enable, "tree_", self.unit_modules,
-                          used=lambda stage, kind: op_in(stage) == reduction_of[kind])
-        row = [ops.lift(lane.o.payload) for lane in lanes]
-        levels = tree_levels(cols)
-        trees = {code: _reduce_tree(ops, row, kind, pad)
-                 for code, (kind, pad) in _REDUCTIONS.items()}
-        final_op = Signal(VpuOp)
-        m.d.comb += final_op.eq(op_in(levels))
-        for k in range(cols):
-            out = ops.at(row[k], levels)
-            for code, total in trees.items():
-                out = Mux(final_op == code, ops.at(total, levels), out)
-            m.d.comb += self.o.payload[k].eq(out)
-        ops.finish()
-        m.d.comb += [valid.eq(_valid_chain(m, enable, lanes[0].o.valid, levels)),
-                     self.o.valid.eq(valid)]
+        wiring.connect(m, tree.o, wiring.flipped(self.o))
         return m
 
 

@@ -18,7 +18,7 @@ from mxu.hdl.fetch import InstructionFetch
 from mxu.hdl.loop import LoopExpander
 from mxu.hdl.numerics import Fp32Adder, Fp32Multiplier
 from mxu.hdl.regs import RegisterFile
-from mxu.hdl.vpu import VectorLane
+from mxu.hdl.vpu import ReductionTree, VectorLane
 
 __all__ = ["BLOCK_UNITS", "Block", "PortSubset", "block_unit"]
 
@@ -132,14 +132,19 @@ BLOCK_UNITS = {b.name: b for b in [
     Block("fetch", "instruction fetch", lambda c: PortSubset(InstructionFetch(c), _axi_read),
           serial=True),
     Block("loop", "one LOOP expander", lambda c: LoopExpander(c), serial=True),
-    Block("lane", "one vector lane (VectorLane, every VpuOp)", lambda c: VectorLane(),
-          serial=False),
-    # A lane is a pipeline with one fp32 unit per stage (hdl/pipeline.py): its
-    # stages are these units between registers, with integer glue.
-    Block("lane_fadd", "a vector lane's fp32 adder stage (Fp32Adder between registers)",
-          lambda c: Fp32Adder(), serial=False),
-    Block("lane_fmul", "a vector lane's fp32 multiplier stage (Fp32Multiplier between registers)",
-          lambda c: Fp32Multiplier(), serial=False),
+    Block("lane", "one vector lane (VectorLane, every VpuOp)",
+          lambda c: VectorLane(stages=c.vpu_stages), serial=False),
+    # A lane is a pipeline of fp32 units of `vpu_stages` stages each
+    # (hdl/pipeline.py), with integer glue between them: these are the units
+    # alone between registers.
+    Block("lane_fadd", "a vector lane's fp32 adder (Fp32Adder of vpu_stages stages)",
+          lambda c: Fp32Adder(c.vpu_stages), serial=False),
+    Block("lane_fmul", "a vector lane's fp32 multiplier (Fp32Multiplier of vpu_stages stages)",
+          lambda c: Fp32Multiplier(stages=c.vpu_stages), serial=False),
+    # The row reductions behind the lanes: `tree_levels` levels of adders and
+    # max units, every op's row beside them.
+    Block("tree", "the vector unit's reduction tree (ReductionTree: cols lanes, vpu_stages)",
+          lambda c: ReductionTree(c), serial=True),
 ]}
 
 

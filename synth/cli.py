@@ -60,10 +60,12 @@ def _add_config_flags(parser):
                        help="longest LOOP body each loop expander stores (1..4096)")
     group.add_argument("--vpu", action="store_true", default=None,
                        help="with the vector unit (ChipConfig.vpu)")
+    group.add_argument("--vpu-stages", type=int,
+                       help="pipeline stages of each vector-unit fp32 unit (1..5)")
 
 
 _CONFIG_FLAGS = ("rows", "cols", "mac_stages", "vmem_bytes", "vmem_banks", "acc_bytes",
-                 "acc_banks", "axi_data_bits", "loop_body_instrs", "vpu")
+                 "acc_banks", "axi_data_bits", "loop_body_instrs", "vpu", "vpu_stages")
 
 
 def config_from_args(args):
@@ -77,7 +79,8 @@ def _describe(config):
     return (f"{config.rows}x{config.cols}, mac_stages {config.mac_stages}, "
             f"VMEM {config.vmem_bytes // 1024} KiB in {config.vmem_banks} banks, "
             f"accumulator {config.acc_bytes // 1024} KiB in {config.acc_banks} banks, "
-            f"AXI {config.axi_data_bits} bits" + (", vector unit" if config.vpu else ""))
+            f"AXI {config.axi_data_bits} bits"
+            + (f", vector unit ({config.vpu_stages}-stage fp32 units)" if config.vpu else ""))
 
 
 def register(subparsers):
@@ -250,7 +253,7 @@ def run_export(args):
         # The vector unit's fp32 units and lane once, instantiated by name,
         # as `mxu synth` builds it: one lane elaborated instead of `cols`.
         prelude, modules = phases.run("elaborate the vector lane", vpu_modules_verilog,
-                                      key="export vpu modules")
+                                      config.vpu_stages, key="export vpu modules")
         hooks = BuildHooks(pe_module=pe_name, vpu_modules=modules)
     if args.unit == "chip":
         top, shared_pe = MxuChip(config, hooks=hooks), True

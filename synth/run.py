@@ -149,7 +149,7 @@ def design(unit, config, *, target):
         return Design(unit, config, component_verilog(top), "registered ports" if ffs else "none",
                       wrapper_ffs=ffs)
     if unit == "vpu":
-        prelude, modules = vpu_modules_verilog()
+        prelude, modules = vpu_modules_verilog(config.vpu_stages)
         alu = VectorAlu(config, hooks=BuildHooks(vpu_modules=modules))
         return _wrapped(unit, config, alu, prelude, target, pes=0)
     # The PE once, instantiated by name: seconds to generate at any size.
@@ -160,7 +160,7 @@ def design(unit, config, *, target):
                               weight_rows=config.weight_rows_per_cycle,
                               hooks=BuildHooks(pe_module=pe_name))
     else:
-        vpu_prelude, modules = vpu_modules_verilog() if config.vpu else ("", None)
+        vpu_prelude, modules = vpu_modules_verilog(config.vpu_stages) if config.vpu else ("", None)
         prelude += vpu_prelude
         inner = MxuChip(config, hooks=BuildHooks(pe_module=pe_name, vpu_modules=modules))
     return _wrapped(unit, config, inner, prelude, target, pes=config.rows * config.cols)

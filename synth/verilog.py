@@ -37,14 +37,19 @@ def pe_module_verilog(mac_stages):
     return component_verilog(ProcessingElement(mac_stages), pe_module_name(mac_stages))
 
 
-def vpu_modules_verilog():
+def vpu_modules_verilog(stages=1):
     """(Verilog, `BuildHooks.vpu_modules`) of the vector unit's fp32 adder,
-    multipliers and lane, each generated once and instantiated by name (like
-    the PE): Yosys synthesises one of each, and Amaranth elaborates one lane
-    instead of one per column."""
+    multipliers and lane, of `stages` pipeline stages each
+    (`ChipConfig.vpu_stages`), each generated once and instantiated by name
+    (like the PE): Yosys synthesises one of each, and Amaranth elaborates one
+    lane instead of one per column."""
     units = {"fadd": "mxu_fp32_add", "fmul": "mxu_fp32_mul", "fscale": "mxu_fp32_scale"}
-    prelude = (component_verilog(Fp32Adder(), units["fadd"])
-               + component_verilog(Fp32Multiplier(), units["fmul"])
-               + component_verilog(Fp32Multiplier(power_of_two=True), units["fscale"])
-               + component_verilog(VectorLane(units), "mxu_vpu_lane"))
-    return prelude, {**units, "lane": "mxu_vpu_lane"}
+    if stages > 1:
+        units["staged"] = ("fadd", "fmul", "fscale")
+    lane = "mxu_vpu_lane"
+    prelude = (component_verilog(Fp32Adder(stages), units["fadd"])
+               + component_verilog(Fp32Multiplier(stages=stages), units["fmul"])
+               + component_verilog(Fp32Multiplier(power_of_two=True, stages=stages),
+                                   units["fscale"])
+               + component_verilog(VectorLane(units, stages), lane))
+    return prelude, {**units, "lane": lane}

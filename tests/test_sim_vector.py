@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from chip_configs import TINY, VPU_SHAPES, run_cocotb_chip
+from mxu.hdl import ChipConfig
 from mxu.hdl.isa import ErrorCode
 from mxu.sim import Chip, Program
 from mxu.verif import golden, programs
@@ -265,11 +266,13 @@ def test_cocotb_vector_programs(pause, tmp_path):
 
 
 @pytest.mark.slow
-def test_fast_lanes_give_the_same_results_and_cycles():
+@pytest.mark.parametrize("stages", sorted({1, ChipConfig.preset("fpga-llm").vpu_stages}))
+def test_fast_lanes_give_the_same_results_and_cycles(stages):
     """The fast vector lane (`mxu.sim.backends.fast_vpu`, C generated from
-    `mxu.hdl.vecmath`) against the RTL lane on the chip: the vector program and
-    the functions over operands that cover every exponent: same bits, same cycles."""
-    cfg = VPU_SHAPES["4x4"]
+    `mxu.hdl.vecmath`) against the RTL lane on the chip, with one-stage fp32
+    units and with the fpga-llm preset's: the vector program and the
+    functions over operands that cover every exponent: same bits, same cycles."""
+    cfg = VPU_SHAPES["4x4"].replace(vpu_stages=stages)
     rtl, fast = Chip(cfg), Chip(cfg, fast_mac=True)
     p, image, outputs = programs.vector_program(cfg, np.random.default_rng(SEED + 3))
     rng = np.random.default_rng(SEED + 4)

@@ -127,6 +127,28 @@ def test_design_vpu_shares_its_units():
     assert design("vpu", config, target="ecp5").wrapper == "serial ports"
 
 
+def test_pipelined_vpu_modules_and_blocks():
+    """With `vpu_stages` above 1 the fp32 units are generated pipelined (an
+    ``en`` port, clocked) and the lane instantiates them so; the guard's
+    vector blocks are built at the fpga-llm preset's depth, and the tree with
+    4 columns (its one column has none)."""
+    from mxu.synth.guard import BLOCK_PRESETS, FLOORS, block_config
+    from mxu.synth.verilog import vpu_modules_verilog
+    prelude, modules = vpu_modules_verilog(4)
+    assert modules["staged"] == ("fadd", "fmul", "fscale")
+    for module in ("mxu_fp32_add", "mxu_fp32_mul", "mxu_fp32_scale"):
+        head = prelude[prelude.index(f"module {module}("):]
+        assert "en" in head[:head.index(");")].replace(" ", "").split(",")
+    llm = ChipConfig.preset("fpga-llm")
+    assert set(BLOCK_PRESETS) - {"lane"} <= set(FLOORS)
+    assert block_config("lane_fmul") == llm and block_config("pe") == ChipConfig.preset("fpga")
+    assert block_config("tree").cols == 4 and block_config("tree").vpu_stages == llm.vpu_stages
+    for name in ("lane_fadd", "lane_fmul"):
+        unit = block_unit(name, llm)
+        assert unit.stages == llm.vpu_stages and "en" in unit.signature.members
+    assert design("tree", block_config("tree"), target="ecp5").wrapper == "serial ports"
+
+
 def test_block_units():
     """The chip's blocks for the timing guard: each as the chip builds it, with
     the ports the chip leaves unused tied off (docs/synth.md, "Timing guard")."""

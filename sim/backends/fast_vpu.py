@@ -301,12 +301,14 @@ endmodule
 
 
 @functools.cache
-def fast_vpu_lanes_verilog(cols):
-    """(module name, Verilog) of the fast row of `cols` lanes (the element op
-    ``mxu_vpu_f32`` of `vpu_cpp_source`, through ``mxu_vpu_row``), with the
-    ports of `mxu.hdl.vpu.lane_row_signature`."""
-    name = f"mxu_vpu_lanes_fast_{cols}"
-    return name, _TEMPLATE.format(name=name, cols=cols, last=lane_latency() - 1,
+def fast_vpu_lanes_verilog(cols, stages=1):
+    """(module name, Verilog) of the fast row of `cols` lanes whose fp32 units
+    take `stages` stages (`ChipConfig.vpu_stages`: the latency
+    `lane_latency(stages)`; the element op ``mxu_vpu_f32`` of
+    `vpu_cpp_source`, through ``mxu_vpu_row``), with the ports of
+    `mxu.hdl.vpu.lane_row_signature`."""
+    name = f"mxu_vpu_lanes_fast_{cols}" + (f"_s{stages}" if stages > 1 else "")
+    return name, _TEMPLATE.format(name=name, cols=cols, last=lane_latency(stages) - 1,
                                   row_msb=32 * cols - 1,
                                   a_msb=32 * cols + 3, b_lsb=32 * cols + 4,
                                   in_msb=64 * cols + 3)

@@ -66,6 +66,11 @@ def simulate_mac(a, w, acc, *, stages=None, simulator="verilator"):
     return out.astype(np.uint32)
 
 
+def _depth(stages):
+    """The build name's suffix for a unit of `stages` pipeline stages."""
+    return f"_s{stages}" if stages > 1 else ""
+
+
 def _run_unit(make_unit, payload, name, simulator, dtype):
     """Stream packed operands through a combinational unit; results as `dtype`."""
     if payload.size == 0:
@@ -82,38 +87,45 @@ def simulate_bf16_mul(a, b, *, simulator="verilator"):
                      np.uint32)
 
 
-def simulate_fp32_add(x, y, *, simulator="verilator"):
-    """fp32 + fp32 through the RTL `Fp32Adder` (uint32 in, uint32 out)."""
+def simulate_fp32_add(x, y, *, stages=1, simulator="verilator"):
+    """fp32 + fp32 through the RTL `Fp32Adder` of `stages` stages (uint32 in,
+    uint32 out)."""
     x, y = _operands(x=(x, np.uint32), y=(y, np.uint32))
-    return _run_unit(lambda: StreamedUnit(Fp32Adder(), ("a", "b"), "s"),
-                     x.astype(np.uint64) | (y.astype(np.uint64) << 32), "fp32add", simulator,
-                     np.uint32)
+    return _run_unit(lambda: StreamedUnit(Fp32Adder(stages), ("a", "b"), "s"),
+                     x.astype(np.uint64) | (y.astype(np.uint64) << 32), "fp32add" + _depth(stages),
+                     simulator, np.uint32)
 
 
-def simulate_fp32_mul(x, y, *, power_of_two=False, simulator="verilator"):
-    """fp32 * fp32 through the RTL `Fp32Multiplier` (uint32 in, uint32 out);
-    with ``power_of_two=True`` its variant without a multiplier, for which every
-    y must be a power of two (a normal number with a zero fraction)."""
+def simulate_fp32_mul(x, y, *, power_of_two=False, stages=1, simulator="verilator"):
+    """fp32 * fp32 through the RTL `Fp32Multiplier` of `stages` stages (uint32
+    in, uint32 out); with ``power_of_two=True`` its variant without a
+    multiplier, for which every y must be a power of two (a normal number with
+    a zero fraction)."""
     x, y = _operands(x=(x, np.uint32), y=(y, np.uint32))
     if power_of_two and np.any((y & 0x807FFFFF) | ((y >> 23) == 0) | ((y >> 23) == 255)):
         raise ValueError("power_of_two: every y must be a positive normal power of two")
-    name = "fp32scale" if power_of_two else "fp32mul"
-    return _run_unit(lambda: StreamedUnit(Fp32Multiplier(power_of_two=power_of_two), ("a", "b"),
-                                          "p"),
+    name = ("fp32scale" if power_of_two else "fp32mul") + _depth(stages)
+    return _run_unit(lambda: StreamedUnit(Fp32Multiplier(power_of_two=power_of_two,
+                                                         stages=stages), ("a", "b"), "p"),
                      x.astype(np.uint64) | (y.astype(np.uint64) << 32), name, simulator,
                      np.uint32)
 
 
 class _PackedLane(wiring.Component):
-    """A `VectorLane` behind a 64-bit payload: ``a`` (bits 0-31), the top 28 bits
-    of ``b`` (32-59; its 4 low bits are zero) and ``op`` (60-63)."""
+    """A `VectorLane` of fp32 units of `stages` stages behind a 64-bit
+    payload: ``a`` (bits 0-31), the top 28 bits of ``b`` (32-59; its 4 low
+    bits are zero) and ``op`` (60-63)."""
 
     i: In(stream.Signature(64))
     o: Out(stream.Signature(32))
 
+    def __init__(self, stages=1):
+        self.stages = stages
+        super().__init__()
+
     def elaborate(self, platform):
         m = Module()
-        m.submodules.lane = lane = VectorLane()
+        m.submodules.lane = lane = VectorLane(stages=self.stages)
         payload = self.i.payload
         m.d.comb += [
             lane.i.valid.eq(self.i.valid), self.i.ready.eq(lane.i.ready),
@@ -144,9 +156,9 @@ def _vpu_ops(op, n):
     return np.full(n, VpuOp(op).value, np.uint64)
 
 
-def simulate_vpu_lane(op, a, b=None, *, simulator="verilator"):
-    """``op(a, b)`` through the RTL `VectorLane` (docs/vpu.md), every element in one
-    simulator run.
+def simulate_vpu_lane(op, a, b=None, *, stages=1, simulator="verilator"):
+    """``op(a, b)`` through the RTL `VectorLane` whose fp32 units take
+    `stages` stages (docs/vpu.md), every element in one simulator run.
 
     op : a `VpuOp`, its name ("exp", "add", ...), or an array of VpuOp values (one
         per element). a, b : uint32 arrays of fp32 bit patterns; b may be omitted
@@ -163,7 +175,8 @@ def simulate_vpu_lane(op, a, b=None, *, simulator="verilator"):
     if np.any(ops >= VpuOp.RSUM.value):
         raise ValueError("RSUM and RMAX reduce a row: simulate them with simulate_vector_alu")
     payload = a.astype(np.uint64) | ((b.astype(np.uint64) >> _B_LOW_BITS) << 32) | (ops << 60)
-    return _run_unit(_PackedLane, payload, "vpu_lane", simulator, np.uint32)
+    return _run_unit(lambda: _PackedLane(stages), payload, "vpu_lane" + _depth(stages), simulator,
+                     np.uint32)
 
 
 def simulate_vector_alu(config, op, a, b, *, ready_percent=100, seed=1):

@@ -166,13 +166,14 @@ def pe_verilog(stages):
 
 
 @functools.lru_cache(maxsize=None)
-def vpu_lane_verilog():
-    """(module name, Verilog) of `VectorLane`, for designs that instantiate the
-    lane by name (``BuildHooks(vpu_modules={"lane": name})``): one C++
-    class in Verilator however many lanes, as for the PE."""
+def vpu_lane_verilog(stages=1):
+    """(module name, Verilog) of `VectorLane` with fp32 units of `stages`
+    stages, for designs that instantiate the lane by name
+    (``BuildHooks(vpu_modules={"lane": name})``): one C++ class in Verilator
+    however many lanes, as for the PE."""
     from mxu.hdl.vpu import VectorLane
-    name = "mxu_vpu_lane"
-    return name, _not_inlined(to_verilog(VectorLane(), name=name), name)
+    name = "mxu_vpu_lane" + (f"_s{stages}" if stages > 1 else "")
+    return name, _not_inlined(to_verilog(VectorLane(stages=stages), name=name), name)
 
 
 def _not_inlined(text, module):
@@ -225,7 +226,7 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
     vpu_modules, vpu = None, ""
     if config.vpu:
         if fast_lanes:
-            lanes_name, vpu = fast_vpu_lanes_verilog(config.cols)
+            lanes_name, vpu = fast_vpu_lanes_verilog(config.cols, config.vpu_stages)
             vpu_modules = {"lanes": lanes_name}
             vpu_modules["fadd"], adder = fast_vpu_adder_verilog()
             vpu_modules["fmax"], larger = fast_vpu_max_verilog()
@@ -236,7 +237,7 @@ def chip_verilog(config, fast_mac=False, trace=False, fast_lanes=None, units=Fal
             # every element's register each cycle (docs/simulation.md).
             vpu_modules["transpose"] = "memory"
         else:
-            lane_name, vpu = vpu_lane_verilog()
+            lane_name, vpu = vpu_lane_verilog(config.vpu_stages)
             vpu_modules = {"lane": lane_name}
     gated = fast_mac and idle_gating
     one_eval = one_eval and gated

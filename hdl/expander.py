@@ -10,7 +10,10 @@ model `mxu.verif.quant`. The datapath reuses the four parts of `Fp32Adder`
 `Fp32ToBf16` of `mxu.hdl.numerics`.
 """
 
-from amaranth.hdl import C, Cat, Module, Mux, Signal, signed
+import functools
+import operator
+
+from amaranth.hdl import C, Cat, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -100,6 +103,13 @@ class ScaleRound(wiring.Component):
     """Second half of `ScaleMultiplier`: normalise the product and round it
     to nearest-even (see `ScaleMultiplier` for why no subnormal path).
 
+    Under `ScaleMultiplier`'s precondition a nonzero product's leading one is
+    at bit ``23 + r`` with ``r`` in ``0..width`` (a significand of 24 bits
+    with its top bit set, times ``1 <= |n| < 2**width``): the normalisation is
+    a choice among those ``width + 1`` places, not a leading-zero count and a
+    shift over the whole product, so that the stage fits the fpga chip's
+    clock (docs/synth.md, "The weight expander on the `fpga` chip").
+
     Interface: ``x``: In(scale_product_layout(width)); ``p``: Out(FP32).
     """
 
@@ -109,19 +119,27 @@ class ScaleRound(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        x, P = self.x, 24 + self.width
-        lz = Signal(range(P + 1))
-        m.d.comb += lz.eq(leading_zeros(x.product, "onehot", m))
-        norm = Signal(P)
-        m.d.comb += norm.eq(x.product << lz)
-        sig = norm[P - 24:]
-        guard = norm[P - 25]
-        sticky = norm[:P - 25] != 0
+        x, W = self.x, self.width
+        product = x.product
+        # `top[r]`: the leading one is at bit 23 + r.
+        top = Signal(W + 1)
+        m.d.comb += top.eq(Cat(*(product[23 + r] & (product[24 + r:] == 0)
+                                 for r in range(W + 1))))
+        # For each place, the significand, the guard bit and the sticky bits
+        # below it; the place's word is chosen by AND-OR on the one-hot `top`.
+        sig, guard, sticky, shift = Signal(24), Signal(), Signal(), Signal(range(W + 1))
+        m.d.comb += [
+            sig.eq(_select(top, [product[r:r + 24] for r in range(W + 1)])),
+            guard.eq(_select(top, [product[r - 1] if r else C(0) for r in range(W + 1)])),
+            sticky.eq(_select(top, [product[:r - 1] != 0 if r > 1 else C(0)
+                                    for r in range(W + 1)])),
+            shift.eq(_select(top, [C(r, len(shift)) for r in range(W + 1)])),
+        ]
         round_up = guard & (sticky | sig[0])
-        # The leading one at bit P - 1 - lz of the product, of weight
-        # 2**(exp - 150): the biased exponent is exp + (P - 24) - lz.
-        field = Signal(10)
-        m.d.comb += field.eq(x.exp + (P - 24) - lz)
+        # The leading one at bit 23 + r of the product, of weight
+        # 2**(exp - 150): the biased exponent is exp + r.
+        field = Signal(9)
+        m.d.comb += field.eq(x.exp + shift)
         magnitude = Signal(32)
         m.d.comb += magnitude.eq(Cat(sig[:23], field[:8]) + round_up)
         with m.If(x.nan):
@@ -133,6 +151,13 @@ class ScaleRound(wiring.Component):
         with m.Else():
             m.d.comb += self.p.as_value().eq(Cat(magnitude[:31], x.sign))
         return m
+
+
+def _select(onehot, words):
+    """``words[i]`` where ``onehot[i]`` is set (zero if none): an AND-OR."""
+    width = max(len(Value.cast(w)) for w in words)
+    terms = [Mux(onehot[i], w, C(0, width)) for i, w in enumerate(words)]
+    return functools.reduce(operator.or_, terms)
 
 
 class ScaleMultiplier(wiring.Component):

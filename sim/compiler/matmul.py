@@ -53,6 +53,7 @@ _MASK = (1 << INSTR_BITS) - 1
 # command queues of `rows`-row VECTORs (measured on SmolLM2's layers: 1 and
 # 16 leave a decode step or a prefill a few per cent slower, docs/compiler.md).
 _DRAIN_QUEUES = 4
+TAIL_CUT = 4
 
 
 @dataclass(frozen=True)
@@ -353,7 +354,11 @@ class _Segment(FusedGroups):
             p = self.placed[grp.op]
             if not p.op.quantized or p.weights is not None:
                 continue
-            c = self.chunk[grp.index] = chunk_tiles(cfg, p.op, grp.size, cap, most)
+            # The segment's last group ends the loads: what the array does
+            # after its last chunk arrives is the segment's tail, so its
+            # chunks are shorter.
+            top = (max(1, most // TAIL_CUT) if grp.index == len(self.groups) - 1 >= 3 else most)
+            c = self.chunk[grp.index] = chunk_tiles(cfg, p.op, grp.size, cap, top)
             chunks = strip_chunks(grp.KT, c, unit_tiles(cfg, p.op.b))
             self.chunk_of[grp.index] = {t: t0 for t0, n in chunks for t in range(t0, t0 + n)}
             sizes.add(grp.size)

@@ -344,7 +344,8 @@ class _Segment(FusedGroups):
         never after its first step. U: the most slots the ring has, a
         multiple of every group's size if it can be."""
         cfg, units, sizes = self.config, [], set()
-        self.placed_units, self.chunk_of, self.chunk = {}, {}, {}
+        self.placed_units, self.chunk_of, self.chunk, self._early_raw = {}, {}, {}, []
+        self._early, self._early_targets, self._planned = {}, set(), False
         quantized = [p for p in self.placed if p.op.quantized and p.weights is None]
         if quantized:
             most = max(chunk_tiles(cfg, p.op) for p in quantized)
@@ -381,8 +382,54 @@ class _Segment(FusedGroups):
             if at[u] > units[u][1]:
                 raise AssertionError(f"quantized weight units need more than the {cap} slots "
                                      f"reserved (plan.quant_units)")
-            self.placed_units.setdefault(at[u], []).append(units[u][0])
+            if at[u] < self.W or at[u] == units[u][1]:
+                self.placed_units.setdefault(at[u], []).append(units[u][0])
+            else:
+                # Issued after MATMUL at[u] - W, awaited by the LOADW of its
+                # first step, not by LOADW at[u] (`_early_plan`).
+                self._early_raw.append((at[u] - self.W, units[u][0], units[u][1]))
         return {key[:3]: (u % U) * size for u, (key, _, _) in enumerate(units)}
+
+    def _early_plan(self):
+        """{MATMUL e: [[unit, LOADW it pushes to, or None]]} of the units
+        issued early, after MATMUL e: each is awaited at its first step, or
+        earlier when a batch issued after it has loads for an earlier step
+        (the load->compute tokens are counted: the pushes, in the order the
+        load engine completes them, must go to LOADWs in program order).
+        Units whose pushes would go to one LOADW push once, the last."""
+        if self._planned or not self._early_raw:
+            return self._early
+        self._planned = True
+        W, early, order = self.W, {}, []
+        regular = [n for n in range(W, self.steps) if self._batch_loads(n)]
+        for e, key, first in self._early_raw:
+            i = bisect.bisect_right(regular, e + W)
+            target = min(first, regular[i] - 1 if i < len(regular) else first)
+            if target == e + W and self._batch_loads(target):
+                self.placed_units.setdefault(target, []).append(key)   # one batch
+                self.__dict__["_loads"].pop(target)
+                continue
+            item = [key, target]
+            early.setdefault(e, []).append(item)
+            order.append(item)
+        for a, b in zip(order, order[1:]):
+            if a[1] == b[1]:
+                a[1] = None
+        self._early = early
+        self._early_targets = {t for _, t in order if t is not None}
+        self._check_tokens()
+        return early
+
+    def _check_tokens(self):
+        """The load engine's pushes go to LOADWs in program order (the order
+        their loads complete in), each LOADW's once."""
+        targets = []
+        for n in range(self.W + self.steps):
+            if n < self.steps and self._batch_loads(n):
+                targets.append(n)
+            targets += [t for _, t in self._early.get(n - self.W, ()) if t is not None]
+        if any(a >= b for a, b in zip(targets, targets[1:])):
+            raise AssertionError("quantized weight loads push out of order")
 
     def loop_period(self, grp):
         """A LOOP of quantized weights spans ``lcm(G, chunk_tiles)`` steps:
@@ -425,6 +472,10 @@ class _Segment(FusedGroups):
         loads = self._batch_loads(n)
         for i, load in enumerate(loads):
             prog.load(**load, pop_next=(i == 0 and n >= self.W), push_next=(i == len(loads) - 1))
+        if n >= self.W and self.units:
+            for i, (key, target) in enumerate(self._early_plan().get(n - self.W, ())):
+                prog.load(**self._unit_load(*key), pop_next=i == 0 and not loads,
+                          push_next=target is not None)
         if not loads and not self.units:
             # Nothing to load (activations and weights handed off): the load
             # engine passes the tokens on.
@@ -433,6 +484,14 @@ class _Segment(FusedGroups):
     def _tokens(self, n):
         """Whether batch n pushes a token to LOADW n and pops one of MATMUL n - W."""
         return not self.units or bool(self._batch_loads(n))
+
+    def _loadw_pops(self, n):
+        """Whether LOADW n pops a load->compute token."""
+        return self._tokens(n) or n in self._early_targets
+
+    def _matmul_pushes(self, n):
+        """Whether MATMUL n pushes a compute->load token."""
+        return n + self.W < self.steps and (self._tokens(n + self.W) or n in self._early)
 
     def _batch_loads(self, n):
         cache = self.__dict__.setdefault("_loads", {})
@@ -470,19 +529,21 @@ class _Segment(FusedGroups):
                               ext_addr=op.bias.addr + grp.m0 * op.bias.stride + 4 * j * c,
                               rows=grp.mrows, row_bytes=4 * ncols, ext_stride=op.bias.stride))
         if p.weights is None and op.quantized:
-            for g, uj, t0, tiles in self.placed_units.get(n, ()):
-                ug = self.groups[g]
-                b = self.placed[ug.op].op.b
-                loads.append(dict(vmem_row=self.units[g, uj, t0],
-                                  ext_addr=b.addr + (ug.j0 + uj) * b.strip
-                                  + t0 * r // b.block * b.tile,
-                                  rows=min(b.rows, (t0 + tiles) * r) - t0 * r, row_bytes=b.tile,
-                                  format=b.format))
+            loads += [self._unit_load(*key) for key in self.placed_units.get(n, ())]
         elif p.weights is None:
             loads.append(dict(vmem_row=(n % self.W) * r,
                               ext_addr=op.b.addr + t * r * op.b.stride + 2 * j * c,
                               rows=k_rows, row_bytes=2 * ncols, ext_stride=op.b.stride))
         return loads
+
+    def _unit_load(self, g, uj, t0, tiles):
+        """The quantized LOAD of unit (group g, its N tile uj, K tiles t0 ..)."""
+        ug, r = self.groups[g], self.config.rows
+        b = self.placed[ug.op].op.b
+        return dict(vmem_row=self.units[g, uj, t0],
+                    ext_addr=b.addr + (ug.j0 + uj) * b.strip + t0 * r // b.block * b.tile,
+                    rows=min(b.rows, (t0 + tiles) * r) - t0 * r, row_bytes=b.tile,
+                    format=b.format)
 
     def step(self, prog, n):
         """Step n's LOADW and MATMUL, its STORE after the last K tile, and the
@@ -499,7 +560,7 @@ class _Segment(FusedGroups):
             wrow = self.units[grp.index, jj, t0] + (t - t0) * cfg.rows
         else:
             wrow = (n % self.W) * cfg.rows
-        prog.loadw(vmem_row=wrow, k_rows=k_rows, pop_prev=self._tokens(n))
+        prog.loadw(vmem_row=wrow, k_rows=k_rows, pop_prev=self._loadw_pops(n))
         if t > 0:
             seed, seed_row = SeedMode.ACC, self.out_row(grp, jj)
         elif op.bias_kind == "row":
@@ -513,7 +574,7 @@ class _Segment(FusedGroups):
         prog.matmul(act_row=self.a_row(grp, t), m_rows=grp.mrows, out_row=self.out_row(grp, jj),
                     seed=seed, seed_row=seed_row, new_weights=True,
                     pop_next=(t == 0 and jj == 0 and grp.index >= self.buffers),
-                    push_prev=n + self.W < self.steps and self._tokens(n + self.W),
+                    push_prev=self._matmul_pushes(n),
                     push_next=last_t and not fused)
         last_of_group = jj == grp.size - 1
         if fused and last_t and last_of_group:
@@ -637,6 +698,7 @@ class _Segment(FusedGroups):
         return count // max(1, math.ceil(rows / limit))
 
     def emit(self, prog, loops):
+        self._early_plan()
         for n in range(self.W):
             self.batch(prog, n)
         units = [self.group_program(grp, loops) for grp in self.groups]

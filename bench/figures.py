@@ -80,16 +80,30 @@ HEADLINES = [
        "simspeed", "simulation speed", ["vpu", "MiniLM 128 tokens (chip layer ops)"], "wall s"),
     _h("sim.matmul.cycles_per_s", "Simulation speed, 256x768x1536 matmul, vpu preset: cycles/s",
        "simspeed", "simulation speed", ["vpu", "matmul 256x768x1536"], "cycles/s"),
-    _h("llm.prefill64.mfu", "SmolLM2-135M, 64-token prefill: MFU", "llm", "SmolLM2",
-       ["prefill 64 tokens"], "MFU"),
-    _h("llm.decode1.cycles", "SmolLM2-135M, decode at batch 1: cycles per step", "llm",
-       "SmolLM2", ["decode batch 1"], "cycles per step"),
-    _h("llm.decode1.roofline", "SmolLM2-135M, decode at batch 1: share of the roofline", "llm",
-       "SmolLM2", ["decode batch 1"], "roofline share"),
-    _h("llm.decode16.cycles", "SmolLM2-135M, decode at batch 16: cycles per step", "llm",
-       "SmolLM2", ["decode batch 16"], "cycles per step"),
-    _h("llm.decode16.roofline", "SmolLM2-135M, decode at batch 16: share of the roofline",
-       "llm", "SmolLM2", ["decode batch 16"], "roofline share"),
+    _h("llm.prefill64.mfu", "SmolLM2-135M, GGUF blocks on the chip, 64-token prefill: MFU", "llm",
+       "SmolLM2", ["prefill 64 tokens", "gguf"], "MFU"),
+    _h("llm.prefill64.cycles", "SmolLM2-135M, GGUF blocks on the chip, 64-token prefill: chip cycles",
+       "llm", "SmolLM2", ["prefill 64 tokens", "gguf"], "chip cycles"),
+    _h("llm.decode1.cycles", "SmolLM2-135M, GGUF blocks on the chip, decode at batch 1: cycles per step",
+       "llm", "SmolLM2", ["decode batch 1", "gguf"], "cycles per step"),
+    _h("llm.decode1.roofline", "SmolLM2-135M, GGUF blocks on the chip, decode at batch 1: share of the "
+       "roofline", "llm", "SmolLM2", ["decode batch 1", "gguf"], "roofline share"),
+    _h("llm.decode16.cycles", "SmolLM2-135M, GGUF blocks on the chip, decode at batch 16: cycles per "
+       "step", "llm", "SmolLM2", ["decode batch 16", "gguf"], "cycles per step"),
+    _h("llm.decode16.roofline", "SmolLM2-135M, GGUF blocks on the chip, decode at batch 16: share of the "
+       "roofline", "llm", "SmolLM2", ["decode batch 16", "gguf"], "roofline share"),
+    _h("llm.prefill64.bf16.mfu", "SmolLM2-135M, bf16 weights, 64-token prefill: MFU", "llm",
+       "SmolLM2", ["prefill 64 tokens", "bf16"], "MFU"),
+    _h("llm.prefill64.bf16.cycles", "SmolLM2-135M, bf16 weights, 64-token prefill: chip cycles",
+       "llm", "SmolLM2", ["prefill 64 tokens", "bf16"], "chip cycles"),
+    _h("llm.decode1.bf16.cycles", "SmolLM2-135M, bf16 weights, decode at batch 1: cycles per step",
+       "llm", "SmolLM2", ["decode batch 1", "bf16"], "cycles per step"),
+    _h("llm.decode1.bf16.roofline", "SmolLM2-135M, bf16 weights, decode at batch 1: share of the "
+       "roofline", "llm", "SmolLM2", ["decode batch 1", "bf16"], "roofline share"),
+    _h("llm.decode16.bf16.cycles", "SmolLM2-135M, bf16 weights, decode at batch 16: cycles per "
+       "step", "llm", "SmolLM2", ["decode batch 16", "bf16"], "cycles per step"),
+    _h("llm.decode16.bf16.roofline", "SmolLM2-135M, bf16 weights, decode at batch 16: share of the "
+       "roofline", "llm", "SmolLM2", ["decode batch 16", "bf16"], "roofline share"),
     _h("quant.q4_0.m1.cycles", "16x16 chip, 1x576 @ 576x1536 with Q4_0 weights on the chip: "
        "cycles", "quant", "M x K @ K x N", ["Q4_0", "1"], "quantized cycles"),
     _h("quant.q4_0.m1.roofline", "16x16 chip, 1x576 @ 576x1536 with Q4_0 weights: share of the "

@@ -2,6 +2,7 @@
 in the DMA's load path) then LOADW and MATMUL give the golden matmul with the
 golden expander's weights, for every format, on the default 16x16 chip."""
 
+import re
 import numpy as np
 import pytest
 
@@ -203,5 +204,11 @@ def test_quantized_weights_split_k_between_blocks():
     compile_matmuls(config, ops)                               # with its LOOPs
     program = compile_matmuls(config, ops, loops=False).program
     quant = [t for t in program.text if f"'quant': {fmt.value}" in str(t)]
-    assert len(quant) == 2 * k // 32                           # each tile-block once
-    assert all(f"rows=32, row_bytes={tile_block_bytes(fmt, 8)}" in str(t) for t in quant)
+    tile = tile_block_bytes(fmt, 8)
+    assert all(f"row_bytes={tile}" in str(t) for t in quant)
+    # Each LOAD brings whole blocks (a chunk of them), each tile-block once.
+    spans = sorted((int(re.search(r"ext_addr=(\d+)", t)[1]), int(re.search(r"rows=(\d+)", t)[1]))
+                   for t in quant)
+    assert all(rows % 32 == 0 for _, rows in spans)
+    blocks = [addr + i * tile for addr, rows in spans for i in range(rows // 32)]
+    assert sorted(blocks) == sorted(set(blocks)) and len(blocks) == 2 * k // 32

@@ -287,7 +287,7 @@ def _cached_plan(config, M, K, N, bias, epilogue, vmem_rows, acc_rows, extra=())
 
 
 def _op_plan(config, op, vmem_rows, acc_rows):
-    args = op.plan_args()
+    args = op.plan_args(config)
     kind = args.pop("epilogue", None)
     return _cached_plan(config, op.M, op.K, op.N, op.bias_kind, kind, vmem_rows, acc_rows,
                         tuple(sorted(args.items())))
@@ -311,7 +311,7 @@ def _consumer_plan(config, op, vmem_rows, acc_rows, a_handed, resident):
     KT = ceil_div(op.K, config.rows)
     plan = plan_op(config, op.M, op.K, op.N, op.bias_kind,
                    vmem_rows=min(vmem_rows, op.M * KT) if a_handed else vmem_rows,
-                   acc_rows=acc_rows, resident=resident, **op.plan_args())
+                   acc_rows=acc_rows, resident=resident, **op.plan_args(config))
     if plan is None or not a_handed:
         return plan
     plan = replace(plan, a_buffers=plan.blocks)

@@ -40,7 +40,7 @@ def rows_of(x, r0, r1):
 
 def _plans(config, op):
     """`op`'s plan on the whole chip beside its weight ring, or None."""
-    return plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args(),
+    return plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args(config),
                    vmem_rows=config.vmem_rows - ring_rows(config, op))
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from mxu.hdl.isa import INSTR_BITS, SeedMode
 
 from .operands import MatmulOp
-from .plan import ceil_div, lead, plan_op, ring_rows, unit_tiles
+from .plan import ceil_div, chunk_tiles, lead, plan_op, ring_rows, strip_chunks, unit_tiles
 from .program import Program
 from .epilogue import FusedGroups, Pending, epilogue_param_loads, is_vector
 from .handoff import plan_handoffs
@@ -53,6 +53,7 @@ _MASK = (1 << INSTR_BITS) - 1
 # command queues of `rows`-row VECTORs (measured on SmolLM2's layers: 1 and
 # 16 leave a decode step or a prefill a few per cent slower, docs/compiler.md).
 _DRAIN_QUEUES = 4
+TAIL_CUT = 4
 
 
 @dataclass(frozen=True)
@@ -141,16 +142,16 @@ def plan_segments(config, ops, handoffs=None, first=0):
             handed, weights, residual = (handoffs.to(first + i, x) for x in ("a", "b", "other"))
             fixed = handoffs.plan(first + i)
         ring = ring_rows(config, op)
-        plan = fixed or plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args(),
+        plan = fixed or plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args(config),
                                 vmem_rows=limit - ring, acc_rows=acc_limit)
         if plan is None:
             KT, room = ceil_div(op.K, config.rows), config.vmem_rows - ring
             why = (f"one activation row needs {KT} VMEM rows and {room} are free beside the "
                    f"weight ring; split K" if KT > room else
                    f"a {ep.kind} epilogue (a row operand per group) needs more than "
-                   f"{lead(op.b)} steps (K tiles x N tiles) per group"
+                   f"{lead(op.b, config)} steps (K tiles x N tiles) per group"
                    if ep and ep.desc.row_operand is not None
-                   and KT * ceil_div(op.N, config.cols) <= lead(op.b) else
+                   and KT * ceil_div(op.N, config.cols) <= lead(op.b, config) else
                    f"its output, bias and epilogue buffers need more than the {config.acc_rows} "
                    f"accumulator rows")
             raise ValueError(f"op {i}: a {op.M}x{op.K} @ {op.K}x{op.N} matmul does not fit the "
@@ -169,7 +170,7 @@ def plan_segments(config, ops, handoffs=None, first=0):
         # Ops of one segment share the weight ring's lead (`lead`): their
         # plans space their buffers for it.
         if current and (depends or solo or (ep is None) != (current[0][1].epilogue is None)
-                        or lead(op.b) != lead(current[0][1].b)
+                        or lead(op.b, config) != lead(current[0][1].b, config)
                         or not _place(config, current + [item])):
             segments.append(_place(config, current))
             current = []
@@ -318,7 +319,7 @@ class _Segment(FusedGroups):
                     g += 1
         self.starts = [grp.start for grp in self.groups]
         self.steps = self.groups[-1].end
-        self.W = min(lead(placed[0].op.b), self.steps)
+        self.W = min(lead(placed[0].op.b, config), self.steps)
         self.units = self._units()
         self.ring = placed[0].ring
         self.fused = self.ring is not None
@@ -331,47 +332,111 @@ class _Segment(FusedGroups):
 
     def _units(self):
         """Quantized weights: {(group, jj, first K tile): VMEM row} of each
-        unit (`unit_tiles` K tiles of one strip, one quantized LOAD in the
-        batch of its first step), in a ring of U units from row 0. A unit's
-        slot must be free when its load is issued, ``W`` steps after the last
-        step that read the slot's previous unit. U: the fewest that are a
-        multiple of every group's size (the ring then turns in step with the
-        groups' tiles, and their LOOPs line up with it), else the fewest
-        (docs/compiler.md, "Quantized weights")."""
+        unit (a chunk of `chunk_tiles` K tiles of one strip, one quantized
+        LOAD), in a ring of U units from row 0, and `placed_units`, {step:
+        [(group, jj, first K tile, tiles)]}: the batch that loads each unit
+        (docs/compiler.md, "Quantized weights"). A unit is loaded as early as
+        the pace of the loads allows: one every unit's tiles in steps,
+        counted back from the last unit's first step (so that the bus is
+        never idle while the array reads a group's chunk, and the next
+        chunk's loads keep within the lead), never before its slot is free
+        (``W`` steps after the last step that read the slot's previous unit),
+        never after its first step. U: the most slots the ring has, a
+        multiple of every group's size if it can be."""
         cfg, units, sizes = self.config, [], set()
+        self.placed_units, self.chunk_of, self.chunk, self._early_raw = {}, {}, {}, []
+        self._early, self._early_targets, self._planned = {}, set(), False
+        quantized = [p for p in self.placed if p.op.quantized and p.weights is None]
+        if quantized:
+            most = max(chunk_tiles(cfg, p.op) for p in quantized)
+            size = most * cfg.rows
+            cap = max(ring_rows(cfg, p.op) for p in quantized) // size
         for grp in self.groups:
             p = self.placed[grp.op]
             if not p.op.quantized or p.weights is not None:
                 continue
-            tb = unit_tiles(cfg, p.op.b)
+            # The segment's last group ends the loads: what the array does
+            # after its last chunk arrives is the segment's tail, so its
+            # chunks are shorter.
+            top = (max(1, most // TAIL_CUT) if grp.index == len(self.groups) - 1 >= 3 else most)
+            c = self.chunk[grp.index] = chunk_tiles(cfg, p.op, grp.size, cap, top)
+            chunks = strip_chunks(grp.KT, c, unit_tiles(cfg, p.op.b))
+            self.chunk_of[grp.index] = {t: t0 for t0, n in chunks for t in range(t0, t0 + n)}
             sizes.add(grp.size)
-            for t0 in range(0, grp.KT, tb):
-                last = min(grp.KT, t0 + tb) - 1
+            for t0, n in chunks:
                 for jj in range(grp.size):
-                    units.append(((grp.index, jj, t0), grp.start + t0 * grp.size + jj,
-                                  grp.start + last * grp.size + jj))
+                    units.append(((grp.index, jj, t0, n), grp.start + t0 * grp.size + jj,
+                                  grp.start + (t0 + n - 1) * grp.size + jj))
         self.U = 0
         if not units:
             return {}
-        size = max(unit_tiles(cfg, p.op.b) for p in self.placed) * cfg.rows
-        cap = max(ring_rows(cfg, p.op) for p in self.placed) // size
         whole = math.lcm(*sizes)
-        order = list(range(whole, cap + 1, whole)) + list(range(1, cap + 1))
-        U = next((U for U in order
-                  if all(units[u - U][2] <= units[u][1] - self.W for u in range(U, len(units)))),
-                 None)
-        if U is None:
-            raise AssertionError(f"quantized weight units need more than the {cap} slots "
-                                 f"reserved (plan.quant_units)")
-        self.U = U
-        return {key: (u % U) * size for u, (key, _, _) in enumerate(units)}
+        self.U = U = cap // whole * whole or cap
+        at = [0] * len(units)
+        at[-1] = units[-1][1]
+        for u in range(len(units) - 2, -1, -1):
+            at[u] = min(units[u][1], at[u + 1] - units[u][0][3])
+        for u in range(len(units)):
+            at[u] = max(at[u], 0, at[u - 1] if u else 0,
+                        units[u - U][2] + self.W if u >= U else 0)
+            if at[u] > units[u][1]:
+                raise AssertionError(f"quantized weight units need more than the {cap} slots "
+                                     f"reserved (plan.quant_units)")
+            if at[u] < self.W or at[u] == units[u][1]:
+                self.placed_units.setdefault(at[u], []).append(units[u][0])
+            else:
+                # Issued after MATMUL at[u] - W, awaited by the LOADW of its
+                # first step, not by LOADW at[u] (`_early_plan`).
+                self._early_raw.append((at[u] - self.W, units[u][0], units[u][1]))
+        return {key[:3]: (u % U) * size for u, (key, _, _) in enumerate(units)}
+
+    def _early_plan(self):
+        """{MATMUL e: [[unit, LOADW it pushes to, or None]]} of the units
+        issued early, after MATMUL e: each is awaited at its first step, or
+        earlier when a batch issued after it has loads for an earlier step
+        (the load->compute tokens are counted: the pushes, in the order the
+        load engine completes them, must go to LOADWs in program order).
+        Units whose pushes would go to one LOADW push once, the last."""
+        if self._planned or not self._early_raw:
+            return self._early
+        self._planned = True
+        W, early, order = self.W, {}, []
+        regular = [n for n in range(W, self.steps) if self._batch_loads(n)]
+        for e, key, first in self._early_raw:
+            i = bisect.bisect_right(regular, e + W)
+            target = min(first, regular[i] - 1 if i < len(regular) else first)
+            if target == e + W and self._batch_loads(target):
+                self.placed_units.setdefault(target, []).append(key)   # one batch
+                self.__dict__["_loads"].pop(target)
+                continue
+            item = [key, target]
+            early.setdefault(e, []).append(item)
+            order.append(item)
+        for a, b in zip(order, order[1:]):
+            if a[1] == b[1]:
+                a[1] = None
+        self._early = early
+        self._early_targets = {t for _, t in order if t is not None}
+        self._check_tokens()
+        return early
+
+    def _check_tokens(self):
+        """The load engine's pushes go to LOADWs in program order (the order
+        their loads complete in), each LOADW's once."""
+        targets = []
+        for n in range(self.W + self.steps):
+            if n < self.steps and self._batch_loads(n):
+                targets.append(n)
+            targets += [t for _, t in self._early.get(n - self.W, ()) if t is not None]
+        if any(a >= b for a, b in zip(targets, targets[1:])):
+            raise AssertionError("quantized weight loads push out of order")
 
     def loop_period(self, grp):
-        """A LOOP of quantized weights spans whole turns of their ring,
-        ``unit_tiles * lcm(G, U)`` steps (they use no bf16 ring slot)."""
-        op = self.placed[grp.op].op
-        if op.quantized and self.U:
-            return unit_tiles(self.config, op.b) * math.lcm(grp.size, self.U)
+        """A LOOP of quantized weights spans ``lcm(G, chunk_tiles)`` steps:
+        its t rows and its loads (one every chunk's tiles in steps) line up
+        again (they use no bf16 ring slot)."""
+        if grp.index in self.chunk:
+            return math.lcm(grp.size, self.chunk[grp.index])
         return super().loop_period(grp)
 
     # ---- where step n is --------------------------------------------------------------
@@ -396,7 +461,45 @@ class _Segment(FusedGroups):
         return p.bias_base + ((grp.g % 2) * p.plan.G + jj) * p.plan.Mb
 
     def batch(self, prog, n):
-        """The loads step n needs: activation tile, bias, weight tile."""
+        """The loads step n needs: activation tile, bias, weight tile. The
+        first pops the token of MATMUL n - W, the last pushes LOADW n's. A
+        batch with nothing to load passes the tokens on with a load SYNC; in
+        a segment of quantized weights (most of whose batches load nothing)
+        it is left out, with the tokens (`_tokens`): a SYNC a step would
+        fill the load engine's queue behind a long LOAD and stop the
+        instructions of the array behind it (docs/compiler.md, "Quantized
+        weights")."""
+        loads = self._batch_loads(n)
+        for i, load in enumerate(loads):
+            prog.load(**load, pop_next=(i == 0 and n >= self.W), push_next=(i == len(loads) - 1))
+        if n >= self.W and self.units:
+            for i, (key, target) in enumerate(self._early_plan().get(n - self.W, ())):
+                prog.load(**self._unit_load(*key), pop_next=i == 0 and not loads,
+                          push_next=target is not None)
+        if not loads and not self.units:
+            # Nothing to load (activations and weights handed off): the load
+            # engine passes the tokens on.
+            prog.sync("load", pop_next=n >= self.W, push_next=True)
+
+    def _tokens(self, n):
+        """Whether batch n pushes a token to LOADW n and pops one of MATMUL n - W."""
+        return not self.units or bool(self._batch_loads(n))
+
+    def _loadw_pops(self, n):
+        """Whether LOADW n pops a load->compute token."""
+        return self._tokens(n) or n in self._early_targets
+
+    def _matmul_pushes(self, n):
+        """Whether MATMUL n pushes a compute->load token."""
+        return n + self.W < self.steps and (self._tokens(n + self.W) or n in self._early)
+
+    def _batch_loads(self, n):
+        cache = self.__dict__.setdefault("_loads", {})
+        if n not in cache:
+            cache[n] = self._make_loads(n)
+        return cache[n]
+
+    def _make_loads(self, n):
         cfg, (grp, t, jj) = self.config, self.locate(n)
         p = self.placed[grp.op]
         op, r, c = p.op, cfg.rows, cfg.cols
@@ -426,22 +529,21 @@ class _Segment(FusedGroups):
                               ext_addr=op.bias.addr + grp.m0 * op.bias.stride + 4 * j * c,
                               rows=grp.mrows, row_bytes=4 * ncols, ext_stride=op.bias.stride))
         if p.weights is None and op.quantized:
-            if (grp.index, jj, t) in self.units:
-                tb, b = unit_tiles(cfg, op.b), op.b
-                loads.append(dict(vmem_row=self.units[grp.index, jj, t],
-                                  ext_addr=b.addr + j * b.strip + t * r // b.block * b.tile,
-                                  rows=min(op.K, (t + tb) * r) - t * r, row_bytes=b.tile,
-                                  format=b.format))
+            loads += [self._unit_load(*key) for key in self.placed_units.get(n, ())]
         elif p.weights is None:
             loads.append(dict(vmem_row=(n % self.W) * r,
                               ext_addr=op.b.addr + t * r * op.b.stride + 2 * j * c,
                               rows=k_rows, row_bytes=2 * ncols, ext_stride=op.b.stride))
-        for i, load in enumerate(loads):
-            prog.load(**load, pop_next=(i == 0 and n >= self.W), push_next=(i == len(loads) - 1))
-        if not loads:
-            # Nothing to load (activations and weights handed off): the load
-            # engine passes the tokens on.
-            prog.sync("load", pop_next=n >= self.W, push_next=True)
+        return loads
+
+    def _unit_load(self, g, uj, t0, tiles):
+        """The quantized LOAD of unit (group g, its N tile uj, K tiles t0 ..)."""
+        ug, r = self.groups[g], self.config.rows
+        b = self.placed[ug.op].op.b
+        return dict(vmem_row=self.units[g, uj, t0],
+                    ext_addr=b.addr + (ug.j0 + uj) * b.strip + t0 * r // b.block * b.tile,
+                    rows=min(b.rows, (t0 + tiles) * r) - t0 * r, row_bytes=b.tile,
+                    format=b.format)
 
     def step(self, prog, n):
         """Step n's LOADW and MATMUL, its STORE after the last K tile, and the
@@ -454,11 +556,11 @@ class _Segment(FusedGroups):
         if p.weights is not None:
             wrow = p.weights.weight_row(t, j)
         elif op.quantized:
-            tb = unit_tiles(cfg, op.b)
-            wrow = self.units[grp.index, jj, t - t % tb] + t % tb * cfg.rows
+            t0 = self.chunk_of[grp.index][t]
+            wrow = self.units[grp.index, jj, t0] + (t - t0) * cfg.rows
         else:
             wrow = (n % self.W) * cfg.rows
-        prog.loadw(vmem_row=wrow, k_rows=k_rows, pop_prev=True)
+        prog.loadw(vmem_row=wrow, k_rows=k_rows, pop_prev=self._loadw_pops(n))
         if t > 0:
             seed, seed_row = SeedMode.ACC, self.out_row(grp, jj)
         elif op.bias_kind == "row":
@@ -472,7 +574,8 @@ class _Segment(FusedGroups):
         prog.matmul(act_row=self.a_row(grp, t), m_rows=grp.mrows, out_row=self.out_row(grp, jj),
                     seed=seed, seed_row=seed_row, new_weights=True,
                     pop_next=(t == 0 and jj == 0 and grp.index >= self.buffers),
-                    push_prev=(n + self.W < self.steps), push_next=last_t and not fused)
+                    push_prev=self._matmul_pushes(n),
+                    push_next=last_t and not fused)
         last_of_group = jj == grp.size - 1
         if fused and last_t and last_of_group:
             prog.sync("compute", push_next=True, vector=True)
@@ -515,19 +618,29 @@ class _Segment(FusedGroups):
         LOOPs when `loops`: the longest regular run from the first regular
         step, then again from where it ends (a row operand's tile loads make
         the first iterations differ from the last ones), each run cut where
-        earlier groups' epilogues are due (`_loop_chunk`)."""
+        earlier groups' epilogues are due (`_loop_chunk`). A group of
+        quantized weights, whose loads come where their pace puts them
+        (`_units`), looks for runs again a period after one that is not
+        regular, and checks every iteration of a run."""
         W, KT, G = self.W, self.placed[grp.op].plan.KT, grp.size
         period = self.loop_period(grp)
+        quant = grp.index in self.chunk
         n = grp.start + G
         while n < W:
             n += G
         n = min(n, grp.end)
         # A regular step has 1 <= t <= KT-2, loads for a step of the same group
-        # with t <= KT-2 too, and pushes and pops like its neighbours.
-        last = min(grp.start + G * (KT - 1) - 1 - W, self.steps - W - 1)
-        prog = self.steps_program(grp.start, n) if loops else Program()
+        # with t <= KT-2 too, and pushes and pops like its neighbours. (A
+        # quantized group's loads are checked iteration by iteration.)
+        last = min(grp.start + G * (KT - 1) - 1 - (0 if quant else W), self.steps - W - 1)
+        rows = _compress if quant else (lambda p: p)
+        prog = rows(self.steps_program(grp.start, n)) if loops else Program()
         while loops:
-            run = self._regular_run(n, (last - n + 1) // period, period)
+            run = self._regular_run(n, (last - n + 1) // period, period, every=quant)
+            if run is None and quant and n + 2 * period <= last + 1:
+                prog.extend(rows(self.steps_program(n, n + period)))
+                n += period
+                continue
             if run is None:
                 break
             count, deltas = run
@@ -537,23 +650,34 @@ class _Segment(FusedGroups):
             for i in range(0, count, chunk):
                 k = min(chunk, count - i)
                 self.hold = True
-                body = self.steps_program(n + i * period, n + (i + 1) * period)
+                body = rows(self.steps_program(n + i * period, n + (i + 1) * period))
                 self.hold = False
                 prog.loop(k, body, deltas) if k >= 2 else prog.extend(body)
                 self.drain(prog, n + (i + k) * period - 1)
             n += count * period
-        return prog.extend(self.steps_program(n if loops else grp.start, grp.end))
+        if not loops:
+            return self.steps_program(grp.start, grp.end)
+        return prog.extend(rows(self.steps_program(n, grp.end)))
 
-    def _regular_run(self, n, count, period):
+    def _regular_run(self, n, count, period, every=False):
         """(iterations, deltas) of the longest LOOP of `period` steps from
-        step n, at most `count` iterations, at least 2; or None."""
-        iteration = lambda i: self.steps_program(n + i * period, n + (i + 1) * period)
+        step n, at most `count` iterations, at least 2; or None. `every`:
+        the longest whose iterations all follow the progression (else the
+        longest whose last one does: the steps in between are regular)."""
+        rows = _compress if every else (lambda p: p)
+        iteration = lambda i: rows(self.steps_program(n + i * period, n + (i + 1) * period))
         self.hold = True
         try:
             first, second = (iteration(0), iteration(1)) if count >= 2 else (None, None)
-            if first is None or len(first) > self.config.loop_body_instrs:
+            if first is None or len(first) > self.config.loop_body_instrs \
+                    or len(second) != len(first):
                 return None
             deltas = [(b - a) & _MASK for a, b in zip(first.words, second.words)]
+            if every:
+                k = 2
+                while k < count and _is_progression(first, iteration(k), deltas, k):
+                    k += 1
+                return k, deltas
             while count >= 2:
                 if _is_progression(first, iteration(count - 1), deltas, count - 1):
                     return count, deltas
@@ -574,16 +698,46 @@ class _Segment(FusedGroups):
         return count // max(1, math.ceil(rows / limit))
 
     def emit(self, prog, loops):
+        self._early_plan()
         for n in range(self.W):
             self.batch(prog, n)
         units = [self.group_program(grp, loops) for grp in self.groups]
         # Fused epilogues interleave with the next group's steps: no loops of
         # whole groups.
-        _emit_runs(prog, units, loops and not self.fused, self.config.loop_body_instrs)
+        # (Nor for quantized weights: their groups' LOOPs nest already.)
+        _emit_runs(prog, units, loops and not self.fused and not self.units,
+                   self.config.loop_body_instrs)
         self.drain(prog)
         if not self.last:
             prog.sync("compute", pop_next=True, push_prev=True)
             prog.sync("load", pop_next=True)
+
+
+def _compress(prog, least=3):
+    """`prog` with each run of at least `least` steps (LOADW, MATMUL) whose
+    fields move by a constant step as a LOOP: a t row of a group of
+    quantized weights (its N tiles' slots follow each other in the ring),
+    the inner LOOP of the group's LOOPs, which nest two deep."""
+    words, text, out, i = prog.words, prog.text, Program(), 0
+    pair = lambda at: (at + 1 < len(words) and text[at].startswith("LOADW")
+                       and text[at + 1].startswith("MATMUL"))
+    while i < len(words):
+        k, deltas = 1, None
+        while pair(i) and pair(i + 2 * k):
+            step = [(words[i + 2 * k + x] - words[i + 2 * k - 2 + x]) & _MASK for x in (0, 1)]
+            if deltas is not None and step != deltas:
+                break
+            deltas, k = step, k + 1
+        if k >= least:
+            body = Program()
+            body.words, body.text = words[i:i + 2], text[i:i + 2]
+            out.loop(k, body, deltas)
+            i += 2 * k
+            continue
+        out.words.append(words[i])
+        out.text.append(text[i])
+        i += 1
+    return out
 
 
 def _is_progression(first, final, deltas, k):

@@ -14,12 +14,23 @@ from dataclasses import dataclass
 from mxu.hdl.quant import QUANT_INFO, tile_block_bytes
 
 # Steps the loads of quantized weights run ahead of the array (`plan.lead`).
-# They come in units of a whole block (two K tiles of Q4_1 on the 16x16
-# chip), a group's tiles of them at once: with the bf16 ring's 4 steps the
-# bus idled while the array finished each block.
-QUANT_LEAD = 16
+# A LOAD brings a chunk of up to ``QUANT_LEAD - rows`` K tiles of one strip
+# (`plan.chunk_tiles`), and a group's next chunks load while the array reads
+# its current ones, one every chunk's tiles in steps: each load's token must
+# already be free when the one before it ends (docs/compiler.md, "Quantized
+# weights").
+QUANT_LEAD = 48
+SHORT_QUANT_LEAD = 16    # on a chip with little VMEM (`quant_lead`)
 
-__all__ = ["Operand", "QuantOperand", "Scatter", "MatmulOp", "ELEMENT_BYTES"]
+
+def quant_lead(config):
+    """The lead of quantized weights: `QUANT_LEAD`, or `SHORT_QUANT_LEAD` on
+    a chip whose VMEM holds fewer than 256 tiles (the ring's slots grow with
+    the lead, and would leave such a chip no room; its chunks are then at
+    most ``SHORT_QUANT_LEAD - rows`` tiles)."""
+    return QUANT_LEAD if config.vmem_rows >= 256 * config.rows else SHORT_QUANT_LEAD
+
+__all__ = ["quant_lead", "Operand", "QuantOperand", "Scatter", "MatmulOp", "ELEMENT_BYTES"]
 
 ELEMENT_BYTES = {"bf16": 2, "fp32": 4}
 _ADDR_LIMIT = 1 << 32      # DmaInstr.ext_addr and ext_stride are 32 bits
@@ -113,6 +124,10 @@ class QuantOperand:
     @property
     def groups(self):
         return -(-self.cols // self.tile_cols)
+
+    def tile_beats(self, rows, bus_bytes):
+        """Bus beats of one K tile of `rows` rows of a strip."""
+        return -(-self.tile * rows // (self.block * bus_bytes))
 
     @property
     def nbytes(self):
@@ -297,10 +312,11 @@ class MatmulOp:
         """c and the epilogue's extra output (None without one), as given."""
         return (self.c, self.epilogue.extra if self.epilogue is not None else None)
 
-    def plan_args(self):
-        """The keyword arguments of `plan_op` that describe this op."""
+    def plan_args(self, config):
+        """The keyword arguments of `plan_op` that describe this op on `config`."""
         ep = self.epilogue
-        ring = {"ring": QUANT_LEAD} if self.quantized else {}
+        ring = ({"ring": quant_lead(config), "w_beats": self.b.tile_beats(config.rows, config.axi_data_bytes)}
+                if self.quantized else {})
         if ep is None:
             return ring
         pieces = len(self.c.pieces) if isinstance(self.c, Scatter) else 1

@@ -6,16 +6,18 @@ activation tile, loaded once, serves G MATMULs. A ring of `RING_SLOTS` VMEM
 weight slots lets the loads run that many steps ahead of the array.
 """
 
+import math
 from dataclasses import dataclass
 
 from mxu.hdl.isa import DmaInstr, MatmulInstr
 
 from .epilogue import epilogue_param_rows, epilogue_scratch
 from .layerops import layer_op
-from .operands import QUANT_LEAD
+from .operands import QUANT_LEAD, quant_lead
 
-__all__ = ["RING_SLOTS", "QUANT_LEAD", "MAX_GROUP", "OpPlan", "plan_op", "max_k_tiles",
-           "ceil_div", "unit_tiles", "lead", "quant_units", "ring_rows"]
+__all__ = ["RING_SLOTS", "QUANT_LEAD", "quant_lead", "MAX_GROUP", "OpPlan", "plan_op", "max_k_tiles",
+           "ceil_div", "unit_tiles", "lead", "quant_units", "ring_rows", "chunk_tiles",
+           "strip_chunks"]
 
 RING_SLOTS = 4
 MAX_GROUP = 16     # N tiles per group: keeps a group's loop body within the expander
@@ -142,44 +144,111 @@ class OpPlan:
 
 
 def unit_tiles(config, b):
-    """K tiles one quantized LOAD of weights `b` brings: a whole block's
-    (``block // rows``), or one tile when a tile holds whole blocks. Other
-    weights: 1."""
+    """K tiles of one block of weights `b` (the finest cut of a quantized
+    strip, where a K split may cut): ``block // rows``, or one tile when a
+    tile holds whole blocks. Other weights: 1."""
     block = getattr(b, "block", None)
     return 1 if block is None else max(1, block // config.rows)
 
 
-def lead(b):
+def lead(b, config):
     """Steps the loads run ahead of the array (the weight ring's `W`):
-    `RING_SLOTS`, or `QUANT_LEAD` for quantized weights `b`."""
-    return QUANT_LEAD if getattr(b, "block", None) is not None else RING_SLOTS
+    `RING_SLOTS`, or `quant_lead` for quantized weights `b`."""
+    return quant_lead(config) if getattr(b, "block", None) is not None else RING_SLOTS
 
 
-def quant_units(config, op):
-    """Units of the quantized weight ring that `op` (a `MatmulOp`, or its
-    weights operand) may need; 0 for bf16 weights. A unit (one strip's
-    `unit_tiles` K tiles) lives from its load, `QUANT_LEAD` steps before its
-    K step, until its group's last K tile of it: a group of G tiles holds
-    ``G * (ceil((QUANT_LEAD + (tb - 1) * G) / (tb * G)) + 1)`` at most (G:
-    every N tile for a row-wise epilogue, else at most `MAX_GROUP`)."""
+def _quant_group(config, op):
+    """The most N tiles a group of `op` (a `MatmulOp`, or its weights) may
+    take: every one for a row-wise epilogue, else at most `MAX_GROUP`."""
+    b = getattr(op, "b", op)
+    ep = getattr(op, "epilogue", None)
+    NT = ceil_div(b.cols, config.cols)
+    return NT if ep is not None and ep.row_wise else min(NT, MAX_GROUP)
+
+
+def strip_chunks(KT, chunk, unit):
+    """[(first K tile, tiles)] of the quantized LOADs of one strip of KT
+    tiles: `chunk` tiles each, the last one what is left (whole blocks of
+    `unit` tiles)."""
+    out, t = [], 0
+    while t < KT:
+        out.append((t, min(chunk, ceil_div(KT - t, unit) * unit)))
+        t += out[-1][1]
+    return out
+
+
+def _units_for(config, G, chunks):
+    """Ring slots a group of G strips cut into `chunks` needs: the units of
+    the chunk the array reads and of the next one, which loads meanwhile
+    (`_Segment._units`), and `QUANT_LEAD` steps of slack at the pace of the
+    shortest chunk."""
+    return 2 * G + ceil_div(quant_lead(config), min(t for _, t in chunks))
+
+
+# The most steps of a quantized group's LOOP iteration (`_Segment.loop_period`,
+# ``lcm(G, chunk)``): its t rows are inner LOOPs, so that many steps still
+# make a body of a few dozen instructions.
+_MAX_PERIOD = 160
+
+
+def chunk_tiles(config, op, G=None, slots=None, most=None):
+    """K tiles one quantized LOAD of `op`'s weights brings (0 for bf16
+    weights): a multiple of `unit_tiles`, as many as the ring allows. A
+    LOAD costs its beats plus a fixed start (docs/memory.md, "Quantized
+    loads"), so long ones keep the bus busy. For groups of `G` N tiles
+    (default: the most `op` may have) and a ring of `slots` units of at
+    most `most` tiles (default: one that takes at most half of VMEM, seven
+    eighths when the op has a block of at most `rows` rows, its
+    activations being few). At most ``quant_lead - rows / 2`` tiles (a
+    chunk's loads are that many steps apart, and each must find its token
+    already free: docs/compiler.md, "Quantized weights"), with ``lcm(G,
+    chunk)`` at most `_MAX_PERIOD` (a LOOP iteration), and the strip cut
+    into chunks of nearly equal size."""
     b = getattr(op, "b", op)
     if getattr(b, "block", None) is None:
         return 0
-    ep = getattr(op, "epilogue", None)
-    NT = ceil_div(b.cols, config.cols)
-    G, tb = NT if ep is not None and ep.row_wise else min(NT, MAX_GROUP), unit_tiles(config, b)
-    return G * (ceil_div(QUANT_LEAD + (tb - 1) * G, tb * G) + 1)
+    unit = unit_tiles(config, b)
+    G = _quant_group(config, op) if G is None else G
+    KT = ceil_div(ceil_div(b.rows, config.rows), unit) * unit
+    M = getattr(op, "M", 1)
+    budget = config.vmem_rows * (7 if M <= config.rows else 4) // 8
+    longest = quant_lead(config) - config.rows // 2 if most is None else most
+
+    def fits(c):
+        if c > longest or c * G // math.gcd(c, G) > _MAX_PERIOD:
+            return False
+        need = _units_for(config, G, strip_chunks(KT, c, unit))
+        return (need * c * config.rows <= budget) if slots is None else need <= slots
+
+    best = unit
+    for c in range(unit, min(KT, longest) + 1, unit):
+        if fits(c):
+            best = c
+    even = ceil_div(ceil_div(KT, ceil_div(KT, best)), unit) * unit
+    return even if fits(even) else best
+
+
+def quant_units(config, op):
+    """Units (slots of `chunk_tiles` K tiles) of the quantized weight ring
+    that `op` (a `MatmulOp`, or its weights operand) may need; 0 for bf16
+    weights."""
+    b = getattr(op, "b", op)
+    if getattr(b, "block", None) is None:
+        return 0
+    KT = ceil_div(b.rows, config.rows)
+    return _units_for(config, _quant_group(config, op),
+                      strip_chunks(KT, chunk_tiles(config, op), unit_tiles(config, b)))
 
 
 def ring_rows(config, op=None):
     """VMEM rows of the weight ring of `op` (a `MatmulOp`, or its weights
     operand), below everything else: `RING_SLOTS` bf16 tiles, or for
-    quantized weights their `quant_units` units of ``unit_tiles * rows``
+    quantized weights their `quant_units` units of ``chunk_tiles * rows``
     rows."""
     b = getattr(op, "b", op)
     if getattr(b, "block", None) is None:
         return RING_SLOTS * config.rows
-    return quant_units(config, op) * unit_tiles(config, b) * config.rows
+    return quant_units(config, op) * chunk_tiles(config, op) * config.rows
 
 
 def _pow2_floor(n):
@@ -187,7 +256,8 @@ def _pow2_floor(n):
 
 
 def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RING_SLOTS,
-            epilogue=None, resident=False, transposed=None, pieces=1, paired=False, row_width=None):
+            epilogue=None, resident=False, transposed=None, pieces=1, paired=False, row_width=None,
+            w_beats=None):
     """The largest M block (then the widest group) whose buffers fit in
     `vmem_rows` VMEM rows (after the weight ring) and `acc_rows` accumulator
     rows; None if even one activation row does not fit. `epilogue`: the kind
@@ -197,13 +267,15 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
     result goes out through the transpose path (default: a "transpose"
     epilogue), in `pieces` pieces (a `Scatter`); `paired`: a paired epilogue
     (groups of whole pairs of tiles); `row_width`: the columns of the
-    epilogue's row operand (default: N for one that has one)."""
+    epilogue's row operand (default: N for one that has one); `w_beats`: the
+    bus beats of one weight tile (default: a bf16 tile's; quantized weights
+    pass theirs, `QuantOperand.tile_beats`)."""
     r, c = config.rows, config.cols
     vmem_rows = config.vmem_rows - ring * r if vmem_rows is None else vmem_rows
     acc_rows = config.acc_rows if acc_rows is None else acc_rows
     KT, NT = ceil_div(K, r), ceil_div(N, c)
     bb = config.axi_data_bytes
-    w_beats = r * ceil_div(2 * c, bb)
+    w_beats = r * ceil_div(2 * c, bb) if w_beats is None else w_beats
     desc = layer_op(epilogue) if epilogue is not None else None
     # Cycles from a MATMUL's seed read to its result row in the accumulator.
     latency = r * config.mac_stages + c + 8
@@ -310,7 +382,7 @@ def max_k_tiles(config, M, N, bias="none", b=None):
     the largest KT for which this and every smaller chunk plan (a split K's
     last chunk may be short). `b`: the weights operand (quantized weights
     have a ring of their own, `ring_rows`)."""
-    extra = dict(vmem_rows=config.vmem_rows - ring_rows(config, b), ring=lead(b))
+    extra = dict(vmem_rows=config.vmem_rows - ring_rows(config, b), ring=lead(b, config))
 
     def fits(kt):
         return plan_op(config, M, kt * config.rows, N, bias, **extra)

@@ -6,6 +6,8 @@ the window, decode steps that wrap the local layers' rings, a batch of
 sequences of different lengths, and prefill against token-by-token decode;
 the golden form against the float32 reference; its GGUF reader; bad input."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -94,6 +96,21 @@ def test_batched_generation_equals_one_sequence_at_a_time(tiny):
     assert together == alone
 
 
+def test_the_end_of_turn_token_ends_a_generation_as_eos_does(tiny):
+    """The same weights with the second token they generate made the end
+    of turn (`Gemma3Config.eot`): greedy generation stops right after it,
+    as at eos; without one it goes on."""
+    lm, _ = tiny
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    free = lm.generate_ids([prompt], max_new_tokens=6)[0]
+    assert len(free) == 6 and free[0] != free[1] and TINY.eos not in free[:2]
+    eot = replace(lm.weights, config=replace(TINY, eot=free[1]))
+    assert eot.config.stop_ids == (TINY.eos, free[1])
+    stopped = CausalLM.from_weights(eot, chip=lm.chip)
+    assert stopped.generate_ids([prompt], max_new_tokens=6) == [free[:2]]
+    assert stopped.last_stats.decode.steps == 1
+
+
 def test_golden_form_is_close_to_the_float32_reference(tiny):
     """The golden form (bf16 operands, the VPU's functions) against the same
     graph in float32 throughout, over a prompt of three windows."""
@@ -164,7 +181,7 @@ def test_the_gemma3_reader_takes_every_number_from_the_file(tmp_path):
     """A tiny gemma3 GGUF written with `gguf.GGUFWriter`: `read_decoder` picks
     the family by general.architecture and reads the sizes (head_dim from
     key_length, the local layers' pattern and RoPE base from the file) and
-    every weight as written."""
+    every weight as written; the end-of-turn token by its text."""
     import gguf
 
     from mxu.sim.models.registry import read_decoder
@@ -183,7 +200,7 @@ def test_the_gemma3_reader_takes_every_number_from_the_file(tmp_path):
                        ("rope.freq_base_swa", 1e4)):
         w.add_float32(f"gemma3.{key}", value)
     w.add_tokenizer_model("llama")
-    w.add_token_list([f"t{k}" for k in range(c.vocab)])
+    w.add_token_list([f"t{k}" if k != 7 else "<end_of_turn>" for k in range(c.vocab)])
     w.add_bos_token_id(c.bos)
     w.add_eos_token_id(c.eos)
     f32 = lambda x: np.ascontiguousarray(x, np.float32)
@@ -202,8 +219,45 @@ def test_the_gemma3_reader_takes_every_number_from_the_file(tmp_path):
     w.write_tensors_to_file()
     w.close()
     got, meta = read_decoder(path)
-    assert got.config == TINY and meta["tokens"][5] == "t5"
+    assert got.config == replace(TINY, eot=7) and meta["tokens"][5] == "t5"
+    assert got.config.stop_ids == (TINY.eos, 7)
     for i, lw in enumerate(weights.layers):
         for field in names.values():
             assert np.array_equal(getattr(got.layers[i], field), getattr(lw, field)), field
     assert np.array_equal(got.unembed, weights.embed)
+
+
+@pytest.mark.slow
+def test_gemma_3_270m_generates_bit_exact_to_the_golden_form_on_the_llm_chip():
+    """The real model with its default weights (the file's blocks on the
+    chip) on the llm preset, fast MAC: a prefill's logits at every position
+    equal the golden Gemma form's bit for bit; `generate` of two prompts (12
+    new tokens) runs every layer as its two programs and the logits as a
+    third on the chip, and its tokens are the golden form's greedy ones."""
+    from mxu.hdl import ChipConfig
+    lm = CausalLM("gemma-3-270m", chip=Chip(ChipConfig.preset("llm"), fast_mac=True))
+    assert set(lm.model.weight_formats) == {"Q8_0", "Q5_0", "Q4_K", "Q6_K"}
+    gold = GoldenGemma3(lm.weights, rows=16, lanes=16)
+    texts = ["The capital of France is", "def fibonacci(n):"]
+    ids = lm.tokenizer.encode(texts[0])
+    _same(lm.logits_ids(ids), gold.forward([(0, ids)], logits="all")[0], "gemma-3-270m prefill")
+    gold.caches.clear(), gold.lengths.clear()
+    prompts = [lm.tokenizer.encode(t) for t in texts]
+    got = lm.generate_ids(prompts, max_new_tokens=12)
+    want, nxt = [[] for _ in prompts], gold.forward(list(enumerate(prompts)))
+    live = [0, 1]
+    while live:
+        for k, logits in zip(list(live), nxt):
+            want[k].append(int(np.argmax(logits)))
+            if want[k][-1] in lm.config.stop_ids or len(want[k]) == 12:
+                live.remove(k)
+        nxt = gold.forward([(k, [want[k][-1]]) for k in live]) if live else []
+    assert got == want
+    stats, layers = lm.last_stats, lm.config.layers
+    programs = (2 * layers + 1) * (stats.prefill.steps + stats.decode.steps)
+    assert stats.programs == programs and stats.new_tokens == sum(map(len, got))
+    print(f"\n{[lm.tokenizer.decode(o) for o in got]!r}: prefill {stats.prefill.cycles:,} cycles "
+          f"(MFU {100 * stats.prefill.mfu:.1f} %), decode {stats.decode.cycles:,} cycles in "
+          f"{stats.decode.steps} steps ({100 * stats.decode.roofline_share:.1f} % of its roofline), "
+          f"weights {stats.weight_formats}")
+    lm.close()

@@ -713,7 +713,8 @@ class CausalLM(OwnsChip):
     def generate_ids(self, prompts, max_new_tokens=16, temperature=0.0, top_k=None, seed=None,
                      stream=None, progress=None, pack_tokens=PACK_TOKENS):
         """`generate` on token ids: a list of prompts (lists of ids); returns
-        the new ids of each (stopping at the end-of-sequence token)."""
+        the new ids of each (stopping at a token of ``config.stop_ids``: the
+        end of sequence, and Gemma's end of turn)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
                 or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, not {max_new_tokens!r}")
@@ -725,6 +726,7 @@ class CausalLM(OwnsChip):
         if stream is not None and not callable(stream):
             raise TypeError("stream must be a callable (index, text) or None")
         prompts = [self._check_ids(p, max_new_tokens) for p in prompts]
+        stops = self.config.stop_ids
         start = time.perf_counter()
         rng = np.random.default_rng(seed)
         gen = GenerationStats(prompt_tokens=sum(len(p) for p in prompts),
@@ -743,7 +745,7 @@ class CausalLM(OwnsChip):
                     with bar.aside(piece):
                         stream(k, piece)
                     texts[k] = text
-            return token != self.config.eos and len(out[k]) < max_new_tokens
+            return token not in stops and len(out[k]) < max_new_tokens
 
         layers = self.config.layers
         packs = prefill_packs([len(p) for p in prompts], pack_tokens)

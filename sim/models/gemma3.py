@@ -46,6 +46,8 @@ __all__ = ["Gemma3Config", "Gemma3LayerWeights", "Gemma3Weights", "ChipGemma3", 
 # ``il % SLIDING_PATTERN < SLIDING_PATTERN - 1``.
 LOCAL_ROPE_BASE = 10000.0
 SLIDING_PATTERN = 6
+# The token that ends a turn of Gemma's chat markup (found by its text).
+END_OF_TURN = "<end_of_turn>"
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,9 @@ class Gemma3Config:
     query and key/value heads (grouped-query attention) and their width;
     layers; eps : RMSNorm epsilon; rope_theta, rope_theta_local : RoPE bases
     of the global and the local layers; window : the local layers' sliding
-    window; local : per layer, whether it is local; vocab; context; bos, eos.
+    window; local : per layer, whether it is local; vocab; context; bos, eos;
+    eot : the end-of-turn token (``<end_of_turn>``, which ends a turn of the
+    chat markup: a generation stops at it as at eos), or -1.
     """
     hidden: int
     heads: int
@@ -73,6 +77,7 @@ class Gemma3Config:
     context: int
     bos: int = 2
     eos: int = 1
+    eot: int = -1
 
     def __post_init__(self):
         if self.heads % self.kv_heads:
@@ -96,6 +101,11 @@ class Gemma3Config:
     @property
     def kv_dim(self):
         return self.kv_heads * self.head_dim
+
+    @property
+    def stop_ids(self):
+        """The tokens that end a generation: eos, and eot if the vocabulary has one."""
+        return (self.eos,) if self.eot < 0 else (self.eos, self.eot)
 
     @property
     def layer_windows(self):
@@ -132,7 +142,11 @@ class Gemma3Config:
                              f"per head are not supported")
         if has("final_logit_softcapping"):
             raise ValueError("a logit soft cap (gemma3.final_logit_softcapping) is not supported")
-        vocab = len(gguf_field(reader, "tokenizer.ggml.tokens"))
+        tokens = gguf_field(reader, "tokenizer.ggml.tokens")
+        if "tokenizer.ggml.eot_token_id" in reader.fields:
+            eot = int(gguf_field(reader, "tokenizer.ggml.eot_token_id"))
+        else:
+            eot = tokens.index(END_OF_TURN) if END_OF_TURN in tokens else -1
         return cls(hidden=int(get("embedding_length")), heads=heads,
                    kv_heads=int(get("attention.head_count_kv")), head_dim=head_dim,
                    ffn=int(get("feed_forward_length")), layers=layers,
@@ -140,10 +154,10 @@ class Gemma3Config:
                    rope_theta=float(get("rope.freq_base")),
                    rope_theta_local=float(get("rope.freq_base_swa")) if has("rope.freq_base_swa")
                    else LOCAL_ROPE_BASE,
-                   window=int(get("attention.sliding_window")), local=local, vocab=vocab,
+                   window=int(get("attention.sliding_window")), local=local, vocab=len(tokens),
                    context=int(get("context_length")),
                    bos=int(gguf_field(reader, "tokenizer.ggml.bos_token_id")),
-                   eos=int(gguf_field(reader, "tokenizer.ggml.eos_token_id")))
+                   eos=int(gguf_field(reader, "tokenizer.ggml.eos_token_id")), eot=eot)
 
 
 @dataclass

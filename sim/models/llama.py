@@ -73,6 +73,11 @@ class LlamaConfig:
         return self.heads * self.head_dim
 
     @property
+    def stop_ids(self):
+        """The tokens that end a generation: eos."""
+        return (self.eos,)
+
+    @property
     def layer_windows(self):
         """Per layer, the sliding window of its attention (None: it sees every
         position; a Llama has no window)."""

@@ -123,6 +123,69 @@ def test_golden_form_is_close_to_the_float32_reference(tiny):
     assert np.mean(np.argmax(got, 1) == np.argmax(want, 1)) >= 0.9
 
 
+# A tiny Gemma 3 whose matrices are GGUF blocks of the types the real file
+# uses, on the smallest test chip whose expander takes them all (the llm
+# preset, the build the SmolLM2 tests share; the 4x4 chip expands none):
+# K-quants need K of whole super-blocks of 256 (wo's q_dim, down's ffn); a
+# quantized matmul with a row operand (QK-norm's RoPE table) needs more K
+# tiles than its load lead of 16 (`QUANT_LEAD`): hidden 128.
+QUANT = Gemma3Config(hidden=128, heads=4, kv_heads=1, head_dim=64, ffn=256, layers=2,
+                     eps=float(np.float32(1e-6)), rope_theta=1e6, rope_theta_local=1e4,
+                     window=16, local=(True, False), vocab=256, context=48)
+# The file's types, layer by layer (its V and down projections alternate).
+QUANT_TYPES = [dict(wq="Q5_0", wk="Q5_0", wv=wv, wo="Q4_K", w_gate="Q5_0", w_up="Q5_0",
+                    w_down=down) for wv, down in (("Q8_0", "Q6_K"), ("Q5_0", "Q4_K"))]
+
+
+def _run_quantized(lm, gold):
+    """A packed prefill of a prompt longer than the window and a short one,
+    then decode steps of both (the local layer's ring wraps): every step's
+    logits, each checked against the golden form."""
+    model, out = lm.model, []
+    gold.caches.clear(), gold.lengths.clear()
+    prompts = [[(7 * t + 3) % QUANT.vocab for t in range(21)], [5, 17, 33]]
+    seqs = [model.new_sequence(32) for _ in prompts]
+    try:
+        got, _ = model.step(seqs, prompts)
+        for step in range(3):
+            want = gold.forward(list(enumerate(prompts)) if step == 0 else
+                                [(k, [t]) for k, t in enumerate(nxt)])
+            for k in range(2):
+                _same(got[k], want[k], f"{lm.name}: step {step}, sequence {k}")
+            out += got
+            nxt = [int(np.argmax(g)) for g in got]
+            if step < 2:
+                got, _ = model.step(seqs, [[t] for t in nxt])
+    finally:
+        for s in seqs:
+            s.free()
+    return out
+
+
+def test_gguf_blocks_on_the_chip_give_the_bf16_bits():
+    """The file's blocks on the chip (Q8_0 embedding, Q5_0, Q4_K, Q6_K) and
+    the same matrices as bf16: the same logits bit for bit, both equal to
+    the golden Gemma form of the dequantized weights, and the same tokens."""
+    from quantized import quantize_weights
+
+    from mxu.hdl import ChipConfig
+    weights = quantize_weights(Gemma3Weights.random(QUANT, seed=5), QUANT_TYPES, seed=5)
+    chip = Chip(ChipConfig.preset("llm"), fast_mac=True)
+    gold = GoldenGemma3(weights, rows=16, lanes=16)
+    lms = {keep: CausalLM.from_weights(weights, chip=chip, keep=keep, name=keep)
+           for keep in ("gguf", "bf16")}
+    assert set(lms["gguf"].model.weight_formats) == {"Q8_0", "Q5_0", "Q4_K", "Q6_K"}
+    assert set(lms["bf16"].model.weight_formats) == {"bf16"}
+    runs = {keep: _run_quantized(lm, gold) for keep, lm in lms.items()}
+    for k, (a, b) in enumerate(zip(runs["gguf"], runs["bf16"])):
+        _same(a, b, f"logits {k}, gguf vs bf16 weights")
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6] * 3, [2, 7, 1]]
+    tokens = lms["gguf"].generate_ids(prompts, max_new_tokens=4)
+    assert tokens == lms["bf16"].generate_ids(prompts, max_new_tokens=4)
+    assert lms["gguf"].last_stats.decode.cycles < lms["bf16"].last_stats.decode.cycles
+    chip.close()
+
+
 def test_ring_pieces_and_the_window_in_the_statistics():
     assert _ring_pieces(3, 6, 5, 8) == [(3, 6, 2), (5, 0, 3)]
     assert _ring_pieces(0, 8, 1, 8) == [(0, 0, 1)]

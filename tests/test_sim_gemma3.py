@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from chip_configs import VPU_SHAPES
+from decoders import assert_prefill_equals_decode
+from decoders import same_bits as _same
 from mxu.sim import Chip
 from mxu.sim.models import CausalLM
 from mxu.sim.models.gemma3 import ChipGemma3, Gemma3Config, Gemma3Weights, _ring_pieces
@@ -24,10 +26,6 @@ WINDOW = 8
 TINY = Gemma3Config(hidden=32, heads=2, kv_heads=1, head_dim=16, ffn=64, layers=3,
                     eps=float(np.float32(1e-6)), rope_theta=1e6, rope_theta_local=1e4,
                     window=WINDOW, local=(True, True, False), vocab=128, context=64)
-
-
-def _same(got, want, what):
-    golden.assert_bits_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), what)
 
 
 @pytest.fixture(scope="module")
@@ -76,16 +74,8 @@ def test_prefill_logits_equal_token_by_token_decode(tiny):
     bit for bit those of 20 decode steps, whose local layers read their
     rings: the softmax's tree folds the masked row onto the ring's order,
     and P.V sums in position order in two seeded matmuls."""
-    lm, _ = tiny
     ids = [11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 122, 3, 14, 15, 92, 65, 35, 89, 79, 32]
-    prefill = lm.logits_ids(ids)
-    seq = lm.model.new_sequence(len(ids))
-    try:
-        for t, token in enumerate(ids):
-            got, _ = lm.model.step([seq], [[token]])
-            _same(got[0], prefill[t], f"decode step {t} against prefill row {t}")
-    finally:
-        seq.free()
+    assert_prefill_equals_decode(tiny[0], ids)
 
 
 def test_batched_generation_equals_one_sequence_at_a_time(tiny):
@@ -166,7 +156,7 @@ def test_gguf_blocks_on_the_chip_give_the_bf16_bits():
     """The file's blocks on the chip (Q8_0 embedding, Q5_0, Q4_K, Q6_K) and
     the same matrices as bf16: the same logits bit for bit, both equal to
     the golden Gemma form of the dequantized weights, and the same tokens."""
-    from quantized import quantize_weights
+    from decoders import quantize_weights
 
     from mxu.hdl import ChipConfig
     weights = quantize_weights(Gemma3Weights.random(QUANT, seed=5), QUANT_TYPES, seed=5)

@@ -14,7 +14,7 @@ from mxu.sim.models import CausalLM
 from mxu.sim.models.llama import LlamaConfig, LlamaWeights
 from mxu.verif import golden
 from mxu.verif.hazards import races
-from quantized import quantize_weights
+from decoders import quantize_weights
 
 # K-quants take rows of whole super-blocks of 256: hidden and ffn are 256.
 CONFIG = LlamaConfig(hidden=256, heads=4, kv_heads=2, ffn=256, layers=1, eps=1e-5,

@@ -1,5 +1,6 @@
-"""GGUF blocks of random matrices for the tests of the decoders' weight
-modes (tests/test_sim_llm_weights.py, tests/test_sim_gemma3.py)."""
+"""What the decoder tests (tests/test_sim_llm.py, tests/test_sim_llm_weights.py,
+tests/test_sim_gemma3.py) share: logits compared bit for bit, prefill against
+token-by-token decode, and GGUF blocks of random matrices."""
 
 import gguf
 import numpy as np
@@ -7,6 +8,25 @@ from gguf import quants
 
 from mxu.hdl.quant import QUANT_INFO, QuantFormat
 from mxu.sim.models.llama import GgufBlocks
+from mxu.verif import golden
+
+
+def same_bits(got, want, what):
+    """Logits `got` and `want` equal bit for bit (AssertionError naming `what`)."""
+    golden.assert_bits_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), what)
+
+
+def assert_prefill_equals_decode(lm, ids):
+    """The logits of one prefill of `ids` on `lm` (a `CausalLM`) equal, row
+    for row and bit for bit, those of one decode step per token."""
+    prefill = lm.logits_ids(ids)
+    seq = lm.model.new_sequence(len(ids))
+    try:
+        for t, token in enumerate(ids):
+            got, _ = lm.model.step([seq], [[token]])
+            same_bits(got[0], prefill[t], f"decode step {t} against prefill row {t}")
+    finally:
+        seq.free()
 
 
 def _k_quant(fmt, blocks, rng):

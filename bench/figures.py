@@ -104,6 +104,27 @@ HEADLINES = [
        "step", "llm", "SmolLM2", ["decode batch 16", "bf16"], "cycles per step"),
     _h("llm.decode16.bf16.roofline", "SmolLM2-135M, bf16 weights, decode at batch 16: share of the "
        "roofline", "llm", "SmolLM2", ["decode batch 16", "bf16"], "roofline share"),
+    _h("gemma.prefill64.mfu", "Gemma 3 270M, 64-token prefill, the file's blocks on the chip: MFU",
+       "llm_gemma-3-270m", "gemma-3-270m on the llm preset", ["prefill 64 tokens", "gguf"],
+       "MFU"),
+    _h("gemma.prefill64.cycles", "Gemma 3 270M, 64-token prefill, the file's blocks on the chip: "
+       "chip cycles", "llm_gemma-3-270m", "gemma-3-270m on the llm preset",
+       ["prefill 64 tokens", "gguf"], "chip cycles"),
+    _h("gemma.prefill64.mfu.bf16", "Gemma 3 270M, 64-token prefill, bf16 weights: MFU",
+       "llm_gemma-3-270m", "gemma-3-270m on the llm preset", ["prefill 64 tokens", "bf16"],
+       "MFU"),
+    _h("gemma.decode1.cycles", "Gemma 3 270M, decode at batch 1, the file's blocks on the chip: "
+       "cycles per step", "llm_gemma-3-270m", "gemma-3-270m on the llm preset",
+       ["decode batch 1", "gguf"], "cycles per step"),
+    _h("gemma.decode1.roofline", "Gemma 3 270M, decode at batch 1, the file's blocks on the "
+       "chip: share of the roofline", "llm_gemma-3-270m", "gemma-3-270m on the llm preset",
+       ["decode batch 1", "gguf"], "roofline share"),
+    _h("gemma.decode1.cycles.bf16", "Gemma 3 270M, decode at batch 1, bf16 weights: cycles per "
+       "step", "llm_gemma-3-270m", "gemma-3-270m on the llm preset", ["decode batch 1", "bf16"],
+       "cycles per step"),
+    _h("gemma.decode1.roofline.bf16", "Gemma 3 270M, decode at batch 1, bf16 weights: share of "
+       "the roofline", "llm_gemma-3-270m", "gemma-3-270m on the llm preset",
+       ["decode batch 1", "bf16"], "roofline share"),
     _h("quant.q4_0.m1.cycles", "16x16 chip, 1x576 @ 576x1536 with Q4_0 weights on the chip: "
        "cycles", "quant", "M x K @ K x N", ["Q4_0", "1"], "quantized cycles"),
     _h("quant.q4_0.m1.roofline", "16x16 chip, 1x576 @ 576x1536 with Q4_0 weights: share of the "

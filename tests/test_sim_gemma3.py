@@ -6,10 +6,14 @@ the window, decode steps that wrap the local layers' rings, a batch of
 sequences of different lengths, and prefill against token-by-token decode;
 the golden form against the float32 reference; its GGUF reader; bad input."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from chip_configs import VPU_SHAPES
+from decoders import assert_prefill_equals_decode
+from decoders import same_bits as _same
 from mxu.sim import Chip
 from mxu.sim.models import CausalLM
 from mxu.sim.models.gemma3 import ChipGemma3, Gemma3Config, Gemma3Weights, _ring_pieces
@@ -22,10 +26,6 @@ WINDOW = 8
 TINY = Gemma3Config(hidden=32, heads=2, kv_heads=1, head_dim=16, ffn=64, layers=3,
                     eps=float(np.float32(1e-6)), rope_theta=1e6, rope_theta_local=1e4,
                     window=WINDOW, local=(True, True, False), vocab=128, context=64)
-
-
-def _same(got, want, what):
-    golden.assert_bits_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), what)
 
 
 @pytest.fixture(scope="module")
@@ -74,16 +74,8 @@ def test_prefill_logits_equal_token_by_token_decode(tiny):
     bit for bit those of 20 decode steps, whose local layers read their
     rings: the softmax's tree folds the masked row onto the ring's order,
     and P.V sums in position order in two seeded matmuls."""
-    lm, _ = tiny
     ids = [11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 122, 3, 14, 15, 92, 65, 35, 89, 79, 32]
-    prefill = lm.logits_ids(ids)
-    seq = lm.model.new_sequence(len(ids))
-    try:
-        for t, token in enumerate(ids):
-            got, _ = lm.model.step([seq], [[token]])
-            _same(got[0], prefill[t], f"decode step {t} against prefill row {t}")
-    finally:
-        seq.free()
+    assert_prefill_equals_decode(tiny[0], ids)
 
 
 def test_batched_generation_equals_one_sequence_at_a_time(tiny):
@@ -92,6 +84,21 @@ def test_batched_generation_equals_one_sequence_at_a_time(tiny):
     together = lm.generate_ids(prompts, max_new_tokens=6)
     alone = [lm.generate_ids([p], max_new_tokens=6)[0] for p in prompts]
     assert together == alone
+
+
+def test_the_end_of_turn_token_ends_a_generation_as_eos_does(tiny):
+    """The same weights with the second token they generate made the end
+    of turn (`Gemma3Config.eot`): greedy generation stops right after it,
+    as at eos; without one it goes on."""
+    lm, _ = tiny
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    free = lm.generate_ids([prompt], max_new_tokens=6)[0]
+    assert len(free) == 6 and free[0] != free[1] and TINY.eos not in free[:2]
+    eot = replace(lm.weights, config=replace(TINY, eot=free[1]))
+    assert eot.config.stop_ids == (TINY.eos, free[1])
+    stopped = CausalLM.from_weights(eot, chip=lm.chip)
+    assert stopped.generate_ids([prompt], max_new_tokens=6) == [free[:2]]
+    assert stopped.last_stats.decode.steps == 1
 
 
 def test_golden_form_is_close_to_the_float32_reference(tiny):
@@ -104,6 +111,69 @@ def test_golden_form_is_close_to_the_float32_reference(tiny):
     want = reference_logits(gold.weights, ids)
     assert np.max(np.abs(got - want)) < 0.05 * np.max(np.abs(want))
     assert np.mean(np.argmax(got, 1) == np.argmax(want, 1)) >= 0.9
+
+
+# A tiny Gemma 3 whose matrices are GGUF blocks of the types the real file
+# uses, on the smallest test chip whose expander takes them all (the llm
+# preset, the build the SmolLM2 tests share; the 4x4 chip expands none):
+# K-quants need K of whole super-blocks of 256 (wo's q_dim, down's ffn); a
+# quantized matmul with a row operand (QK-norm's RoPE table) needs more K
+# tiles than its load lead of 16 (`QUANT_LEAD`): hidden 128.
+QUANT = Gemma3Config(hidden=128, heads=4, kv_heads=1, head_dim=64, ffn=256, layers=2,
+                     eps=float(np.float32(1e-6)), rope_theta=1e6, rope_theta_local=1e4,
+                     window=16, local=(True, False), vocab=256, context=48)
+# The file's types, layer by layer (its V and down projections alternate).
+QUANT_TYPES = [dict(wq="Q5_0", wk="Q5_0", wv=wv, wo="Q4_K", w_gate="Q5_0", w_up="Q5_0",
+                    w_down=down) for wv, down in (("Q8_0", "Q6_K"), ("Q5_0", "Q4_K"))]
+
+
+def _run_quantized(lm, gold):
+    """A packed prefill of a prompt longer than the window and a short one,
+    then decode steps of both (the local layer's ring wraps): every step's
+    logits, each checked against the golden form."""
+    model, out = lm.model, []
+    gold.caches.clear(), gold.lengths.clear()
+    prompts = [[(7 * t + 3) % QUANT.vocab for t in range(21)], [5, 17, 33]]
+    seqs = [model.new_sequence(32) for _ in prompts]
+    try:
+        got, _ = model.step(seqs, prompts)
+        for step in range(3):
+            want = gold.forward(list(enumerate(prompts)) if step == 0 else
+                                [(k, [t]) for k, t in enumerate(nxt)])
+            for k in range(2):
+                _same(got[k], want[k], f"{lm.name}: step {step}, sequence {k}")
+            out += got
+            nxt = [int(np.argmax(g)) for g in got]
+            if step < 2:
+                got, _ = model.step(seqs, [[t] for t in nxt])
+    finally:
+        for s in seqs:
+            s.free()
+    return out
+
+
+def test_gguf_blocks_on_the_chip_give_the_bf16_bits():
+    """The file's blocks on the chip (Q8_0 embedding, Q5_0, Q4_K, Q6_K) and
+    the same matrices as bf16: the same logits bit for bit, both equal to
+    the golden Gemma form of the dequantized weights, and the same tokens."""
+    from decoders import quantize_weights
+
+    from mxu.hdl import ChipConfig
+    weights = quantize_weights(Gemma3Weights.random(QUANT, seed=5), QUANT_TYPES, seed=5)
+    chip = Chip(ChipConfig.preset("llm"), fast_mac=True)
+    gold = GoldenGemma3(weights, rows=16, lanes=16)
+    lms = {keep: CausalLM.from_weights(weights, chip=chip, keep=keep, name=keep)
+           for keep in ("gguf", "bf16")}
+    assert set(lms["gguf"].model.weight_formats) == {"Q8_0", "Q5_0", "Q4_K", "Q6_K"}
+    assert set(lms["bf16"].model.weight_formats) == {"bf16"}
+    runs = {keep: _run_quantized(lm, gold) for keep, lm in lms.items()}
+    for k, (a, b) in enumerate(zip(runs["gguf"], runs["bf16"])):
+        _same(a, b, f"logits {k}, gguf vs bf16 weights")
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6] * 3, [2, 7, 1]]
+    tokens = lms["gguf"].generate_ids(prompts, max_new_tokens=4)
+    assert tokens == lms["bf16"].generate_ids(prompts, max_new_tokens=4)
+    assert lms["gguf"].last_stats.decode.cycles < lms["bf16"].last_stats.decode.cycles
+    chip.close()
 
 
 def test_ring_pieces_and_the_window_in_the_statistics():
@@ -164,7 +234,7 @@ def test_the_gemma3_reader_takes_every_number_from_the_file(tmp_path):
     """A tiny gemma3 GGUF written with `gguf.GGUFWriter`: `read_decoder` picks
     the family by general.architecture and reads the sizes (head_dim from
     key_length, the local layers' pattern and RoPE base from the file) and
-    every weight as written."""
+    every weight as written; the end-of-turn token by its text."""
     import gguf
 
     from mxu.sim.models.registry import read_decoder
@@ -183,7 +253,7 @@ def test_the_gemma3_reader_takes_every_number_from_the_file(tmp_path):
                        ("rope.freq_base_swa", 1e4)):
         w.add_float32(f"gemma3.{key}", value)
     w.add_tokenizer_model("llama")
-    w.add_token_list([f"t{k}" for k in range(c.vocab)])
+    w.add_token_list([f"t{k}" if k != 7 else "<end_of_turn>" for k in range(c.vocab)])
     w.add_bos_token_id(c.bos)
     w.add_eos_token_id(c.eos)
     f32 = lambda x: np.ascontiguousarray(x, np.float32)
@@ -202,8 +272,45 @@ def test_the_gemma3_reader_takes_every_number_from_the_file(tmp_path):
     w.write_tensors_to_file()
     w.close()
     got, meta = read_decoder(path)
-    assert got.config == TINY and meta["tokens"][5] == "t5"
+    assert got.config == replace(TINY, eot=7) and meta["tokens"][5] == "t5"
+    assert got.config.stop_ids == (TINY.eos, 7)
     for i, lw in enumerate(weights.layers):
         for field in names.values():
             assert np.array_equal(getattr(got.layers[i], field), getattr(lw, field)), field
     assert np.array_equal(got.unembed, weights.embed)
+
+
+@pytest.mark.slow
+def test_gemma_3_270m_generates_bit_exact_to_the_golden_form_on_the_llm_chip():
+    """The real model with its default weights (the file's blocks on the
+    chip) on the llm preset, fast MAC: a prefill's logits at every position
+    equal the golden Gemma form's bit for bit; `generate` of two prompts (12
+    new tokens) runs every layer as its two programs and the logits as a
+    third on the chip, and its tokens are the golden form's greedy ones."""
+    from mxu.hdl import ChipConfig
+    lm = CausalLM("gemma-3-270m", chip=Chip(ChipConfig.preset("llm"), fast_mac=True))
+    assert set(lm.model.weight_formats) == {"Q8_0", "Q5_0", "Q4_K", "Q6_K"}
+    gold = GoldenGemma3(lm.weights, rows=16, lanes=16)
+    texts = ["The capital of France is", "def fibonacci(n):"]
+    ids = lm.tokenizer.encode(texts[0])
+    _same(lm.logits_ids(ids), gold.forward([(0, ids)], logits="all")[0], "gemma-3-270m prefill")
+    gold.caches.clear(), gold.lengths.clear()
+    prompts = [lm.tokenizer.encode(t) for t in texts]
+    got = lm.generate_ids(prompts, max_new_tokens=12)
+    want, nxt = [[] for _ in prompts], gold.forward(list(enumerate(prompts)))
+    live = [0, 1]
+    while live:
+        for k, logits in zip(list(live), nxt):
+            want[k].append(int(np.argmax(logits)))
+            if want[k][-1] in lm.config.stop_ids or len(want[k]) == 12:
+                live.remove(k)
+        nxt = gold.forward([(k, [want[k][-1]]) for k in live]) if live else []
+    assert got == want
+    stats, layers = lm.last_stats, lm.config.layers
+    programs = (2 * layers + 1) * (stats.prefill.steps + stats.decode.steps)
+    assert stats.programs == programs and stats.new_tokens == sum(map(len, got))
+    print(f"\n{[lm.tokenizer.decode(o) for o in got]!r}: prefill {stats.prefill.cycles:,} cycles "
+          f"(MFU {100 * stats.prefill.mfu:.1f} %), decode {stats.decode.cycles:,} cycles in "
+          f"{stats.decode.steps} steps ({100 * stats.decode.roofline_share:.1f} % of its roofline), "
+          f"weights {stats.weight_formats}")
+    lm.close()

@@ -12,22 +12,19 @@ import numpy as np
 import pytest
 
 from chip_configs import VPU_SHAPES
+from decoders import assert_prefill_equals_decode
+from decoders import same_bits as _same
 from mxu.hdl import ChipConfig
 from mxu.sim import Chip
 from mxu.sim.models import CausalLM
 from mxu.sim.models.causal_lm import check_utf8, rope_mode
 from mxu.sim.models.llama import LlamaConfig, LlamaWeights
-from mxu.verif import golden
 from mxu.verif.hazards import races
 from mxu.verif.llama import GoldenLlama
 
 TINY = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=128, layers=2, eps=1e-5,
                    rope_theta=10000.0, vocab=256, context=64)
 DATA = Path(__file__).parent / "data"
-
-
-def _same(got, want, what):
-    golden.assert_bits_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), what)
 
 
 def _tiny(shape):
@@ -87,16 +84,8 @@ def test_prefill_logits_equal_token_by_token_decode(tiny4):
     """The logits of one prefill of n tokens are, row for row, those of n
     decode steps through the cache: the causal mask and the tree order of the
     softmax make both the same fp32 sums."""
-    lm, _ = tiny4
     ids = [11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 122, 133, 144, 155, 166, 177, 188]
-    prefill = lm.logits_ids(ids)
-    seq = lm.model.new_sequence(len(ids))
-    try:
-        for t, token in enumerate(ids):
-            got, _ = lm.model.step([seq], [[token]])
-            _same(got[0], prefill[t], f"decode step {t} against prefill row {t}")
-    finally:
-        seq.free()
+    assert_prefill_equals_decode(tiny4[0], ids)
 
 
 def test_batched_decode_equals_one_sequence_at_a_time(tiny4):

@@ -4,18 +4,17 @@ expands gives the same logits and tokens, bit for bit, with the blocks on
 the chip (``weights="gguf"``) and with bf16 weights (``weights="bf16"``);
 the stats count the bytes each mode moves; a bad mode is a clear error."""
 
-import gguf
 import numpy as np
 import pytest
-from gguf import quants
 
 from mxu.hdl import ChipConfig
 from mxu.hdl.quant import QUANT_INFO, QuantFormat
 from mxu.sim import Chip
 from mxu.sim.models import CausalLM
-from mxu.sim.models.llama import GgufBlocks, LlamaConfig, LlamaWeights
+from mxu.sim.models.llama import LlamaConfig, LlamaWeights
 from mxu.verif import golden
 from mxu.verif.hazards import races
+from decoders import quantize_weights
 
 # K-quants take rows of whole super-blocks of 256: hidden and ffn are 256.
 CONFIG = LlamaConfig(hidden=256, heads=4, kv_heads=2, ffn=256, layers=1, eps=1e-5,
@@ -27,42 +26,10 @@ TYPES = dict(wq="Q8_0", wk="Q4_0", wv="Q4_1", wo="Q5_0", w_gate="Q4_K", w_up="Q4
              w_down="Q6_K")
 
 
-def _k_quant(fmt, blocks, rng):
-    """Random valid K-quant blocks (gguf cannot quantize to them): random
-    codes and sub-block scales, small fp16 super-block scales."""
-    raw = rng.integers(0, 256, (blocks, QUANT_INFO[fmt].file_bytes), dtype=np.uint8)
-    f16 = lambda v: np.full(blocks, v, np.float16).view(np.uint8).reshape(-1, 2)
-    if fmt is QuantFormat.Q4_K:
-        raw[:, 0:2], raw[:, 2:4] = f16(2e-4), f16(1e-4)        # d, dmin
-    else:
-        raw[:, 208:210] = f16(2e-5)                             # Q6_K's d
-    return raw
-
-
-def _blocks(w, qtype, rng):
-    """(GgufBlocks of W (in, out) as the file stores it, N rows of K; the
-    float32 (in, out) matrix gguf dequantizes them to)."""
-    n, k = w.shape[1], w.shape[0]
-    fmt = QuantFormat[qtype]
-    raw = (_k_quant(fmt, n * k // 256, rng) if qtype in ("Q4_K", "Q6_K")
-           else quants.quantize(np.ascontiguousarray(w.T), gguf.GGMLQuantizationType[qtype]))
-    raw = np.ascontiguousarray(raw).reshape(-1)
-    deq = quants.dequantize(raw.reshape(n, -1), gguf.GGMLQuantizationType[qtype])
-    return GgufBlocks(raw, qtype, (n, k)), np.ascontiguousarray(deq.astype(np.float32).T)
-
-
 def quantized_llama(seed=3):
     """`LlamaWeights.random` with every matrix replaced by its blocks of
     `TYPES` (the float32 matrices are what gguf dequantizes them to)."""
-    weights = LlamaWeights.random(CONFIG, seed=seed)
-    rng = np.random.default_rng(seed)
-    for layer in weights.layers:
-        for key, qtype in TYPES.items():
-            layer.blocks[key], deq = _blocks(getattr(layer, key), qtype, rng)
-            setattr(layer, key, deq)
-    weights.blocks["embed"], deq = _blocks(np.ascontiguousarray(weights.embed.T), "Q8_0", rng)
-    weights.embed = np.ascontiguousarray(deq.T)
-    return weights
+    return quantize_weights(LlamaWeights.random(CONFIG, seed=seed), TYPES, seed)
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ from .llama import GgufBlocks, kv_bytes, model_macs, roofline_cycles, rope_table
 from .registry import find_decoder, read_decoder
 from .tokenizer import GgufTokenizer
 
-__all__ = ["CausalLM", "ChipLlama", "Sequence", "GenerationStats", "PhaseStats",
+__all__ = ["CausalLM", "ChipLlama", "LayerMatrices", "Sequence", "GenerationStats", "PhaseStats",
            "rope_mode", "interleave_tiles", "check_sampling", "check_utf8", "prefill_packs",
            "PACK_TOKENS", "WEIGHT_MODES", "check_weights_mode"]
 
@@ -231,13 +231,20 @@ class Sequence:
 
 
 @dataclass
-class _LayerWeights:
+class LayerMatrices:
+    """A layer's matrices on the chip (`Linear`s), every family's: the Q, K,
+    V and output projections, gate and up as one matrix (`interleave_tiles`),
+    and down."""
     q: Linear
     k: Linear
     v: Linear
     o: Linear
     gu: Linear
     down: Linear
+
+
+@dataclass
+class _LayerWeights(LayerMatrices):
     attn_norm: object
     ffn_norm: object
 
@@ -247,7 +254,9 @@ class ChipLlama:
     weights uploaded once, and `step`, which runs new tokens of several
     sequences through every layer (two programs per layer) and returns the
     logits the host asked for. Bit-exact to the golden Llama form (docs/llm.md)
-    with ``rows, lanes = chip.config.rows, cols`` and `rope_mode`."""
+    with ``rows, lanes = chip.config.rows, cols`` and `rope_mode`. A family
+    (`gemma3.ChipGemma3`) changes its `_prepare`, `_upload_layer` and the
+    steps' parts."""
 
     def __init__(self, chip, weights, keep="gguf"):
         if not chip.config.vpu:
@@ -255,32 +264,45 @@ class ChipLlama:
                              "with ChipConfig(..., vpu=True) (ChipConfig.preset('llm'))")
         check_weights_mode(keep)
         self.chip, self.weights, self.config = chip, weights, weights.config
-        c, cols = self.config, chip.config.cols
-        self.rope = rope_mode(chip.config, c.head_dim)
-        fold = self.rope == "fold"
-
-        # (Folded RoPE projections are new matrices: bf16.)
-        linear = lambda w, blocks, name: kept_linear(chip, keep, w, blocks, name)
-
-        self.layers = []
-        for i, w in enumerate(weights.layers):
-            wq = interleave_tiles(w.wq, _rope_fold(w.wq, c.heads, c.head_dim), cols) if fold \
-                else w.wq
-            wk = interleave_tiles(w.wk, _rope_fold(w.wk, c.kv_heads, c.head_dim), cols) if fold \
-                else w.wk
-            b, p = w.blocks, f"blk.{i}."
-            gu = interleave_blocks(b.get("w_gate"), b.get("w_up"), cols)
-            self.layers.append(_LayerWeights(
-                linear(wq, None if fold else b.get("wq"), p + "attn_q.weight"),
-                linear(wk, None if fold else b.get("wk"), p + "attn_k.weight"),
-                linear(w.wv, b.get("wv"), p + "attn_v.weight"),
-                linear(w.wo, b.get("wo"), p + "attn_output.weight"),
-                linear(interleave_tiles(w.w_gate, w.w_up, cols), gu, p + "ffn_gate|up.weight"),
-                linear(w.w_down, b.get("w_down"), p + "ffn_down.weight"),
-                rms_norm_params(chip, w.attn_norm), rms_norm_params(chip, w.ffn_norm)))
+        self._prepare()
+        self.layers = [self._upload_layer(w, i, keep) for i, w in enumerate(weights.layers)]
         self.final_norm = rms_norm_params(chip, weights.final_norm)
         self.unembed = kept_unembed(chip, keep, weights)
         self._rope_cache = {}
+
+    def _prepare(self):
+        """Check the sizes against the chip and choose how RoPE runs."""
+        self.rope = rope_mode(self.chip.config, self.config.head_dim)
+
+    def _upload_layer(self, w, i, keep):
+        """Layer `i`'s weights `w` on the chip: its matrices (`_matrices`; RoPE
+        folded into Q and K on a "fold" chip) and its norms."""
+        c, cols, chip = self.config, self.chip.config.cols, self.chip
+        folded = {}
+        if self.rope == "fold":
+            folded = dict(wq=interleave_tiles(w.wq, _rope_fold(w.wq, c.heads, c.head_dim), cols),
+                          wk=interleave_tiles(w.wk, _rope_fold(w.wk, c.kv_heads, c.head_dim),
+                                              cols))
+        return _LayerWeights(*self._matrices(w, i, keep, **folded),
+                             rms_norm_params(chip, w.attn_norm), rms_norm_params(chip, w.ffn_norm))
+
+    def _matrices(self, w, i, keep, **folded):
+        """Layer `i`'s matrices on the chip, in `LayerMatrices`' order: each as
+        its file's blocks when `keep` is "gguf" and the chip keeps them, else
+        bf16; `folded` ({"wq": ..., "wk": ...}) new matrices in place of the
+        file's (bf16)."""
+        chip, cols, b, p = self.chip, self.chip.config.cols, w.blocks, f"blk.{i}."
+
+        def linear(key, name):
+            blocks = None if key in folded else b.get(key)
+            return kept_linear(chip, keep, folded.get(key, getattr(w, key)), blocks,
+                               f"{p}{name}.weight")
+        gu = interleave_blocks(b.get("w_gate"), b.get("w_up"), cols)
+        return (linear("wq", "attn_q"), linear("wk", "attn_k"), linear("wv", "attn_v"),
+                linear("wo", "attn_output"),
+                kept_linear(chip, keep, interleave_tiles(w.w_gate, w.w_up, cols), gu,
+                            p + "ffn_gate|up.weight"),
+                linear("w_down", "ffn_down"))
 
     @property
     def weight_formats(self):
@@ -713,7 +735,8 @@ class CausalLM(OwnsChip):
     def generate_ids(self, prompts, max_new_tokens=16, temperature=0.0, top_k=None, seed=None,
                      stream=None, progress=None, pack_tokens=PACK_TOKENS):
         """`generate` on token ids: a list of prompts (lists of ids); returns
-        the new ids of each (stopping at the end-of-sequence token)."""
+        the new ids of each (stopping at a token of ``config.stop_ids``: the
+        end of sequence, and Gemma's end of turn)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
                 or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, not {max_new_tokens!r}")
@@ -725,6 +748,7 @@ class CausalLM(OwnsChip):
         if stream is not None and not callable(stream):
             raise TypeError("stream must be a callable (index, text) or None")
         prompts = [self._check_ids(p, max_new_tokens) for p in prompts]
+        stops = self.config.stop_ids
         start = time.perf_counter()
         rng = np.random.default_rng(seed)
         gen = GenerationStats(prompt_tokens=sum(len(p) for p in prompts),
@@ -743,7 +767,7 @@ class CausalLM(OwnsChip):
                     with bar.aside(piece):
                         stream(k, piece)
                     texts[k] = text
-            return token != self.config.eos and len(out[k]) < max_new_tokens
+            return token not in stops and len(out[k]) < max_new_tokens
 
         layers = self.config.layers
         packs = prefill_packs([len(p) for p in prompts], pack_tokens)

@@ -33,10 +33,9 @@ from mxu.hdl import hostops
 from mxu.hdl.dtypes import bfloat16
 
 from ..runtime.vector import rms_norm_params
-from .blocks import Linear, attention, feed_forward
-from .causal_lm import (ChipLlama, check_weights_mode, interleave_blocks, interleave_tiles,
-                        kept_linear, kept_unembed)
-from .llama import gguf_blocks, gguf_field, gguf_meta, gguf_tensors
+from .blocks import attention, feed_forward
+from .causal_lm import ChipLlama, LayerMatrices
+from .llama import DecoderSizes, gguf_decoder_tensors, gguf_field, gguf_meta, gguf_sizes
 
 __all__ = ["Gemma3Config", "Gemma3LayerWeights", "Gemma3Weights", "ChipGemma3", "read_gguf",
            "neox_table", "LOCAL_ROPE_BASE", "SLIDING_PATTERN"]
@@ -46,17 +45,21 @@ __all__ = ["Gemma3Config", "Gemma3LayerWeights", "Gemma3Weights", "ChipGemma3", 
 # ``il % SLIDING_PATTERN < SLIDING_PATTERN - 1``.
 LOCAL_ROPE_BASE = 10000.0
 SLIDING_PATTERN = 6
+# The token that ends a turn of Gemma's chat markup (found by its text).
+END_OF_TURN = "<end_of_turn>"
 
 
 @dataclass(frozen=True)
-class Gemma3Config:
+class Gemma3Config(DecoderSizes):
     """Sizes of a Gemma 3 decoder.
 
     hidden, ffn : model width and GeGLU width; heads, kv_heads, head_dim :
     query and key/value heads (grouped-query attention) and their width;
     layers; eps : RMSNorm epsilon; rope_theta, rope_theta_local : RoPE bases
     of the global and the local layers; window : the local layers' sliding
-    window; local : per layer, whether it is local; vocab; context; bos, eos.
+    window; local : per layer, whether it is local; vocab; context; bos, eos;
+    eot : the end-of-turn token (``<end_of_turn>``, which ends a turn of the
+    chat markup: a generation stops at it as at eos), or -1.
     """
     hidden: int
     heads: int
@@ -73,10 +76,10 @@ class Gemma3Config:
     context: int
     bos: int = 2
     eos: int = 1
+    eot: int = -1
 
     def __post_init__(self):
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        self._check_heads()
         if self.head_dim % 2:
             raise ValueError(f"NEOX RoPE turns halves: head_dim ({self.head_dim}) must be even")
         if len(self.local) != self.layers:
@@ -85,17 +88,9 @@ class Gemma3Config:
             raise ValueError(f"the sliding window must be >= 1, not {self.window}")
 
     @property
-    def group(self):
-        """Query heads per KV head."""
-        return self.heads // self.kv_heads
-
-    @property
-    def q_dim(self):
-        return self.heads * self.head_dim
-
-    @property
-    def kv_dim(self):
-        return self.kv_heads * self.head_dim
+    def stop_ids(self):
+        """The tokens that end a generation: eos, and eot if the vocabulary has one."""
+        return (self.eos,) if self.eot < 0 else (self.eos, self.eot)
 
     @property
     def layer_windows(self):
@@ -117,33 +112,28 @@ class Gemma3Config:
         else llama.cpp's)."""
         get = lambda key: gguf_field(reader, "gemma3." + key)
         has = lambda key: "gemma3." + key in reader.fields
-        layers = int(get("block_count"))
+        sizes = gguf_sizes(reader, "gemma3")
         if has("attention.sliding_window_pattern"):
             pattern = get("attention.sliding_window_pattern")
             local = (tuple(bool(p) for p in pattern) if isinstance(pattern, list)
-                     else cls.pattern(layers, int(pattern)))
+                     else cls.pattern(sizes["layers"], int(pattern)))
         else:
-            local = cls.pattern(layers)
-        heads = int(get("attention.head_count"))
+            local = cls.pattern(sizes["layers"])
         head_dim = int(get("attention.key_length")) if has("attention.key_length") \
-            else int(get("embedding_length")) // heads
+            else sizes["hidden"] // sizes["heads"]
         if has("attention.value_length") and int(get("attention.value_length")) != head_dim:
             raise ValueError(f"keys of {head_dim} and values of {get('attention.value_length')} "
                              f"per head are not supported")
         if has("final_logit_softcapping"):
             raise ValueError("a logit soft cap (gemma3.final_logit_softcapping) is not supported")
-        vocab = len(gguf_field(reader, "tokenizer.ggml.tokens"))
-        return cls(hidden=int(get("embedding_length")), heads=heads,
-                   kv_heads=int(get("attention.head_count_kv")), head_dim=head_dim,
-                   ffn=int(get("feed_forward_length")), layers=layers,
-                   eps=float(get("attention.layer_norm_rms_epsilon")),
-                   rope_theta=float(get("rope.freq_base")),
+        tokens = gguf_field(reader, "tokenizer.ggml.tokens")
+        if "tokenizer.ggml.eot_token_id" in reader.fields:
+            eot = int(gguf_field(reader, "tokenizer.ggml.eot_token_id"))
+        else:
+            eot = tokens.index(END_OF_TURN) if END_OF_TURN in tokens else -1
+        return cls(head_dim=head_dim, window=int(get("attention.sliding_window")), local=local,
                    rope_theta_local=float(get("rope.freq_base_swa")) if has("rope.freq_base_swa")
-                   else LOCAL_ROPE_BASE,
-                   window=int(get("attention.sliding_window")), local=local, vocab=vocab,
-                   context=int(get("context_length")),
-                   bos=int(gguf_field(reader, "tokenizer.ggml.bos_token_id")),
-                   eos=int(gguf_field(reader, "tokenizer.ggml.eos_token_id")))
+                   else LOCAL_ROPE_BASE, vocab=len(tokens), eot=eot, **sizes)
 
 
 @dataclass
@@ -206,32 +196,16 @@ def read_gguf(reader):
     """(Gemma3Weights float32, metadata dict) of an open gemma3 GGUF file;
     each quantized matrix also keeps the file's blocks (`GgufBlocks`)."""
     config = Gemma3Config.from_gguf(reader)
-    get, linear, tensors = gguf_tensors(reader)
-    blocks = gguf_blocks(tensors)
-    c = config
-    H, F, Q, KV, D = c.hidden, c.ffn, c.q_dim, c.kv_dim, c.head_dim
-    matrices = {"wq": ("attn_q", H, Q), "wk": ("attn_k", H, KV), "wv": ("attn_v", H, KV),
-                "wo": ("attn_output", Q, H), "w_gate": ("ffn_gate", H, F),
-                "w_up": ("ffn_up", H, F), "w_down": ("ffn_down", F, H)}
+    get, matrices, common = gguf_decoder_tensors(reader, config)
+    H, D = config.hidden, config.head_dim
     layers = []
-    for i in range(c.layers):
-        p = f"blk.{i}."
-        w = {key: linear(f"{p}{name}.weight", n_in, n_out)
-             for key, (name, n_in, n_out) in matrices.items()}
-        found = {key: blocks(f"{p}{name}.weight", (n_out, n_in))
-                 for key, (name, n_in, n_out) in matrices.items()}
+    for i, w in enumerate(matrices):
+        norm = lambda name, n: get(f"blk.{i}.{name}.weight", (n,))
         layers.append(Gemma3LayerWeights(
-            get(p + "attn_norm.weight", (H,)), w["wq"], w["wk"], w["wv"],
-            get(p + "attn_q_norm.weight", (D,)), get(p + "attn_k_norm.weight", (D,)),
-            w["wo"], get(p + "post_attention_norm.weight", (H,)),
-            get(p + "ffn_norm.weight", (H,)), w["w_gate"], w["w_up"], w["w_down"],
-            get(p + "post_ffw_norm.weight", (H,)), {k: b for k, b in found.items() if b}))
-    embed = get("token_embd.weight", (c.vocab, H))
-    output = get("output.weight", (c.vocab, H)) if "output.weight" in tensors else None
-    found = {"embed": blocks("token_embd.weight", (c.vocab, H)),
-             "output": output is not None and blocks("output.weight", (c.vocab, H))}
-    return Gemma3Weights(c, embed, layers, get("output_norm.weight", (H,)), output,
-                         {k: b for k, b in found.items() if b}), gguf_meta(reader)
+            attn_norm=norm("attn_norm", H), q_norm=norm("attn_q_norm", D),
+            k_norm=norm("attn_k_norm", D), post_attn_norm=norm("post_attention_norm", H),
+            ffn_norm=norm("ffn_norm", H), post_ffw_norm=norm("post_ffw_norm", H), **w))
+    return Gemma3Weights(config, layers=layers, **common), gguf_meta(reader)
 
 
 def neox_table(cos, sin):
@@ -242,13 +216,7 @@ def neox_table(cos, sin):
 
 
 @dataclass
-class _LayerWeights:
-    q: Linear
-    k: Linear
-    v: Linear
-    o: Linear
-    gu: Linear
-    down: Linear
+class _LayerWeights(LayerMatrices):
     attn_norm: object
     q_norm: object
     k_norm: object
@@ -276,42 +244,27 @@ class ChipGemma3(ChipLlama):
     NEOX rotation moves whole tiles: head_dim must be a multiple of 2 cols;
     a window must be whole tiles."""
 
-    def __init__(self, chip, weights, keep="gguf"):
-        if not chip.config.vpu:
-            raise ValueError("the decoder runs its layer ops on the vector unit: make the chip "
-                             "with ChipConfig(..., vpu=True) (ChipConfig.preset('llm'))")
-        check_weights_mode(keep)
-        self.chip, self.weights, self.config = chip, weights, weights.config
-        c, cols = self.config, chip.config.cols
+    def _prepare(self):
+        """Check that Q and K's heads and the window are whole tiles; the RoPE
+        bases whose tables a step uploads."""
+        c, cols = self.config, self.chip.config.cols
         if c.head_dim % (2 * cols):
             raise ValueError(f"Gemma 3's NEOX RoPE turns whole tiles: head_dim ({c.head_dim}) "
                              f"must be a multiple of 2 * cols ({2 * cols})")
         if any(c.local) and c.window % cols:
             raise ValueError(f"the sliding window ({c.window}) must be a multiple of cols ({cols})")
         self.rope = "neox"
-        norms = [w.attn_norm for w in weights.layers[1:]] + [weights.final_norm]
-        self.layers = [self._upload_layer(w, nxt, i, keep) for i, (w, nxt) in
-                       enumerate(zip(weights.layers, norms))]
-        self.final_norm = rms_norm_params(chip, weights.final_norm)
-        self.unembed = kept_unembed(chip, keep, weights)
         # The rope tables a step uploads, in this order: one per RoPE base.
         self._bases = sorted({c.rope_base(i) for i in range(c.layers)})
 
-    def _upload_layer(self, w, next_norm, i, keep):
-        """Layer `i`'s weights on the chip (`next_norm`: the next layer's
-        attn_norm, or the final norm), each matrix as its file's blocks when
-        `keep` is "gguf" and the chip keeps them."""
-        chip, b, p = self.chip, w.blocks, f"blk.{i}."
-        linear = lambda m, blocks, name: kept_linear(chip, keep, m, blocks, name)
-        gu = interleave_blocks(b.get("w_gate"), b.get("w_up"), chip.config.cols)
+    def _upload_layer(self, w, i, keep):
+        """Layer `i`'s weights on the chip: its matrices (`ChipLlama._matrices`)
+        and norms, post_ffw_norm paired with the next layer's attn_norm (or
+        the final norm)."""
+        chip, layers = self.chip, self.weights.layers
+        next_norm = layers[i + 1].attn_norm if i + 1 < len(layers) else self.weights.final_norm
         return _LayerWeights(
-            linear(w.wq, b.get("wq"), p + "attn_q.weight"),
-            linear(w.wk, b.get("wk"), p + "attn_k.weight"),
-            linear(w.wv, b.get("wv"), p + "attn_v.weight"),
-            linear(w.wo, b.get("wo"), p + "attn_output.weight"),
-            linear(interleave_tiles(w.w_gate, w.w_up, chip.config.cols), gu,
-                   p + "ffn_gate|up.weight"),
-            linear(w.w_down, b.get("w_down"), p + "ffn_down.weight"),
+            *self._matrices(w, i, keep),
             rms_norm_params(chip, w.attn_norm), rms_norm_params(chip, w.q_norm),
             rms_norm_params(chip, w.k_norm), chip.upload(np.stack([w.post_attn_norm, w.ffn_norm])),
             chip.upload(np.stack([w.post_ffw_norm, next_norm])))

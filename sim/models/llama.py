@@ -21,11 +21,52 @@ from mxu.hdl import hostops
 
 __all__ = ["LlamaConfig", "GgufBlocks", "LlamaLayerWeights", "LlamaWeights", "rope_tables",
            "model_macs", "read_gguf", "kv_bytes", "roofline_cycles", "gguf_tensors", "gguf_blocks",
-           "gguf_meta", "gguf_field"]
+           "gguf_meta", "gguf_field", "gguf_sizes", "gguf_decoder_tensors", "DecoderSizes"]
+
+
+class DecoderSizes:
+    """What every family's config derives from its sizes alike (a mixin of
+    the frozen configs: `LlamaConfig`, `gemma3.Gemma3Config`)."""
+
+    def _check_heads(self):
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+
+    @property
+    def group(self):
+        """Query heads per KV head."""
+        return self.heads // self.kv_heads
+
+    @property
+    def kv_dim(self):
+        return self.kv_heads * self.head_dim
+
+    @property
+    def q_dim(self):
+        """Width of Q (and of the attention's output): every head's."""
+        return self.heads * self.head_dim
+
+    @property
+    def stop_ids(self):
+        """The tokens that end a generation: eos."""
+        return (self.eos,)
+
+
+def gguf_sizes(reader, arch):
+    """The sizes every family's ``<arch>.*`` metadata names alike (hidden,
+    heads, kv_heads, ffn, layers, eps, rope_theta, context) and the BOS and
+    EOS ids, as a config's keyword arguments."""
+    get = lambda key: gguf_field(reader, f"{arch}.{key}")
+    return dict(hidden=int(get("embedding_length")), heads=int(get("attention.head_count")),
+                kv_heads=int(get("attention.head_count_kv")), ffn=int(get("feed_forward_length")),
+                layers=int(get("block_count")), eps=float(get("attention.layer_norm_rms_epsilon")),
+                rope_theta=float(get("rope.freq_base")), context=int(get("context_length")),
+                bos=int(gguf_field(reader, "tokenizer.ggml.bos_token_id")),
+                eos=int(gguf_field(reader, "tokenizer.ggml.eos_token_id")))
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(DecoderSizes):
     """Sizes of a Llama decoder.
 
     hidden, ffn : model width and SwiGLU width; heads, kv_heads : query and
@@ -49,28 +90,13 @@ class LlamaConfig:
     def __post_init__(self):
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        self._check_heads()
         if self.head_dim % 2:
             raise ValueError(f"RoPE rotates pairs: head_dim ({self.head_dim}) must be even")
 
     @property
     def head_dim(self):
         return self.hidden // self.heads
-
-    @property
-    def group(self):
-        """Query heads per KV head."""
-        return self.heads // self.kv_heads
-
-    @property
-    def kv_dim(self):
-        return self.kv_heads * self.head_dim
-
-    @property
-    def q_dim(self):
-        """Width of Q (and of the attention's output): every head's."""
-        return self.heads * self.head_dim
 
     @property
     def layer_windows(self):
@@ -85,19 +111,12 @@ class LlamaConfig:
         arch = get("general.architecture")
         if arch != "llama":
             raise ValueError(f"the GGUF file holds a {arch!r} model, not 'llama'")
-        hidden = int(get("llama.embedding_length"))
-        heads = int(get("llama.attention.head_count"))
+        sizes = gguf_sizes(reader, "llama")
+        head_dim = sizes["hidden"] // sizes["heads"]
         rope_dims = int(get("llama.rope.dimension_count"))
-        if rope_dims != hidden // heads:
-            raise ValueError(f"RoPE over {rope_dims} of {hidden // heads} head dimensions is "
-                             f"not supported")
-        return cls(hidden=hidden, heads=heads, kv_heads=int(get("llama.attention.head_count_kv")),
-                   ffn=int(get("llama.feed_forward_length")), layers=int(get("llama.block_count")),
-                   eps=float(get("llama.attention.layer_norm_rms_epsilon")),
-                   rope_theta=float(get("llama.rope.freq_base")),
-                   vocab=int(get("llama.vocab_size")), context=int(get("llama.context_length")),
-                   bos=int(get("tokenizer.ggml.bos_token_id")),
-                   eos=int(get("tokenizer.ggml.eos_token_id")))
+        if rope_dims != head_dim:
+            raise ValueError(f"RoPE over {rope_dims} of {head_dim} head dimensions is not supported")
+        return cls(vocab=int(get("llama.vocab_size")), **sizes)
 
 
 @dataclass(frozen=True)
@@ -219,29 +238,41 @@ def read_gguf(path):
 
     reader = path if isinstance(path, gguf.GGUFReader) else gguf.GGUFReader(str(path))
     config = LlamaConfig.from_gguf(reader)
+    get, matrices, common = gguf_decoder_tensors(reader, config)
+    H = config.hidden
+    layers = [LlamaLayerWeights(get(f"blk.{i}.attn_norm.weight", (H,)),
+                                ffn_norm=get(f"blk.{i}.ffn_norm.weight", (H,)), **w)
+              for i, w in enumerate(matrices)]
+    return LlamaWeights(config, layers=layers, **common), gguf_meta(reader)
+
+
+def gguf_decoder_tensors(reader, config):
+    """What every family reads alike from an open GGUF file of `config`'s
+    sizes: (`get` of `gguf_tensors`, per layer the keyword arguments of its
+    seven matrices -- "wq" ... "w_down" float32 (in, out), and "blocks", the
+    `GgufBlocks` of the quantized ones --, the keyword arguments of the
+    weights' embedding, final norm, untied output (or None) and their
+    blocks)."""
     get, linear, tensors = gguf_tensors(reader)
     blocks = gguf_blocks(tensors)
-    H, F, KV = config.hidden, config.ffn, config.kv_dim
-    matrices = {"wq": ("attn_q", H, H), "wk": ("attn_k", H, KV), "wv": ("attn_v", H, KV),
-                "wo": ("attn_output", H, H), "w_gate": ("ffn_gate", H, F),
-                "w_up": ("ffn_up", H, F), "w_down": ("ffn_down", F, H)}
+    H, F, Q, KV, V = config.hidden, config.ffn, config.q_dim, config.kv_dim, config.vocab
+    shapes = {"wq": ("attn_q", H, Q), "wk": ("attn_k", H, KV), "wv": ("attn_v", H, KV),
+              "wo": ("attn_output", Q, H), "w_gate": ("ffn_gate", H, F),
+              "w_up": ("ffn_up", H, F), "w_down": ("ffn_down", F, H)}
     layers = []
     for i in range(config.layers):
         p = f"blk.{i}."
         w = {key: linear(f"{p}{name}.weight", n_in, n_out)
-             for key, (name, n_in, n_out) in matrices.items()}
+             for key, (name, n_in, n_out) in shapes.items()}
         found = {key: blocks(f"{p}{name}.weight", (n_out, n_in))
-                 for key, (name, n_in, n_out) in matrices.items()}
-        layers.append(LlamaLayerWeights(get(p + "attn_norm.weight", (H,)),
-                                        ffn_norm=get(p + "ffn_norm.weight", (H,)),
-                                        blocks={k: b for k, b in found.items() if b}, **w))
-    embed = get("token_embd.weight", (config.vocab, H))
-    output = get("output.weight", (config.vocab, H)) if "output.weight" in tensors else None
-    found = {"embed": blocks("token_embd.weight", (config.vocab, H)),
-             "output": output is not None and blocks("output.weight", (config.vocab, H))}
-    weights = LlamaWeights(config, embed, layers, get("output_norm.weight", (H,)), output,
-                           {k: b for k, b in found.items() if b})
-    return weights, gguf_meta(reader)
+                 for key, (name, n_in, n_out) in shapes.items()}
+        layers.append(dict(w, blocks={k: b for k, b in found.items() if b}))
+    embed = get("token_embd.weight", (V, H))
+    output = get("output.weight", (V, H)) if "output.weight" in tensors else None
+    found = {"embed": blocks("token_embd.weight", (V, H)),
+             "output": output is not None and blocks("output.weight", (V, H))}
+    return get, layers, dict(embed=embed, final_norm=get("output_norm.weight", (H,)),
+                             output=output, blocks={k: b for k, b in found.items() if b})
 
 
 def gguf_blocks(tensors):

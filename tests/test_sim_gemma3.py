@@ -117,9 +117,10 @@ def test_golden_form_is_close_to_the_float32_reference(tiny):
 # uses, on the smallest test chip whose expander takes them all (the llm
 # preset, the build the SmolLM2 tests share; the 4x4 chip expands none):
 # K-quants need K of whole super-blocks of 256 (wo's q_dim, down's ffn); a
-# quantized matmul with a row operand (QK-norm's RoPE table) needs more K
-# tiles than its load lead of 16 (`QUANT_LEAD`): hidden 128.
-QUANT = Gemma3Config(hidden=128, heads=4, kv_heads=1, head_dim=64, ffn=256, layers=2,
+# quantized matmul with a row operand (QK-norm's RoPE table) needs more
+# steps (K tiles x N tiles) than its load lead (`quant_lead`, 48 on this
+# chip; docs/compiler.md): hidden 256, 16 x 4 steps for wk.
+QUANT = Gemma3Config(hidden=256, heads=4, kv_heads=1, head_dim=64, ffn=256, layers=2,
                      eps=float(np.float32(1e-6)), rope_theta=1e6, rope_theta_local=1e4,
                      window=16, local=(True, False), vocab=256, context=48)
 # The file's types, layer by layer (its V and down projections alternate).

@@ -177,7 +177,11 @@ def test_rtl_fp32_multiplier_by_powers_of_two(stages):
         simulate_fp32_mul(a[:2], np.uint32([0x3F800001, 0x3F800000]), power_of_two=True)
 
 
-@pytest.mark.parametrize("stages", LANE_STAGES)
+# The deeper lane's sweep is 2.5 minutes (its build and 60k rows through a
+# 4-stage lane): `slow`; in make test the ALU's rows and reductions and each
+# fp32 unit check that depth.
+@pytest.mark.parametrize("stages", [pytest.param(s, marks=pytest.mark.slow) if s > 1 else s
+                                    for s in LANE_STAGES])
 def test_rtl_lane_every_op_every_exponent(stages):
     """One stream mixing every op: each function over every exponent of both
     signs, the binary ops on random operands and on the specials."""

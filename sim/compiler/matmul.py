@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from mxu.hdl.isa import INSTR_BITS, SeedMode
 
 from .operands import MatmulOp
-from .plan import ceil_div, chunk_tiles, lead, plan_op, ring_rows, strip_chunks, unit_tiles
+from .plan import (ceil_div, chunk_tiles, lead, plan_op, ring_rows, ring_shared, strip_chunks,
+                   unit_tiles)
 from .program import Program
 from .epilogue import FusedGroups, Pending, epilogue_param_loads, is_vector
 from .handoff import plan_handoffs
@@ -171,6 +172,8 @@ def plan_segments(config, ops, handoffs=None, first=0):
         # plans space their buffers for it.
         if current and (depends or solo or (ep is None) != (current[0][1].epilogue is None)
                         or lead(op.b, config) != lead(current[0][1].b, config)
+                        or not ring_shared(config, [c[1] for c in current if c[6][0] is None]
+                                           + ([op] if weights is None else []))
                         or not _place(config, current + [item])):
             segments.append(_place(config, current))
             current = []

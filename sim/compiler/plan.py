@@ -16,7 +16,7 @@ from .layerops import layer_op
 from .operands import QUANT_LEAD, quant_lead
 
 __all__ = ["RING_SLOTS", "QUANT_LEAD", "quant_lead", "MAX_GROUP", "OpPlan", "plan_op", "max_k_tiles",
-           "ceil_div", "unit_tiles", "lead", "quant_units", "ring_rows", "chunk_tiles",
+           "ceil_div", "unit_tiles", "ring_shared", "lead", "quant_units", "ring_rows", "chunk_tiles",
            "strip_chunks"]
 
 RING_SLOTS = 4
@@ -238,6 +238,27 @@ def quant_units(config, op):
     KT = ceil_div(b.rows, config.rows)
     return _units_for(config, _quant_group(config, op),
                       strip_chunks(KT, chunk_tiles(config, op), unit_tiles(config, b)))
+
+
+def ring_shared(config, ops):
+    """Whether the quantized weights of `ops` (`MatmulOp`s of one segment)
+    fit one ring as `_Segment._units` builds it: slots of the longest chunk,
+    as many as the largest of their rings holds, each op's groups cut into
+    chunks that need no more slots than that. Two ops whose rings differ in
+    shape (a row-wise epilogue's group of 64 N tiles in chunks of 8 beside
+    a group of 16 in chunks of 40: Gemma 3's Q and K projections) may not."""
+    quantized = [op for op in ops if getattr(op.b, "block", None) is not None]
+    if len(quantized) < 2:
+        return True
+    most = max(chunk_tiles(config, op) for op in quantized)
+    cap = max(ring_rows(config, op) for op in quantized) // (most * config.rows)
+    for op in quantized:
+        G, unit = _quant_group(config, op), unit_tiles(config, op.b)
+        KT = ceil_div(ceil_div(op.b.rows, config.rows), unit) * unit
+        c = chunk_tiles(config, op, G, cap, most)
+        if _units_for(config, G, strip_chunks(KT, c, unit)) > cap:
+            return False
+    return True
 
 
 def ring_rows(config, op=None):

@@ -212,3 +212,30 @@ def test_quantized_weights_split_k_between_blocks():
     assert all(rows % 32 == 0 for _, rows in spans)
     blocks = [addr + i * tile for addr, rows in spans for i in range(rows // 32)]
     assert sorted(blocks) == sorted(set(blocks)) and len(blocks) == 2 * k // 32
+
+
+def test_quantized_ops_share_a_segment_only_when_their_rings_fit_one():
+    """Gemma 3 270M's Q projection (640 x 1024, QK-norm: a row-wise epilogue,
+    so one group of all 64 N tiles, in chunks of 8 K tiles) and its K
+    projection (640 x 256, chunks of 40) cannot share one ring of slots of
+    the longest chunk: `ring_shared` keeps them apart (on the real model
+    they met in one segment, and its ring ran out of slots). Two plain
+    projections of one shape can."""
+    from types import SimpleNamespace
+
+    from mxu.hdl import ChipConfig
+    from mxu.sim.compiler.operands import QuantOperand
+    from mxu.sim.compiler.plan import chunk_tiles, ring_shared
+    config = ChipConfig.preset("llm")
+    fmt, c = QuantFormat.Q5_0, config.cols
+
+    def op(k, n, row_wise):
+        b = QuantOperand(0, k, n, fmt, k // 32 * tile_block_bytes(fmt, c), c)
+        epilogue = SimpleNamespace(row_wise=True) if row_wise else None
+        return SimpleNamespace(M=6, b=b, epilogue=epilogue)
+
+    q, k = op(640, 1024, True), op(640, 256, True)
+    assert chunk_tiles(config, q) < chunk_tiles(config, k)
+    assert not ring_shared(config, [q, k])
+    assert ring_shared(config, [q]) and ring_shared(config, [k])
+    assert ring_shared(config, [op(640, 1024, False), op(640, 1024, False)])

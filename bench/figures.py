@@ -52,6 +52,18 @@ def _h(key, what, bench, table, row, column):
     return Headline(key, what, bench, table, tuple(row), column)
 
 
+def _smollm2(suffix, mode, label):
+    """SmolLM2's headlines in one weight mode (bench/llm.py's rows of `mode`)."""
+    rows = [("prefill64", "64-token prefill", "prefill 64 tokens", [("mfu", "MFU", "MFU"),
+             ("cycles", "chip cycles", "chip cycles")])]
+    rows += [(f"decode{b}", f"decode at batch {b}", f"decode batch {b}",
+              [("cycles", "cycles per step", "cycles per step"),
+               ("roofline", "share of the roofline", "roofline share")]) for b in (1, 16)]
+    return [_h(f"llm.{key}{suffix}.{field}", f"SmolLM2-135M, {label}, {what}: {title}", "llm",
+               "SmolLM2", [row, mode], column)
+            for key, what, row, fields in rows for field, title, column in fields]
+
+
 HEADLINES = [
     _h("matmul.128x384x384.utilization", "16x16 chip, 128x384x384 matmul: utilization", "chip",
        "16x16 chip, fast PE", ["128x384x384"], "utilization"),
@@ -80,30 +92,8 @@ HEADLINES = [
        "simspeed", "simulation speed", ["vpu", "MiniLM 128 tokens (chip layer ops)"], "wall s"),
     _h("sim.matmul.cycles_per_s", "Simulation speed, 256x768x1536 matmul, vpu preset: cycles/s",
        "simspeed", "simulation speed", ["vpu", "matmul 256x768x1536"], "cycles/s"),
-    _h("llm.prefill64.mfu", "SmolLM2-135M, GGUF blocks on the chip, 64-token prefill: MFU", "llm",
-       "SmolLM2", ["prefill 64 tokens", "gguf"], "MFU"),
-    _h("llm.prefill64.cycles", "SmolLM2-135M, GGUF blocks on the chip, 64-token prefill: chip cycles",
-       "llm", "SmolLM2", ["prefill 64 tokens", "gguf"], "chip cycles"),
-    _h("llm.decode1.cycles", "SmolLM2-135M, GGUF blocks on the chip, decode at batch 1: cycles per step",
-       "llm", "SmolLM2", ["decode batch 1", "gguf"], "cycles per step"),
-    _h("llm.decode1.roofline", "SmolLM2-135M, GGUF blocks on the chip, decode at batch 1: share of the "
-       "roofline", "llm", "SmolLM2", ["decode batch 1", "gguf"], "roofline share"),
-    _h("llm.decode16.cycles", "SmolLM2-135M, GGUF blocks on the chip, decode at batch 16: cycles per "
-       "step", "llm", "SmolLM2", ["decode batch 16", "gguf"], "cycles per step"),
-    _h("llm.decode16.roofline", "SmolLM2-135M, GGUF blocks on the chip, decode at batch 16: share of the "
-       "roofline", "llm", "SmolLM2", ["decode batch 16", "gguf"], "roofline share"),
-    _h("llm.prefill64.bf16.mfu", "SmolLM2-135M, bf16 weights, 64-token prefill: MFU", "llm",
-       "SmolLM2", ["prefill 64 tokens", "bf16"], "MFU"),
-    _h("llm.prefill64.bf16.cycles", "SmolLM2-135M, bf16 weights, 64-token prefill: chip cycles",
-       "llm", "SmolLM2", ["prefill 64 tokens", "bf16"], "chip cycles"),
-    _h("llm.decode1.bf16.cycles", "SmolLM2-135M, bf16 weights, decode at batch 1: cycles per step",
-       "llm", "SmolLM2", ["decode batch 1", "bf16"], "cycles per step"),
-    _h("llm.decode1.bf16.roofline", "SmolLM2-135M, bf16 weights, decode at batch 1: share of the "
-       "roofline", "llm", "SmolLM2", ["decode batch 1", "bf16"], "roofline share"),
-    _h("llm.decode16.bf16.cycles", "SmolLM2-135M, bf16 weights, decode at batch 16: cycles per "
-       "step", "llm", "SmolLM2", ["decode batch 16", "bf16"], "cycles per step"),
-    _h("llm.decode16.bf16.roofline", "SmolLM2-135M, bf16 weights, decode at batch 16: share of the "
-       "roofline", "llm", "SmolLM2", ["decode batch 16", "bf16"], "roofline share"),
+    *_smollm2("", "gguf", "GGUF blocks on the chip"),
+    *_smollm2(".bf16", "bf16", "bf16 weights"),
     _h("gemma.prefill64.mfu", "Gemma 3 270M, 64-token prefill, the file's blocks on the chip: MFU",
        "llm_gemma-3-270m", "gemma-3-270m on the llm preset", ["prefill 64 tokens", "gguf"],
        "MFU"),

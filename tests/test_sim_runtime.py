@@ -174,6 +174,29 @@ def test_repeated_calls_hit_the_compile_cache(tiny):
     assert tiny.last_stats.cache_hits == 1
 
 
+def test_the_compile_cache_is_bounded_by_its_instructions(tiny, monkeypatch):
+    """Programs beyond the instruction budget leave, oldest first, and come
+    back by compiling again, with the same results; the newest always stays."""
+    from mxu.sim.runtime import chip as chip_module
+    rng = np.random.default_rng(SEED + 11)
+    shapes = [(9, 10, 7), (5, 12, 9), (7, 6, 11)]
+    pairs = [(_rand(rng, m, k), _rand(rng, k, n)) for m, k, n in shapes]
+    tiny._programs.clear()                     # the module's chip: earlier tests' programs
+    tiny.matmul(*pairs[0])
+    first = sum(len(p.program) for p in tiny._programs.values())
+    monkeypatch.setattr(chip_module, "PROGRAM_CACHE_INSTRUCTIONS", first)
+    for a, b in pairs[1:]:
+        tiny.matmul(a, b)
+        assert tiny.last_stats.cache_hits == 0
+        held = [len(p.program) for p in tiny._programs.values()]
+        assert sum(held) <= first or len(held) == 1, held
+    out = tiny.matmul(*pairs[0])               # evicted: compiled again
+    assert tiny.last_stats.cache_hits == 0
+    _exact(out, *pairs[0], 4, what="recompiled after eviction")
+    tiny.matmul(*pairs[0])
+    assert tiny.last_stats.cache_hits == 1
+
+
 def test_stats_are_a_dataclass_with_the_old_keys(tiny):
     rng = np.random.default_rng(SEED + 6)
     tiny.matmul(_rand(rng, 16, 8), _rand(rng, 8, 8))

@@ -32,9 +32,15 @@ from .quant import upload_quantized
 from .tensor import DTYPES, DeviceTensor
 from .vector import prepare_vector
 
-__all__ = ["Chip", "Recording", "Profile", "PROGRAM_CACHE_SIZE"]
+__all__ = ["Chip", "Recording", "Profile", "PROGRAM_CACHE_SIZE", "PROGRAM_CACHE_INSTRUCTIONS"]
 
+# The compile cache keeps at most this many programs and this many instructions
+# in all, the least recently used going first. The count alone did not bound
+# the memory: a program holds about 500 bytes a instruction (its words and its
+# unformatted listing), and one step of SmolLM2 on the 16x1 fpga-llm chip is
+# some 480k instructions, so 256 of them would need 60 GB (docs/runtime.md).
 PROGRAM_CACHE_SIZE = 256
+PROGRAM_CACHE_INSTRUCTIONS = 1 << 21
 
 
 class Profile:
@@ -349,8 +355,10 @@ class Chip:
             return self._programs[key], True
         compiled = compile_matmuls(self.config, ops, handoffs=self.handoffs)
         self._programs[key] = compiled
-        if len(self._programs) > PROGRAM_CACHE_SIZE:
-            self._programs.popitem(last=False)
+        held = sum(len(p.program) for p in self._programs.values())
+        while len(self._programs) > 1 and (len(self._programs) > PROGRAM_CACHE_SIZE
+                                           or held > PROGRAM_CACHE_INSTRUCTIONS):
+            held -= len(self._programs.popitem(last=False)[1].program)
         return compiled, False
 
     def _execute(self, calls, host_start=None):

@@ -400,6 +400,9 @@ def generate_text(prompt, max_new_tokens=16, chat=False, temperature=0.0, top_k=
         ["programs", f"{s.programs} (per step: two per layer, and the logits)"],
         ["wall seconds", f"{s.wall_seconds:.1f} ({s.prefill.wall_seconds + s.decode.wall_seconds:.1f}"
                          f" in chip runs)"],
+        ["wall s per decode token", f"{s.decode.wall_seconds / s.decode.tokens:.2f} (host and "
+                                    f"simulation of a decode step's programs)"
+                                    if s.decode.tokens else "-"],
     ]
     print(format_table(["", "mxu generate"], rows), file=out)
     return text

@@ -246,7 +246,7 @@ def _generate_table(monkeypatch, preset, decode_cycles=8_000_000, decode_tokens=
             self.last_stats = GenerationStats(
                 prefill=PhaseStats(steps=1, tokens=5, cycles=3_000_000),
                 decode=PhaseStats(steps=decode_tokens, tokens=decode_tokens,
-                                  cycles=decode_cycles),
+                                  cycles=decode_cycles, wall_seconds=3.0 * decode_tokens),
                 prompt_tokens=5, new_tokens=decode_tokens + 1,
                 weight_formats={"Q4_1": 66_000_000})
             return " Paris"
@@ -269,6 +269,7 @@ def test_generate_gives_no_tokens_per_second_for_a_chip_never_routed(monkeypatch
     assert "8,000,000 cycles in 4 steps; 2,000,000 cycles/token" in text, text
     assert "MHz" not in text, text
     assert "the llm chip was never placed and routed" in text, text
+    assert "wall s per decode token 3.00" in " ".join(text.split()), text
 
 
 def test_generate_gives_tokens_per_second_at_the_presets_own_measured_clock(monkeypatch):

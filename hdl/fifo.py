@@ -147,7 +147,8 @@ class BufferedFifo(wiring.Component):
     entries : list of Signal(width - memory_bits)
         The register part of the inner queue's entries (`entry`).
     out : Signal(width - memory_bits)
-        The register part of ``r_data`` (the output register's).
+        The register part of ``r_data`` (the output register's). Neither is
+        reset (the library's ``r_data`` and memory are not either).
     """
 
     def __init__(self, width, depth, *, memory_bits=0):

@@ -984,41 +984,40 @@ def _vector_lemmas(m, dut, open_):
     lemma("in_flight", open_ == lasts + a_left + drain)
     lemma("drain", ~drain | (wr["t_col"] == tr["column"]))
     lemma("fill", ~fill | (filled < height))
-    # Rows of one instruction: the same flags; a transposed one goes to VMEM.
-    n = len(rows)
-
-    def no_last(lo, hi):            # no valid row marked last in rows[lo:hi]
-        return Cat(C(1, 1), *(~(rows[q][0] & rows[q][1]) for q in range(lo, hi))).all()
-
-    def none_valid(lo, hi):
-        return Cat(C(1, 1), *(~rows[q][0] for q in range(lo, hi))).all()
+    # Rows of one instruction: contiguous, with the same flags (a transposed
+    # one goes to VMEM). Walking the rows oldest first, `open_seg` is "the
+    # rows so far end in an instruction whose last row is still to come"
+    # (from the start: a block the transpose has begun), `flags` its flags;
+    # at the end such an instruction is the issue stage's, still reading.
+    # (Each step is a signal of its own, so that the lemmas share them.)
+    open_seg, flags = fill & (filled != 0), Cat(C(1, 1), C(1, 1))
     for p, (v, last, t, vm) in enumerate(rows):
         lemma(f"row{p}.to_vmem", ~v | ~t | vm)
-        for q in range(p + 1, n):
-            vq, _, tq, vmq = rows[q]
-            lemma(f"row{p}.same{q}", ~(v & vq & ~last & no_last(p + 1, q))
-                  | ((t == tq) & (vm == vmq)))
-        # The youngest row not marked last is the issue stage's instruction's.
-        youngest = v & none_valid(p + 1, n)
-        lemma(f"row{p}.tail", ~youngest | last
-              | (a_left & (t == cur.flags.transpose) & (vm == cur.flags.to_vmem)))
-        # The oldest row of a block the transpose has begun is of that block.
-        oldest = v & none_valid(0, p)
-        lemma(f"row{p}.block", ~(oldest & fill & (filled != 0)) | (t & vm))
-    lemma("block_in_issue", ~(fill & (filled != 0) & none_valid(0, n))
-          | (a_left & cur.flags.transpose))
+        lemma(f"row{p}.same", ~(v & open_seg) | (Cat(t, vm) == flags))
+        nxt_open, nxt_flags = Signal(name=f"seg_open{p}"), Signal(2, name=f"seg_flags{p}")
+        m.d.comb += [nxt_open.eq(Mux(v, ~last, open_seg)), nxt_flags.eq(Mux(v, Cat(t, vm), flags))]
+        open_seg, flags = nxt_open, nxt_flags
+    lemma("issue_seg", ~open_seg | (a_left & (Cat(cur.flags.transpose, cur.flags.to_vmem) == flags)))
     # A transposed instruction's rows: taken by the transpose (the oldest),
-    # in the pipeline, still to read; at most `height`.
-    taken = Mux(fill, filled, 0)
-    for p, (v, last, t, _) in enumerate(rows):
-        before = sum(rows[q][0] & no_last(q, p) for q in range(p))
-        after = sum(rows[q][0] & no_last(p, q) for q in range(p + 1, n))
-        rest = Mux(no_last(p, n) & a_left, cur.rows - ia, 0)
-        first = Mux(no_last(0, p), taken, 0)
-        lemma(f"row{p}.height", ~(v & t) | (first + before + 1 + after + rest <= height))
-    tail = sum(rows[q][0] & no_last(q, n) for q in range(n))
-    lemma("issue_rows", ~(a_left & cur.flags.transpose)
-          | (ia == tail + Mux(no_last(0, n), taken, 0)))
+    # in the pipeline, still to read; at most `height`. `before[p]`: its rows
+    # before row p (those taken, then the pipeline's since the last row
+    # marked last); `ahead[p]`: row p and the rows after it up to its last
+    # (those still to read when it is the issue stage's).
+    wide = 17
+    before = [Mux(fill, filled, 0)]
+    for v, last, _, _ in rows:
+        step = Signal(wide, name=f"rows_before{len(before)}")
+        m.d.comb += step.eq(Mux(v & last, 0, before[-1] + v))
+        before.append(step)
+    ahead = [Mux(a_left, cur.rows - ia, 0)]
+    for v, last, _, _ in reversed(rows):
+        step = Signal(wide, name=f"rows_ahead{len(rows) - len(ahead)}")
+        m.d.comb += step.eq(Mux(v & last, 1, ahead[-1] + v))
+        ahead.append(step)
+    ahead = ahead[::-1]
+    for p, (v, _, t, _) in enumerate(rows):
+        lemma(f"row{p}.height", ~(v & t) | (before[p] + ahead[p] <= height))
+    lemma("issue_rows", ~(a_left & cur.flags.transpose) | (ia == before[-1]))
 
 
 # ---- dma: the AXI4 manager ------------------------------------------------------------

@@ -548,19 +548,8 @@ def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
         stream_check(m, dut.result, source=DUT, sink=ENV, name="array.result")
         taken = dut.act.valid & dut.act.ready
         prop(m, DUT, "array.act_with_seed", dut.seed.valid & dut.seed.ready, when=taken)
-        flight = Signal(range(dut.latency + 3))
-        done = dut.result.valid & dut.result.ready
-        m.d.sync += flight.eq(flight + taken - done)
+        flight, ghost = _beat_ghost(m, dut)
         prop(m, DUT, "array.result_per_beat", flight != 0, when=dut.result.valid)
-        # Ghost: the beats taken, delayed by the global enable as the array's
-        # valid bits are (for the lemmas of `_weight_lemmas`).
-        en = ~dut.result.valid | dut.result.ready
-        ghost = [taken]
-        for i in range(dut.latency):
-            reg = Signal(name=f"ghost_beat_{i + 1}")
-            with m.If(en):
-                m.d.sync += reg.eq(ghost[-1])
-            ghost.append(reg)
         prop(m, DUT, "array.first_when_ready", dut.weights_ready,
              when=taken & dut.act.payload.first)
 
@@ -586,6 +575,24 @@ def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
         return After(inside)
 
     return Harness(dut, extra)
+
+
+def _beat_ghost(m, array):
+    """Ghost state of a `SystolicArray`'s beats: their count in flight
+    (taken, not yet out), and the beats taken delayed by the global enable as
+    the array's valid bits are (``ghost[d]``: the beat taken ``d`` enabled
+    cycles ago), for `_valid_lemmas`."""
+    taken = array.act.valid & array.act.ready
+    flight = Signal(range(array.latency + 3))
+    m.d.sync += flight.eq(flight + taken - (array.result.valid & array.result.ready))
+    en = ~array.result.valid | array.result.ready
+    ghost = [taken]
+    for i in range(array.latency):
+        reg = Signal(name=f"ghost_beat_{i + 1}")
+        with m.If(en):
+            m.d.sync += reg.eq(ghost[-1])
+        ghost.append(reg)
+    return flight, ghost
 
 
 def _valid_lemmas(m, dut, flight, ghost):
@@ -769,19 +776,7 @@ def compute_harness(config, engine=None):
         prop(m, DUT, "compute.sync_when_done", open_ == 0,
              when=dut.cmd.valid & dut.cmd.ready & is_sync)
         prop(m, DUT, "compute.idle_when_done", open_ == 0, when=dut.idle & (dut.error.as_value() == 0))
-        # Ghost: the array's beats, taken and delayed as its valid bits are
-        # (for `_valid_lemmas`, as in `array_harness`).
-        array = dut.array
-        taken = array.act.valid & array.act.ready
-        flight = Signal(range(array.latency + 3))
-        m.d.sync += flight.eq(flight + taken - (array.result.valid & array.result.ready))
-        en = ~array.result.valid | array.result.ready
-        ghost = [taken]
-        for i in range(array.latency):
-            reg = Signal(name=f"ghost_beat_{i + 1}")
-            with m.If(en):
-                m.d.sync += reg.eq(ghost[-1])
-            ghost.append(reg)
+        flight, ghost = _beat_ghost(m, dut.array)
         return After(lambda m: _compute_lemmas(m, dut, open_, flight, ghost))
 
     return Harness(dut, extra)

@@ -21,6 +21,7 @@ from amaranth.lib.wiring import In, Out
 from .accmem import acc_row_layout
 from .array import SystolicArray, array_latency
 from .blackbox import black_box
+from .fifo import BufferedFifo, Fifo
 from .hooks import BuildHooks
 from .isa import ErrorCode, Opcode, Pushes, SeedMode
 from .vmem import ReadPortSignature, WritePortSignature, _addr_shape, lane_port_names, vmem_row_layout
@@ -222,10 +223,11 @@ class ComputeEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.array = array = self.array
-        m.submodules.loadw_q = loadw_q = fifo.SyncFIFOBuffered(
-            width=len(self.cmd.payload.as_value()), depth=2)
-        m.submodules.matmul_q = matmul_q = fifo.SyncFIFOBuffered(
-            width=len(self.cmd.payload.as_value()), depth=2)
+        # Command queues: `SyncFIFOBuffered`'s cycles, with the entries the
+        # proofs' lemmas name (`BufferedFifo`, docs/formal.md).
+        self.loadw_q = loadw_q = BufferedFifo(len(self.cmd.payload.as_value()), 2)
+        self.matmul_q = matmul_q = BufferedFifo(len(self.cmd.payload.as_value()), 2)
+        m.submodules.loadw_q, m.submodules.matmul_q = loadw_q, matmul_q
 
         self._dispatch(m, loadw_q, matmul_q)
         weights_busy = self._weight_loader(m, loadw_q, array)
@@ -355,8 +357,10 @@ class ComputeEngine(wiring.Component):
                                 pending_rows_signature(self.pending_depth, _addr_shape(c.acc_rows)),
                                 clocked=True)
         act_bits, seed_bits = 16 * c.rows, 32 * c.cols
-        m.submodules.askid = skid = fifo.SyncFIFO(width=act_bits + seed_bits + 1,
-                                                   depth=self.SKID_DEPTH)
+        # (A `Fifo`, `SyncFIFO`'s cycles: the rows in a memory, each row's
+        # `first` bit in a register that the proofs' lemmas name.)
+        m.submodules.askid = skid = self.askid = Fifo(act_bits + seed_bits + 1, self.SKID_DEPTH,
+                                                      memory_bits=act_bits + seed_bits)
         vaddr, aaddr = _addr_shape(c.vmem_rows), _addr_shape(c.acc_rows)
         row = data.StructLayout({
             "act": vaddr, "seed": aaddr, "out": aaddr, "last": 1, "first": 1,

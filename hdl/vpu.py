@@ -33,6 +33,7 @@ from amaranth.lib.wiring import In, Out
 
 from . import vecmath
 from .blackbox import black_box, signature_of
+from .fifo import BufferedFifo, Fifo
 from .hooks import BuildHooks
 from .accmem import acc_row_layout
 from .isa import BINARY_VPU_OPS, BMode, ErrorCode, Opcode, Pushes, VectorInstr, VpuOp
@@ -585,6 +586,13 @@ def _row_meta_layout(config):
     })
 
 
+def _meta_memory_bits(config):
+    """The bits of a row's meta below its flags (`to_vmem`, `transpose`,
+    `swap`, `last`, the pushes): what a queue of metas keeps in memory; the
+    flags stay in registers, which the proofs' lemmas name (docs/formal.md)."""
+    return _row_meta_layout(config)["to_vmem"].offset
+
+
 class _OperandReader(wiring.Component):
     """The issue stage of `VectorUnit`: reads a VECTOR's operand rows, each
     port at its own pace, into small buffers (so that a bank conflict between
@@ -631,7 +639,12 @@ class _OperandReader(wiring.Component):
         c, depth = self.config, self.depth
         meta = _row_meta_layout(c)
         row_bits = 32 * c.cols
-        m.submodules.buf_a = buf_a = fifo.SyncFIFO(width=row_bits + meta.size, depth=depth)
+        # (A `Fifo`, `SyncFIFO`'s cycles: the rows and most of their meta in a
+        # memory, the flags from `to_vmem` on in registers that the proofs'
+        # lemmas name.)
+        self.buf_a = buf_a = Fifo(row_bits + meta.size, depth,
+                                  memory_bits=row_bits + _meta_memory_bits(c))
+        m.submodules.buf_a = buf_a
         m.submodules.buf_b = buf_b = fifo.SyncFIFO(width=row_bits, depth=depth)
         cur = Signal(VectorInstr)
         cur_valid = Signal()
@@ -878,8 +891,12 @@ class VectorUnit(wiring.Component):
         m.submodules.ranges = ranges = _WriteRanges(self.RANGES, _addr_shape(c.acc_rows).width)
         m.submodules.reader = reader = self.reader
         m.submodules.writer = writer = self.writer
-        m.submodules.beside = beside = fifo.SyncFIFOBuffered(
-            width=_row_meta_layout(c).size, depth=_pow2_at_least(self._alu_latency() + 4))
+        # The rows' meta beside the ALU: `SyncFIFOBuffered`'s cycles, the flags
+        # from `to_vmem` on in registers the proofs' lemmas name (`BufferedFifo`).
+        self.beside = beside = BufferedFifo(_row_meta_layout(c).size,
+                                            _pow2_at_least(self._alu_latency() + 4),
+                                            memory_bits=_meta_memory_bits(c))
+        m.submodules.beside = beside
         wiring.connect(m, reader.read_a, wiring.flipped(self.read_a))
         wiring.connect(m, reader.read_b, wiring.flipped(self.read_b))
         wiring.connect(m, writer.acc_write, wiring.flipped(self.acc_write))

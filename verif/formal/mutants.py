@@ -13,12 +13,17 @@ from dataclasses import dataclass
 from amaranth.hdl import Signal
 
 from mxu.hdl.array import SystolicArray, _RowFreeWeights, _StaggeredWeights
+from mxu.hdl.compute import ComputeEngine
 from mxu.hdl.dma import Dma, DmaDir, _Gearbox
 from mxu.hdl.fifo import Fifo
 from mxu.hdl.regs import SoftReset
+from mxu.hdl.vpu import _OperandReader
 
+from .depths import array_depth
 from .sby import Proof
-from .units import CUT_DMA, CUT_MAC, array_harness, controller_harness, dma_harness, regs_harness
+from .units import (CUT_COMPUTE, CUT_DMA, CUT_MAC, _two_beat_tiles, array_harness,
+                    compute_harness, controller_harness, dma_harness, regs_harness,
+                    vector_harness)
 
 __all__ = ["Mutant", "mutants"]
 
@@ -140,6 +145,26 @@ class _ResetMidBurst(SoftReset):
         return pending
 
 
+class _CompletesEveryRow(ComputeEngine):
+    """A compute engine that reports a MATMUL complete at every result row,
+    not only at its last."""
+
+    def _result_writer(self, m, array, pending):
+        super()._result_writer(m, array, pending)
+        with m.If(array.result.valid):
+            m.d.comb += self.complete.valid.eq(1)
+
+
+class _EveryRowLast(_OperandReader):
+    """An operand reader that marks every row of operand ``a`` its
+    instruction's last (the writer completes a VECTOR at each row)."""
+
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        m.d.comb += self.a.payload.meta.last.eq(1)
+        return m
+
+
 @dataclass(frozen=True)
 class Mutant:
     """A planted bug, the proof that runs on it, and the property (a name
@@ -156,6 +181,9 @@ def mutants(config):
     ignore_token = ("flatten", "cd top", r"connect -unset \dut.compute_pop_ok",
                     r"connect -set \dut.compute_pop_ok 1'1", "cd ..")
     vpu = c if c.vpu else c.replace(vpu=True)
+    compute = _two_beat_tiles(c)
+    compute_depth = array_depth(compute.rows, compute.cols, compute.mac_stages,
+                                compute.weight_rows_per_cycle).cycles
     return [
         Mutant("dma_drops_awvalid_on_stall",
                Proof("mutant.dma_drops_awvalid", lambda: dma_harness(c, DmaDir.STORE,
@@ -202,6 +230,23 @@ def mutants(config):
                # (The induction lemmas are asserted too and fail first: a switch
                # marker on its way to row 1 finds that row neither written nor next.)
                "array.inv.marker"),
+        Mutant("compute_completes_every_row",
+               Proof("mutant.compute_completes_every_row",
+                     lambda: compute_harness(compute, engine=_CompletesEveryRow),
+                     # (A MATMUL's first result comes out after the array's
+                     # latency: the compute proof's cover depth.)
+                     mode="bmc", depth=compute_depth, cover_depth=1, covers=False,
+                     script=CUT_COMPUTE),
+               # (The lemma tying the MATMULs open to the rows marked last
+               # fails first, in the cycle after the first early completion.)
+               "compute.inv.open"),
+        Mutant("vector_every_row_last",
+               Proof("mutant.vector_every_row_last",
+                     lambda: vector_harness(vpu, reader=_EveryRowLast),
+                     mode="bmc", depth=6, cover_depth=1, covers=False),
+               # (The lemma tying the VECTORs in flight to the rows marked last
+               # fails first, as a second row marked last enters the pipeline.)
+               "vector.inv.in_flight"),
         Mutant("regs_slverr_for_prog_len",
                Proof("mutant.regs_bresp", lambda: regs_harness(c), mode="bmc", depth=4,
                      cover_depth=1, covers=False,

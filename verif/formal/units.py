@@ -11,7 +11,7 @@ are proved, and they make the induction step see only reachable states.
 
 import weakref
 
-from amaranth.hdl import C, Cat, Const, Elaboratable, Fragment, Module, Mux, Signal, Value
+from amaranth.hdl import Array, C, Cat, Const, Elaboratable, Fragment, Module, Mux, Signal, Value
 from amaranth.asserts import AnySeq, Cover
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In
@@ -83,6 +83,17 @@ def inner(dut, *path):
                 raise KeyError(f"{'.'.join(path) or 'the design'} assigns {len(signals)} "
                                f"signals named {name!r}")
             return next(iter(signals))
+
+        def unnamed(self, width, of=1, nth=0):
+            """The `nth` (in the order first assigned) of the `of` signals of
+            `width` bits that its section left unnamed (registers created in
+            a tuple assignment, ``ia, ib = Signal(16), Signal(16)``, which
+            Amaranth names only by the last); another count raises."""
+            signals = [s for s in self.get("$signal", []) if len(s) == width]
+            if len(signals) != of:
+                raise KeyError(f"{'.'.join(path) or 'the design'} assigns {len(signals)} "
+                               f"unnamed signals of {width} bits, not {of}")
+            return signals[nth]
     return Signals(found)
 
 
@@ -537,19 +548,8 @@ def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
         stream_check(m, dut.result, source=DUT, sink=ENV, name="array.result")
         taken = dut.act.valid & dut.act.ready
         prop(m, DUT, "array.act_with_seed", dut.seed.valid & dut.seed.ready, when=taken)
-        flight = Signal(range(dut.latency + 3))
-        done = dut.result.valid & dut.result.ready
-        m.d.sync += flight.eq(flight + taken - done)
+        flight, ghost = _beat_ghost(m, dut)
         prop(m, DUT, "array.result_per_beat", flight != 0, when=dut.result.valid)
-        # Ghost: the beats taken, delayed by the global enable as the array's
-        # valid bits are (for the lemmas of `_weight_lemmas`).
-        en = ~dut.result.valid | dut.result.ready
-        ghost = [taken]
-        for i in range(dut.latency):
-            reg = Signal(name=f"ghost_beat_{i + 1}")
-            with m.If(en):
-                m.d.sync += reg.eq(ghost[-1])
-            ghost.append(reg)
         prop(m, DUT, "array.first_when_ready", dut.weights_ready,
              when=taken & dut.act.payload.first)
 
@@ -575,6 +575,24 @@ def array_harness(rows, cols, mac_stages, weight_rows=1, array=None):
         return After(inside)
 
     return Harness(dut, extra)
+
+
+def _beat_ghost(m, array):
+    """Ghost state of a `SystolicArray`'s beats: their count in flight
+    (taken, not yet out), and the beats taken delayed by the global enable as
+    the array's valid bits are (``ghost[d]``: the beat taken ``d`` enabled
+    cycles ago), for `_valid_lemmas`."""
+    taken = array.act.valid & array.act.ready
+    flight = Signal(range(array.latency + 3))
+    m.d.sync += flight.eq(flight + taken - (array.result.valid & array.result.ready))
+    en = ~array.result.valid | array.result.ready
+    ghost = [taken]
+    for i in range(array.latency):
+        reg = Signal(name=f"ghost_beat_{i + 1}")
+        with m.If(en):
+            m.d.sync += reg.eq(ghost[-1])
+        ghost.append(reg)
+    return flight, ghost
 
 
 def _valid_lemmas(m, dut, flight, ghost):
@@ -713,7 +731,7 @@ def _weight_lemmas(m, dut, fulls):
 
 # ---- compute: the compute engine's streams ---------------------------------------------
 
-def compute_harness(config):
+def compute_harness(config, engine=None):
     """`ComputeEngine` (the array's arithmetic cut out, as in the array
     proofs): the stream rules on its command stream (assumed: the
     controller's), its weight read port, and the streams it drives into the
@@ -721,10 +739,11 @@ def compute_harness(config):
     completion only for a MATMUL or SYNC taken, a SYNC taken only when every
     MATMUL before it has completed, and ``idle`` only then. The memories
     answer a read one cycle after it is taken; LOADW and MATMUL counts are
-    at least 1 (the decoder's rules, docs/isa.md)."""
+    at least 1 (the decoder's rules, docs/isa.md). `engine`: a
+    `ComputeEngine` subclass to check instead (a mutant)."""
     from mxu.hdl.compute import ComputeEngine
     from mxu.hdl.isa import Opcode
-    dut = ComputeEngine(config)
+    dut = (engine or ComputeEngine)(config)
 
     def extra(m, dut):
         past = Past(m, "compute")
@@ -757,8 +776,62 @@ def compute_harness(config):
         prop(m, DUT, "compute.sync_when_done", open_ == 0,
              when=dut.cmd.valid & dut.cmd.ready & is_sync)
         prop(m, DUT, "compute.idle_when_done", open_ == 0, when=dut.idle & (dut.error.as_value() == 0))
+        flight, ghost = _beat_ghost(m, dut.array)
+        return After(lambda m: _compute_lemmas(m, dut, open_, flight, ghost))
 
     return Harness(dut, extra)
+
+
+def _compute_lemmas(m, dut, open_, flight, ghost):
+    """The induction lemmas of `ComputeEngine` (docs/formal.md): the MATMULs
+    open (the harness's count) are those in the command queue, the rows
+    marked last in the activation streamer's two stages and in the record of
+    pending rows, and a MATMUL refused for want of weights (it never
+    completes); the record's pointers, valid bits and head register agree
+    with its count, which is the rows read and not yet in the array (the
+    read in flight, the skid buffer) and the array's beats (`_valid_lemmas`:
+    its valid registers against a ghost delay line)."""
+    from amaranth.lib import data
+    from mxu.hdl.compute import pending_entry_layout
+    from mxu.hdl.isa import ErrorCode, Pushes
+    from mxu.hdl.vmem import _addr_shape
+    pend = inner(dut, "pending")
+    top = inner(dut)
+    n = dut.pending_depth
+    count, rp, valid = pend["count"], pend["rp"], pend["valid"]
+    wp = pend.unnamed(len(rp))                  # (`wp, rp = Signal(...), Signal(...)`)
+    c = dut.config
+    entry = pending_entry_layout(_addr_shape(c.acc_rows))
+    entries = [pend[f"entry{i}"] for i in range(n)]
+
+    def lemma(name, test):
+        prop(m, DUT, f"compute.inv.{name}", test, cover=False)
+
+    lg = (n - 1).bit_length()
+    lemma("pending.count", (count <= n) & (pend["full"] == (count == n))
+          & (pend["rp1"] == (rp + 1)[:lg]) & ((wp - rp)[:lg] == count[:lg]))
+    for i in range(n):
+        lemma(f"pending.valid{i}", valid[i] == ((i - rp)[:lg] < count))
+    head = Array(entries)[rp]
+    lemma("pending.head", (count == 0) | (pend["head"] == head))
+    _valid_lemmas(m, dut.array, flight, ghost)
+    skid = dut.askid
+    lemma("askid.pointers", skid.lemma())
+    lemma("matmul_q.pointers", dut.matmul_q.lemma())
+    lemma("loadw_q.pointers", dut.loadw_q.lemma())
+    lemma("credits", top["credits"] + skid.level + top["inflight"] == skid.depth)
+    lemma("rows", count == top["inflight"] + skid.level + flight)
+    lasts = sum(valid[i] & entry(entries[i]).last for i in range(n))
+    # (`nxt, nxt_valid = Signal(row), Signal()`, and `cur` likewise: the two
+    # unnamed rows, the stage "next" assigned first.)
+    row = data.StructLayout({       # (`_activation_streamer`'s row)
+        "act": _addr_shape(c.vmem_rows), "seed": _addr_shape(c.acc_rows),
+        "out": _addr_shape(c.acc_rows), "last": 1, "first": 1, "reads_seed": 1, "push": Pushes})
+    nxt, cur = (row(top.unnamed(row.size, of=2, nth=k)) for k in (0, 1))
+    failed = top["failed"]
+    lemma("failed", failed == (dut.error.as_value() != ErrorCode.NONE))
+    lemma("open", open_ == dut.matmul_q.level + (top["nxt_valid"] & nxt.last)
+          + (top["cur_valid"] & cur.last) + lasts + (dut.error == ErrorCode.NO_WEIGHTS))
 
 
 # ---- vector: the vector engine's streams ----------------------------------------------
@@ -792,7 +865,7 @@ class _FreeAlu(wiring.Component):
         return m
 
 
-def vector_harness(config):
+def vector_harness(config, reader=None):
     """`VectorUnit` with a stand-in ALU (`_FreeAlu`): the stream rules on its
     command stream (assumed: the controller's), its read and write ports, and
     between its sections (operand rows, the ALU's input and output, the rows'
@@ -800,11 +873,18 @@ def vector_harness(config):
     a SYNC taken only when none is, and ``idle`` only then. The memories
     answer a read one cycle after it is taken; the commands keep the
     decoder's rules (docs/isa.md: ``rows`` >= 1, ``b_mode`` not 3, a
-    transposed VECTOR goes to VMEM with at most ``vmem_row_elems`` rows)."""
+    transposed VECTOR goes to VMEM with at most ``vmem_row_elems`` rows).
+    `reader`: an `_OperandReader` subclass to use instead (a mutant)."""
     from mxu.hdl.isa import Opcode
     from mxu.hdl.vpu import VectorUnit
 
     class FreeAluVectorUnit(VectorUnit):
+        def __init__(self, config):
+            super().__init__(config)
+            if reader is not None:
+                self.reader._MustUse__used = True       # (replaced)
+                self.reader = reader(config, self.BUFFER_DEPTH)
+
         def _make_alu(self):
             return _FreeAlu(self.config)
 
@@ -844,8 +924,95 @@ def vector_harness(config):
         prop(m, DUT, "vector.sync_when_done", open_ == 0,
              when=dut.cmd.valid & dut.cmd.ready & is_sync)
         prop(m, DUT, "vector.idle_when_done", open_ == 0, when=dut.idle)
+        return After(lambda m: _vector_lemmas(m, dut, open_))
 
     return Harness(dut, extra)
+
+
+def _vector_lemmas(m, dut, open_):
+    """The induction lemmas of `VectorUnit` (docs/formal.md): the VECTORs in
+    flight (the harness's count, the write-range table's) are those still
+    reading ``a`` in the issue stage, the rows marked last in the pipeline
+    (the read in flight, operand buffer ``a``, the meta FIFO beside the
+    ALU), and a transposed block draining; the rows of one instruction are
+    contiguous in the pipeline with the same flags, and a transposed one's
+    rows (those the `RowTranspose` took, those in the pipeline, those the
+    issue stage has still to read) are at most its ``rows`` <=
+    ``vmem_row_elems``, so that a block ends on its last row."""
+    from mxu.hdl.isa import VectorInstr
+    from mxu.hdl.vpu import _row_meta_layout
+    c = dut.config
+    height = c.vmem_row_elems
+    rd, wr = inner(dut, "reader"), inner(dut, "writer")
+    tr = inner(dut, "writer", "transpose")
+    ranges = inner(dut, "ranges")
+    cur, cur_valid = VectorInstr(rd["cur"]), rd["cur_valid"]
+    ia, ib = rd.unnamed(16), rd["ib"]       # (`ia, ib = Signal(16), Signal(16)`)
+    inflight_a = rd.unnamed(1)              # (`inflight_a, inflight_b = ...`)
+    a_left = cur_valid & (ia != cur.rows)
+    meta_q = _row_meta_layout(c)(rd["meta_q"])
+    fill, drain = fsm_state(tr["fsm_state"], "FILL"), fsm_state(tr["fsm_state"], "DRAIN")
+    filled = tr["filled"]
+    buf_a, beside = dut.reader.buf_a, dut.beside
+
+    def lemma(name, test):
+        prop(m, DUT, f"vector.inv.{name}", test, cover=False)
+
+    # The pipeline's rows, oldest first: (valid, last, transpose, to_vmem).
+    rows = []
+    for fifo in (beside, buf_a):
+        for i in range(fifo.depth):
+            flags = fifo.entry(i)       # (to_vmem, transpose, swap, last, ...)
+            rows.append((i < fifo.level, flags[3], flags[1], flags[0]))
+    rows.append((inflight_a, meta_q.last, meta_q.transpose, meta_q.to_vmem))
+    lemma("beside.pointers", beside.lemma())
+    lemma("buf_a.pointers", buf_a.lemma())
+    lemma("credits_a", rd["credits_a"] + buf_a.level + inflight_a == buf_a.depth)
+    lemma("credits_b", rd["credits_b"] + inner(dut, "reader", "buf_b")["level"]
+          + rd["inflight_b"] == buf_a.depth)
+    lemma("issue", Mux(cur_valid, (ia <= cur.rows) & (ib <= cur.rows) & (cur.rows != 0)
+                       & (~cur.flags.transpose | (cur.flags.to_vmem & (cur.rows <= height))),
+                       (ia == 0) & (ib == 0)))
+    # VECTORs in flight.
+    lasts = sum(v & last for v, last, _, _ in rows)
+    lemma("ranges", (ranges["count"] == open_) & (open_ <= dut.RANGES))
+    lemma("in_flight", open_ == lasts + a_left + drain)
+    lemma("drain", ~drain | (wr["t_col"] == tr["column"]))
+    lemma("fill", ~fill | (filled < height))
+    # Rows of one instruction: contiguous, with the same flags (a transposed
+    # one goes to VMEM). Walking the rows oldest first, `open_seg` is "the
+    # rows so far end in an instruction whose last row is still to come"
+    # (from the start: a block the transpose has begun), `flags` its flags;
+    # at the end such an instruction is the issue stage's, still reading.
+    # (Each step is a signal of its own, so that the lemmas share them.)
+    open_seg, flags = fill & (filled != 0), Cat(C(1, 1), C(1, 1))
+    for p, (v, last, t, vm) in enumerate(rows):
+        lemma(f"row{p}.to_vmem", ~v | ~t | vm)
+        lemma(f"row{p}.same", ~(v & open_seg) | (Cat(t, vm) == flags))
+        nxt_open, nxt_flags = Signal(name=f"seg_open{p}"), Signal(2, name=f"seg_flags{p}")
+        m.d.comb += [nxt_open.eq(Mux(v, ~last, open_seg)), nxt_flags.eq(Mux(v, Cat(t, vm), flags))]
+        open_seg, flags = nxt_open, nxt_flags
+    lemma("issue_seg", ~open_seg | (a_left & (Cat(cur.flags.transpose, cur.flags.to_vmem) == flags)))
+    # A transposed instruction's rows: taken by the transpose (the oldest),
+    # in the pipeline, still to read; at most `height`. `before[p]`: its rows
+    # before row p (those taken, then the pipeline's since the last row
+    # marked last); `ahead[p]`: row p and the rows after it up to its last
+    # (those still to read when it is the issue stage's).
+    wide = 17
+    before = [Mux(fill, filled, 0)]
+    for v, last, _, _ in rows:
+        step = Signal(wide, name=f"rows_before{len(before)}")
+        m.d.comb += step.eq(Mux(v & last, 0, before[-1] + v))
+        before.append(step)
+    ahead = [Mux(a_left, cur.rows - ia, 0)]
+    for v, last, _, _ in reversed(rows):
+        step = Signal(wide, name=f"rows_ahead{len(rows) - len(ahead)}")
+        m.d.comb += step.eq(Mux(v & last, 1, ahead[-1] + v))
+        ahead.append(step)
+    ahead = ahead[::-1]
+    for p, (v, _, t, _) in enumerate(rows):
+        lemma(f"row{p}.height", ~(v & t) | (before[p] + ahead[p] <= height))
+    lemma("issue_rows", ~(a_left & cur.flags.transpose) | (ia == before[-1]))
 
 
 # ---- dma: the AXI4 manager ------------------------------------------------------------
@@ -1147,6 +1314,8 @@ LOOP_K = 3
 FETCH_K = 4
 ARRAY_K = 2
 DMA_K = 3
+VECTOR_K = 2
+COMPUTE_K = 2
 
 
 def _bounded(name, design, depth, why, script=()):
@@ -1205,13 +1374,20 @@ def proofs_for(config, *, depth=None):
                      c.rows, c.cols, c.mac_stages, c.weight_rows_per_cycle, ARRAY_WHY),
         Proof("controller.tokens", lambda: controller_harness(vpu), depth=6, cover_depth=12,
               why="k-induction; the ghost counters equal the controller's (an invariant)"),
-        _bounded("streams.vector", lambda: vector_harness(vpu),
-                 depths.vector_depth(FREE_ALU_LATENCY),
-                 "a VECTOR through intake, reads, the stand-in ALU and the write, a stall"),
-        _bounded("streams.compute", lambda: compute_harness(array),
-                 depths.array_depth(array.rows, array.cols, array.mac_stages,
-                                    array.weight_rows_per_cycle),
-                 ARRAY_WHY + " (its array)", CUT_COMPUTE),
+        # (k-induction; the covers are searched as deep as a VECTOR through
+        # the intake, its reads, the stand-in ALU and the write, and a stall.)
+        Proof("streams.vector", lambda: vector_harness(vpu), depth=VECTOR_K,
+              cover_depth=depths.vector_depth(FREE_ALU_LATENCY).cycles,
+              why="k-induction; lemmas: the VECTORs in flight against the rows marked last "
+                  "in the pipeline, a transposed instruction's rows within its block"),
+        # (k-induction; the covers are searched to the array formula on its
+        # array.)
+        Proof("streams.compute", lambda: compute_harness(array), depth=COMPUTE_K,
+              cover_depth=depths.array_depth(array.rows, array.cols, array.mac_stages,
+                                             array.weight_rows_per_cycle).cycles,
+              script=CUT_COMPUTE,
+              why="k-induction; lemmas: the MATMULs open against the command queue and the "
+                  "rows marked last, the pending rows against the array's valid registers"),
     ]
     if c.weight_rows_per_cycle > 1:
         proofs.insert(-1, _array_proof(f"array.weights_s{c.mac_stages}", c.rows, c.cols,

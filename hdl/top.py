@@ -237,7 +237,7 @@ class _ChipCore(wiring.Component):
 
     def _axi(self, m, fetch, load_axi, store_axi):
         """AR: fetch and load DMA share it (held until accepted); R goes back by ID.
-        While the fetch is hungry (its queue less than half full) the load DMA
+        While the fetch is hungry (its queue at most half full) the load DMA
         starts no new burst: its bursts in flight still come first, then the
         fetch's follow each other. AW/W/B belong to the store DMA alone."""
         bus = self.axi

@@ -365,12 +365,6 @@ class _Segment(FusedGroups):
             # after its last chunk arrives is the segment's tail, so its
             # chunks are shorter.
             top = (max(1, most // TAIL_CUT) if grp.index == len(self.groups) - 1 >= 3 else most)
-            # The first group's chunks too when the array, not the bus, is
-            # the bound (a step of at least a tile's beats): the array waits
-            # for the first chunk of each of the group's strips.
-            if (grp.index == 0 < len(self.groups) - 3
-                    and grp.mrows >= p.op.b.tile_beats(cfg.rows, cfg.axi_data_bytes)):
-                top = max(1, most // TAIL_CUT)
             c = self.chunk[grp.index] = chunk_tiles(cfg, p.op, grp.size, cap, top)
             chunks = strip_chunks(grp.KT, c, unit_tiles(cfg, p.op.b))
             self.chunk_of[grp.index] = {t: t0 for t0, n in chunks for t in range(t0, t0 + n)}

@@ -369,12 +369,11 @@ class _Segment(FusedGroups):
             chunks = strip_chunks(grp.KT, c, unit_tiles(cfg, p.op.b))
             self.chunk_of[grp.index] = {t: t0 for t0, n in chunks for t in range(t0, t0 + n)}
             sizes.add(grp.size)
-            # Short chunks' loads (the last group's; the first's when the
-            # array is the bound), paced by the steps the array takes while
+            # The last group's loads, paced by the steps the array takes while
             # the bus brings each (at batch 1 a step, a tile's weights at two
             # rows a cycle, is shorter than the tile's beats plus its LOAD's
-            # start): counted back from the last chunk, the last group's start
-            # early enough to keep the bus busy. (The other groups' loads queue on
+            # start): counted back from its last chunk, they start early
+            # enough to keep the bus busy. (The other groups' loads queue on
             # a busy bus anyway; paced so, their LOOPs lost their regularity.)
             beats = p.op.b.tile_beats(cfg.rows, cfg.axi_data_bytes)
             step = max(grp.mrows, cfg.weight_load_cycles)
@@ -414,9 +413,8 @@ class _Segment(FusedGroups):
 
     def _ring_places(self, units, U, most):
         """The VMEM row of each unit: each takes the next of the U slots of
-        `most` tiles, but a unit of at most half a slot (short chunks: the
-        segment's last group's, its first's at times) shares its slot with
-        the next ones that fit:
+        `most` tiles, but a unit of at most half a slot (the segment's last
+        group's short chunks) shares its slot with the next ones that fit:
         the last group's chunks then wait for as many slots as a group of
         whole chunks, not four times as many (the ones the group before is
         still reading)."""

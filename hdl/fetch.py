@@ -16,7 +16,7 @@ __all__ = ["FetchedInstr", "InstructionFetch", "FETCH_AXI_ID", "program_alignmen
 
 FETCH_AXI_ID = 1
 _BURST_BEATS = 16
-_QUEUE_INSTRS = 32
+_QUEUE_INSTRS = 64
 
 FetchedInstr = data.StructLayout({"word": INSTR_BITS, "pc": 32})
 
@@ -50,6 +50,11 @@ class InstructionFetch(wiring.Component):
         (0 for a misplaced program).
     busy : Out(1)
         A burst is outstanding.
+    hungry : Out(1)
+        The queue is at most half full (and has room for a whole burst) and
+        the program has beats left to request: the chip holds back the load
+        DMA's new bursts (`mxu.hdl.top`), so that this one's come back behind
+        fewer weight beats.
     axi : Out(AXI4Signature); only AR and R are used, with ARID = FETCH_AXI_ID.
     """
 
@@ -58,7 +63,7 @@ class InstructionFetch(wiring.Component):
         super().__init__({
             "start": In(1), "base": In(32), "length": In(32), "stop": In(1),
             "instr": Out(stream.Signature(FetchedInstr)),
-            "error": Out(1), "error_pc": Out(32), "busy": Out(1),
+            "error": Out(1), "error_pc": Out(32), "busy": Out(1), "hungry": Out(1),
             "axi": Out(AXI4Signature(addr_width=config.axi_addr_bits,
                                      data_width=config.axi_data_bits)),
         })
@@ -111,6 +116,7 @@ class InstructionFetch(wiring.Component):
                                  Mux(beats_left < to_boundary, beats_left, to_boundary),
                                  Mux(to_boundary < most, to_boundary, most)))
         room = queue.level + (beats * per_beat) + 2 <= _QUEUE_INSTRS
+        hungry_level = min(_QUEUE_INSTRS // 2, _QUEUE_INSTRS - most * per_beat - 2)
         want = active & ~self.stop & ~self.error & (beats_left != 0) & (outstanding == 0) & room
         ar_pending = Signal()
         # (Named for the formal proofs' induction lemmas: docs/formal.md.)
@@ -126,6 +132,14 @@ class InstructionFetch(wiring.Component):
             axi.arsize.eq(C((bb - 1).bit_length(), 3)), axi.arburst.eq(AxiBurst.INCR),
             axi.arcache.eq(0b0011),
             self.busy.eq(outstanding != 0),
+            # Responses come in order: a burst requested while a long load's
+            # beats are in flight waits behind all of them, so a fetch that
+            # competed burst by burst got 16 instructions per weight strip
+            # (docs/compiler.md, "Quantized weights"). Only while it has room
+            # for a whole burst, which it then requests: a hungry fetch that
+            # could not would hold the loads for ever.
+            self.hungry.eq(active & ~self.stop & ~self.error & (beats_left != 0)
+                           & (queue.level <= hungry_level)),
         ]
 
         # ---- R -> instructions (gearbox for buses narrower or wider than 128 bits).

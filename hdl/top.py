@@ -237,11 +237,15 @@ class _ChipCore(wiring.Component):
 
     def _axi(self, m, fetch, load_axi, store_axi):
         """AR: fetch and load DMA share it (held until accepted); R goes back by ID.
-        AW/W/B belong to the store DMA alone."""
+        While the fetch is hungry (its queue at most half full) the load DMA
+        starts no new burst: its bursts in flight still come first, then the
+        fetch's follow each other. AW/W/B belong to the store DMA alone."""
         bus = self.axi
         locked = Signal()
         owner = Signal()            # 1: fetch owns AR
         pick = Mux(locked, owner, fetch.axi.arvalid)
+        # A burst already offered is held until accepted (AXI): only a new one waits.
+        load_valid = load_axi.arvalid & (locked | ~fetch.hungry)
         with m.If(bus.arvalid & ~bus.arready):
             m.d.sync += [locked.eq(1), owner.eq(pick)]
         with m.Else():
@@ -251,9 +255,9 @@ class _ChipCore(wiring.Component):
             m.d.comb += getattr(bus, name).eq(src)
         m.d.comb += [
             bus.arid.eq(Mux(pick, FETCH_AXI_ID, 0)),
-            bus.arvalid.eq(Mux(pick, fetch.axi.arvalid, load_axi.arvalid)),
+            bus.arvalid.eq(Mux(pick, fetch.axi.arvalid, load_valid)),
             fetch.axi.arready.eq(pick & bus.arready),
-            load_axi.arready.eq(~pick & bus.arready),
+            load_axi.arready.eq(~pick & bus.arready & load_valid),
         ]
         # Qualified by RVALID: RID is undefined (X in simulation) between bursts.
         to_fetch = bus.rvalid & (bus.rid == FETCH_AXI_ID)

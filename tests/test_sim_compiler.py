@@ -543,3 +543,22 @@ def test_scatter_pieces_that_are_column_blocks_of_one_matrix_do_not_overlap():
     assert left.shares_bytes(wider)
     with pytest.raises(ValueError, match="pieces overlap"):
         Scatter(((0, left), (6, wider)), transposed=True).check("out", 1 << 20)
+
+
+def test_short_quantized_chunks_share_ring_slots():
+    """The last group's quarter chunks pack into the quantized ring's slots
+    (`_Segment._ring_places`): four 9-tile units to a 36-tile slot, one after
+    the other; whole and over-half chunks take a slot each, in turn."""
+    from types import SimpleNamespace
+
+    from mxu.sim.compiler.matmul import _Segment
+    config = ChipConfig()
+    seg = SimpleNamespace(config=config)
+    r, most, U = config.rows, 36, 5
+    unit = lambda n: ((0, 0, 0, n), 0, 0, n)
+    rows = _Segment._ring_places(seg, [unit(36), unit(20)] + [unit(9)] * 6 + [unit(36)] * 2,
+                                 U, most)
+    assert rows == [0, most * r,
+                    2 * most * r, 2 * most * r + 9 * r, 2 * most * r + 18 * r, 2 * most * r + 27 * r,
+                    3 * most * r, 3 * most * r + 9 * r,
+                    4 * most * r, 0]

@@ -55,6 +55,9 @@ _MASK = (1 << INSTR_BITS) - 1
 # 16 leave a decode step or a prefill a few per cent slower, docs/compiler.md).
 _DRAIN_QUEUES = 4
 TAIL_CUT = 4
+# Cycles a quantized LOAD takes besides its beats (docs/memory.md, "Quantized
+# loads"): the pace of a group's loads (`_Segment._units`).
+_QUANT_LOAD_START = 29
 
 
 @dataclass(frozen=True)
@@ -366,22 +369,37 @@ class _Segment(FusedGroups):
             chunks = strip_chunks(grp.KT, c, unit_tiles(cfg, p.op.b))
             self.chunk_of[grp.index] = {t: t0 for t0, n in chunks for t in range(t0, t0 + n)}
             sizes.add(grp.size)
+            # The last group's loads, paced by the steps the array takes while
+            # the bus brings each (at batch 1 a step, a tile's weights at two
+            # rows a cycle, is shorter than the tile's beats plus its LOAD's
+            # start): counted back from its last chunk, they start early
+            # enough to keep the bus busy. (The other groups' loads queue on
+            # a busy bus anyway; paced so, their LOOPs lost their regularity.)
+            beats = p.op.b.tile_beats(cfg.rows, cfg.axi_data_bytes)
+            step = max(grp.mrows, cfg.weight_load_cycles)
             for t0, n in chunks:
+                pace = (max(n, math.ceil((n * beats + _QUANT_LOAD_START) / step))
+                        if top < most else n)
                 for jj in range(grp.size):
                     units.append(((grp.index, jj, t0, n), grp.start + t0 * grp.size + jj,
-                                  grp.start + (t0 + n - 1) * grp.size + jj))
+                                  grp.start + (t0 + n - 1) * grp.size + jj, pace))
         self.U = 0
         if not units:
             return {}
         whole = math.lcm(*sizes)
         self.U = U = cap // whole * whole or cap
+        rows = self._ring_places(units, U, most)
         at = [0] * len(units)
         at[-1] = units[-1][1]
         for u in range(len(units) - 2, -1, -1):
-            at[u] = min(units[u][1], at[u + 1] - units[u][0][3])
-        for u in range(len(units)):
-            at[u] = max(at[u], 0, at[u - 1] if u else 0,
-                        units[u - U][2] + self.W if u >= U else 0)
+            at[u] = min(units[u][1], at[u + 1] - units[u][3])
+        # The steps after which each tile of the ring is free: W after the
+        # last step that read the unit there before.
+        free = [0] * (U * most)
+        for u, (key, _, last, _) in enumerate(units):
+            tile = rows[u] // cfg.rows
+            at[u] = max(at[u], 0, at[u - 1] if u else 0, *free[tile:tile + key[3]])
+            free[tile:tile + key[3]] = [last + self.W] * key[3]
             if at[u] > units[u][1]:
                 raise AssertionError(f"quantized weight units need more than the {cap} slots "
                                      f"reserved (plan.quant_units)")
@@ -391,7 +409,23 @@ class _Segment(FusedGroups):
                 # Issued after MATMUL at[u] - W, awaited by the LOADW of its
                 # first step, not by LOADW at[u] (`_early_plan`).
                 self._early_raw.append((at[u] - self.W, units[u][0], units[u][1]))
-        return {key[:3]: (u % U) * size for u, (key, _, _) in enumerate(units)}
+        return {key[:3]: rows[u] for u, (key, *_) in enumerate(units)}
+
+    def _ring_places(self, units, U, most):
+        """The VMEM row of each unit: each takes the next of the U slots of
+        `most` tiles, but a unit of at most half a slot (the segment's last
+        group's short chunks) shares its slot with the next ones that fit:
+        the last group's chunks then wait for as many slots as a group of
+        whole chunks, not four times as many (the ones the group before is
+        still reading)."""
+        rows, slot, used = [], -1, most
+        for key, *_ in units:
+            n = key[3]
+            if not (2 * n <= most and used + n <= most):
+                slot, used = (slot + 1) % U, 0
+            rows.append((slot * most + used) * self.config.rows)
+            used = used + n if 2 * n <= most else most
+        return rows
 
     def _early_plan(self):
         """{MATMUL e: [[unit, LOADW it pushes to, or None]]} of the units

@@ -358,15 +358,11 @@ _PRESETS = {
     # One weight row a cycle: its 64-bit bus brings a 4x4 bf16 tile in 4
     # cycles, what a narrow port takes, and a second lane's delay lines would
     # add flip-flops to a chip that fills the part (docs/array.md, section 4).
-    # No weight expander yet: every format fits its 4 columns and 64-bit bus,
-    # but the load DMA with the expander in it reaches 57.3 MHz alone, under
-    # the guard's floor of 57.5, its worst path the format-dependent
-    # descriptor arithmetic (`expander.format` -> `derived.last_off`), and the
-    # chip with it has not been routed (docs/synth.md, "The weight expander on
-    # the `fpga` chip"). `quant_formats=None` on a copy gives that chip.
+    # The weight expander with every format: they all fit its 4 columns and
+    # 64-bit bus (docs/synth.md, "The weight expander on the `fpga` chip").
     "fpga": ChipConfig(rows=4, cols=4, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
                        acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20,
-                       weight_rows_per_cycle=1, quant_formats=()),
+                       weight_rows_per_cycle=1),
     # The LLM chip for the LFE5U-85F (docs/synth.md, "The fpga-llm chip"). A
     # vector lane is 15 fp32 multipliers (4 MULT18X18D each, 60 a lane) and
     # 14 adders, about 22k LUT4: one lane is what fits beside an array, so the

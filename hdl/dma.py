@@ -30,7 +30,7 @@ is its executable statement. In short:
   the bus is left clean, then the descriptor completes with the error code.
 """
 
-from amaranth.hdl import C, Cat, Module, Mux, ResetInserter, Signal
+from amaranth.hdl import C, Cat, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -760,6 +760,8 @@ class Dma(wiring.Component):
             "last_off": A + len(d.rows),                    # (rows - 1) * stride
             "total": len(d.rows) + len(d.row_bytes),        # rows * row_bytes
             "first_end": A + 1,                             # the first row's end
+            # The range's room past the first row: the limit of last_off.
+            "room": signed(A + 2),
         }))
         status = Signal(data.StructLayout({
             "err": DmaError,          # the completion of a descriptor the FSM completes
@@ -931,7 +933,6 @@ class Dma(wiring.Component):
         four = ~is_vmem & ~d.to_bf16    # fp32 rows: 4-byte alignment
         fields = d.ext_base | d.ext_stride | d.row_bytes
         chip_rows = Mux(is_vmem, c.vmem_rows, c.acc_rows)
-        ext_end = derived.first_end + derived.last_off
         q_option, q_row_bytes, q_misaligned = self._quant_checks(d, is_load, is_vmem)
         return [
             (DmaError.BAD_OPTION, (is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)
@@ -940,7 +941,7 @@ class Dma(wiring.Component):
             (DmaError.MISALIGNED, fields[0] | (four & fields[1]) | q_misaligned),
             (DmaError.CHIP_RANGE, chip_rows < d.chip_row + d.rows),
             (DmaError.OK, (d.rows == 0) | (d.row_bytes == 0)),       # empty: nothing to move
-            (DmaError.EXT_RANGE, self._ext_range(d, ext_end)),
+            (DmaError.EXT_RANGE, derived.room < derived.last_off),
         ]
 
     def _quant_checks(self, d, is_load, is_vmem):
@@ -1028,12 +1029,17 @@ class Dma(wiring.Component):
         with m.If(rc.shift | clear):
             m.d.sync += [written.eq(0), full.eq(0)]
 
-    def _ext_range(self, d, ext_end):
+    def _room(self, d):
+        """How far the last row may start past the first one: EXT_RANGE is
+        ``ext_base + row_bytes + last_off`` beyond external memory (or the
+        link's window), that is ``last_off > room``. Computed in CHECK beside
+        ``last_off``, so that DECIDE compares two registers instead of adding
+        first (docs/synth.md, "The weight expander on the `fpga` chip")."""
         c = self.config
-        outside = ext_end >= c.ext_mem_bytes + 1
+        room = C(c.ext_mem_bytes, len(d.ext_base) + 2) - (d.ext_base + d.row_bytes)
         if not c.links:
-            return outside
-        return Mux(d.link, ext_end >= d.ext_base + c.link_window_bytes + 1, outside)
+            return room
+        return Mux(d.link, C(c.link_window_bytes, len(d.ext_base) + 2) - d.row_bytes, room)
 
     def _control(self, m, d, derived, status, run, clear):
         """The run state machine; returns "the state machine completes a
@@ -1075,6 +1081,7 @@ class Dma(wiring.Component):
                     derived.last_off.eq(Mux(units.zero, 0, units.n_1 * d.ext_stride)),
                     derived.total.eq(units.n * d.row_bytes),
                     derived.first_end.eq(d.ext_base + d.row_bytes),
+                    derived.room.eq(self._room(d)),
                     derived.coalesced.eq((d.ext_stride == d.row_bytes) | units.one),
                 ]
                 m.next = "DECIDE"

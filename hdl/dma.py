@@ -1048,7 +1048,13 @@ class Dma(wiring.Component):
         LG = _log2(c.axi_data_bytes)
         is_load = d.dir == DmaDir.LOAD
         rx0 = rc.rx0
-        checks = self._checks(d, derived)
+        # The checks but the last (EXT_RANGE, on CHECK's arithmetic) depend on
+        # the descriptor alone: CHECK registers their results, so that DECIDE's
+        # start decision comes from registers (docs/synth.md).
+        computed = self._checks(d, derived)
+        failed_at = Signal(len(computed) - 1)
+        checks = ([(code, failed_at[i]) for i, (code, _) in enumerate(computed[:-1])]
+                  + computed[-1:])
         units = self._units
         bad = Signal()
         m.d.comb += bad.eq(Cat(*(failed for _, failed in checks)).any())
@@ -1083,6 +1089,7 @@ class Dma(wiring.Component):
                     derived.first_end.eq(d.ext_base + d.row_bytes),
                     derived.room.eq(self._room(d)),
                     derived.coalesced.eq((d.ext_stride == d.row_bytes) | units.one),
+                    failed_at.eq(Cat(*(failed for _, failed in computed[:-1]))),
                 ]
                 m.next = "DECIDE"
             with m.State("DECIDE"):

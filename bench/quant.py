@@ -11,7 +11,8 @@ A K-quant's K must be a multiple of 256: when ``--k`` is not, K and N swap
 (SmolLM2's down projection, the same bytes). The roofline of a run is
 ``max(weight bytes / bus bytes per cycle, M*K*N / (rows * cols))``. A
 second table times one quantized LOAD of a strip alone: the weight path's
-rate (its beats, plus a fixed start).
+rate (its beats, plus a fixed start), and each further LOAD of `BACK_TO_BACK`
+in a row (into other VMEM rows): what a LOAD costs in a stream of them.
 """
 
 import argparse
@@ -68,14 +69,20 @@ def main():
                   ["format", "M", "weight", "quantized cycles", "its roofline", "of roofline",
                    "bf16 cycles", "bf16 roofline", "bf16 / quantized"], rows)
     results.table(f"One LOAD of a K x {config.cols} strip, then HALT, on the "
-                  f"{config.rows}x{config.cols} chip", ["format", "K", "beats", "cycles"],
+                  f"{config.rows}x{config.cols} chip", ["format", "K", "beats", "cycles",
+                                                        f"each further one of {BACK_TO_BACK}"],
                   _single_loads(chip, config, args.formats))
     results.write()
 
 
+BACK_TO_BACK = 8
+
+
 def _single_loads(chip, config, formats):
     """Cycles of a program of one quantized LOAD (and of a bf16 LOAD of the
-    same rows), to HALT: the weight path's own rate, without a schedule."""
+    same rows), to HALT: the weight path's own rate, without a schedule; and
+    the cycles each further LOAD adds when `BACK_TO_BACK` of them follow
+    each other."""
     at, rows = 0x40000, []
     for name in formats:
         fmt = QuantFormat[name]
@@ -83,14 +90,27 @@ def _single_loads(chip, config, formats):
         k = 1536 if info.block == 256 else 576
         strip = repack(random_blocks(fmt, config.cols * k // info.block, 3), fmt,
                        (config.cols, k), config.cols)
-        program = Program().load(ext_addr=at, rows=k, row_bytes=tile_block_bytes(fmt, config.cols),
-                                 vmem_row=0, format=fmt).halt()
+        image = {at: strip.tobytes()}
         rows.append([name, k, f"{strip.size // config.axi_data_bytes:,}",
-                     f"{_cycles(chip, program, {at: strip.tobytes()}):,}"])
-    program = Program().load(ext_addr=at, rows=576, row_bytes=2 * config.cols, vmem_row=0).halt()
+                     *_load_cycles(chip, config, image, ext_addr=at, rows=k,
+                                   row_bytes=tile_block_bytes(fmt, config.cols), format=fmt)])
     rows.append(["bf16", 576, f"{576 * 2 * config.cols // config.axi_data_bytes:,}",
-                 f"{_cycles(chip, program, None):,}"])
+                 *_load_cycles(chip, config, None, ext_addr=at, rows=576,
+                               row_bytes=2 * config.cols)])
     return rows
+
+
+def _load_cycles(chip, config, image, **load):
+    """The cycles of one LOAD to HALT, and what each further one adds in a
+    program of `BACK_TO_BACK` (each into its own VMEM rows)."""
+    def program(n):
+        p = Program()
+        for i in range(n):
+            p.load(vmem_row=i * load["rows"], **load)
+        return p.halt()
+    one = _cycles(chip, program(1), image)
+    more = (_cycles(chip, program(BACK_TO_BACK), image) - one) / (BACK_TO_BACK - 1)
+    return [f"{one:,}", f"{more:,.1f}"]
 
 
 def _cycles(chip, program, image):

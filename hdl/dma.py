@@ -20,16 +20,17 @@ is its executable statement. In short:
 * Loads overlap: once a load's bursts are all issued, the next load is
   checked and issues its bursts while the first one's data still arrives (a
   receive context per load, two at most), so back-to-back small descriptors
-  keep the read channel busy; completions stay in order. A descriptor that
-  is not a load with data (a store, an illegal or empty one) waits until no
-  load is receiving.
+  keep the read channel busy; completions stay in order. Quantized loads
+  (through the weight expander) overlap the same way. A descriptor that is
+  not a load with data (a store, an illegal or empty one), or a load of the
+  other kind (plain, quantized), waits until no load is receiving.
 * Errors: illegal descriptors complete at once with an error code and no bus
   traffic. An error response (SLVERR/DECERR) stops the issue of new bursts; the
   bursts already issued are completed (all their beats and responses taken), so
   the bus is left clean, then the descriptor completes with the error code.
 """
 
-from amaranth.hdl import C, Cat, Module, Mux, ResetInserter, Signal
+from amaranth.hdl import C, Cat, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -130,6 +131,10 @@ def _context_layout(c):
         "chip_row": desc["chip_row"].width,
         "stride": A, "bursts": range(c.dma_max_outstanding + 1),
         "a": A + 1, "end": A + 1, "na": A + 1, "nend": A + 1, "be": A + 1,
+        # A quantized load (chips with the expander): its format and its R beats.
+        **({"quant": 1, "format": QuantFormat,
+            "beats": desc["rows"].width + desc["row_bytes"].width}
+           if c.quant_formats else {}),
     })
 
 
@@ -570,8 +575,8 @@ class _Gearbox(wiring.Component):
 
 
 class _ReceiveContexts(wiring.Component):
-    """The loads in flight: rx[0] receives its data, rx[1] (if any) has issued
-    its bursts or is issuing them. A context completes once its bursts are
+    """The loads in flight (plain or quantized, both of one kind): rx[0]
+    receives its data, rx[1] (if any) has issued its bursts or is issuing them. A context completes once its bursts are
     all back and its last row written; rx[1] then moves up and the load path
     takes its first row.
 
@@ -593,7 +598,8 @@ class _ReceiveContexts(wiring.Component):
     r_next : In(1)
         That beat was rx[1]'s (the load path had moved on to it), else rx[0]'s.
     row_idle : In(1)
-        The load path holds no unwritten row after this cycle.
+        The load path holds no unwritten row after this cycle (a quantized
+        rx[0]: its rows are all written, or an error response came).
     rows_done : In(rows)
         Rows of rx[0] written or being written.
     abort : In(1), abort_err : In(DmaError)
@@ -754,6 +760,8 @@ class Dma(wiring.Component):
             "last_off": A + len(d.rows),                    # (rows - 1) * stride
             "total": len(d.rows) + len(d.row_bytes),        # rows * row_bytes
             "first_end": A + 1,                             # the first row's end
+            # The range's room past the first row: the limit of last_off.
+            "room": signed(A + 2),
         }))
         status = Signal(data.StructLayout({
             "err": DmaError,          # the completion of a descriptor the FSM completes
@@ -763,27 +771,28 @@ class Dma(wiring.Component):
         run, clear = Signal(), Signal()     # RUN; COMPLETE (the sections' state is reset)
         is_load = d.dir == DmaDir.LOAD
         self._m = m
-        self._quant, self._qrun = Signal(), Signal()   # a quantized load; it runs
-        # "Units" of the external range: rows, or a quantized load's tile-blocks.
-        self._units = units = Signal(len(d.rows))
+        self._quant = Signal()      # the descriptor is a quantized load
+        self._qmode = Signal()      # rx[0] is a quantized load: R beats go to the expander
+        # "Units" of the external range: rows, or a quantized load's tile-blocks;
+        # registers, set as the descriptor is taken (`_take_units`).
+        self._units = Signal(data.StructLayout({
+            "n": len(d.rows), "n_1": len(d.rows), "zero": 1, "one": 1}))
         self._quant_rows = Signal(data.StructLayout({
-            "valid": 1, "beats_ready": 1, "addr": range(c.vmem_rows), "data": 8 * c.vmem_row_bytes}))
-        m.d.comb += units.eq(d.rows)
+            "valid": 1, "beats_ready": 1, "addr": range(c.vmem_rows), "data": 8 * c.vmem_row_bytes,
+            "idle": 1}))
+        self._q_at = Signal(range(3))           # `_quant_path`
+        self._q_written = Signal(len(d.rows))   # rows of rx[0] written
         if c.quant_formats:
             m.d.comb += self._quant.eq(is_load & (d.format != QuantFormat.NONE))
-            with m.Switch(d.format):
-                for name in c.quant_formats:
-                    with m.Case(QuantFormat[name]):
-                        with m.If(self._quant):
-                            m.d.comb += units.eq(d.rows >> _log2(QUANT_INFO[QuantFormat[name]].block))
-        m.d.comb += self._qrun.eq(run & self._quant)
+        if c.quant_formats:
+            m.d.comb += self._qmode.eq(rc.rx0.valid & rc.rx0.quant)
         m.d.comb += [
             bursts.stride.eq(d.ext_stride), bursts.enable.eq(run),
             bursts.abort.eq(status.abort | self.drain), self.quiet.eq(bursts.inflight == 0),
             rr.desc.eq(d), rr.coalesced.eq(derived.coalesced),
             rr.enable.eq(run & ~is_load), rr.clear.eq(clear),
             gb.row_bytes.eq(d.row_bytes), gb.enable.eq(run & ~is_load), gb.clear.eq(clear),
-            rc.burst_issued.eq(bursts.burst.valid & bursts.burst.ready & is_load & ~self._quant),
+            rc.burst_issued.eq(bursts.burst.valid & bursts.burst.ready & is_load),
             rc.abort.eq(status.abort), rc.abort_err.eq(status.abort_err),
             self.load_path.clear.eq(clear),
         ]
@@ -791,7 +800,7 @@ class Dma(wiring.Component):
         wiring.connect(m, rr.vmem_read, wiring.flipped(self.vmem_read))
         wiring.connect(m, rr.acc_read, wiring.flipped(self.acc_read))
         self._connect_axi(m, bursts, gb, is_load, clear)
-        self._written = self._quant_path(m, d, clear)
+        self._quant_path(m, rc, status, clear)
         moved_on = Signal()     # the load path works for rx[1] (`_connect_load_path`)
         self._responses(m, bursts, rc, status, moved_on)
         self._connect_load_path(m, lp, rc, clear, moved_on)
@@ -860,14 +869,15 @@ class Dma(wiring.Component):
             m.d.sync += status.abort.eq(1)
             with m.If(status.abort_err == DmaError.OK):
                 m.d.sync += status.abort_err.eq(code)
-            with m.If(r_fire & ~self._qrun):
-                m.d.comb += r_error.eq(1)       # rx[0]'s, a cycle later
+            with m.If(r_fire):
+                m.d.comb += r_error.eq(1)       # a context's, a cycle later
             with m.Elif(status.err == DmaError.OK):
                 m.d.sync += status.err.eq(code)
-        m.d.sync += [rc.r_last.eq(r_fire & axi.rlast & ~self._qrun), rc.r_error.eq(r_error),
+        m.d.sync += [rc.r_last.eq(r_fire & axi.rlast), rc.r_error.eq(r_error),
                      rc.r_code.eq(code),
                      # rx[1]'s beat, unless rx[1] moves up to rx[0] at this edge.
-                     rc.r_next.eq(moved_on & ~rc.shift)]
+                     rc.r_next.eq((Mux(self._qmode, self._q_at == 1, moved_on)
+                                   if self.config.quant_formats else moved_on) & ~rc.shift)]
 
     def _connect_load_path(self, m, lp, rc, clear, moved_on):
         """The load path works for rx[0], and writes its rows to VMEM or the
@@ -885,8 +895,8 @@ class Dma(wiring.Component):
         last1 = rc.r_last & rc.r_next
         q = self._quant_rows
         m.d.comb += [
-            lp.beats.valid.eq(axi.rvalid & ~self._qrun), lp.beats.payload.eq(axi.rdata),
-            axi.rready.eq(Mux(self._qrun, q.beats_ready, lp.beats.ready)),
+            lp.beats.valid.eq(axi.rvalid & ~self._qmode), lp.beats.payload.eq(axi.rdata),
+            axi.rready.eq(Mux(self._qmode, q.beats_ready, lp.beats.ready)),
             lp.receiving.eq(Mux(moved_on, rx1.valid & (rx1.bursts != last1),
                                 rx0.valid & (rx0.bursts != (rc.r_last & ~rc.r_next)))),
             lp.restart.eq((rc.alloc & ~rx0.valid) | (rc.shift & ~moved_on) | early),
@@ -895,17 +905,19 @@ class Dma(wiring.Component):
             lp.hold_rows.eq(moved_on & ~rc.shift),
             lp.first.eq(Mux(rc.shift | early, rc.following, rc.new)),
             # (Muxes, not an If: see `mxu.hdl.transfer` on split payloads.)
-            self.vmem_write.valid.eq(Mux(self._qrun, q.valid, row.valid & row.payload.vmem)),
-            self.vmem_write.payload.addr.eq(Mux(self._qrun, q.addr, row.payload.addr)),
+            self.vmem_write.valid.eq(Mux(self._qmode, q.valid, row.valid & row.payload.vmem)),
+            self.vmem_write.payload.addr.eq(Mux(self._qmode, q.addr, row.payload.addr)),
             self.vmem_write.payload.data.eq(
-                Mux(self._qrun, q.data, row.payload.data[:8 * self.config.vmem_row_bytes])),
+                Mux(self._qmode, q.data, row.payload.data[:8 * self.config.vmem_row_bytes])),
             self.acc_write.valid.eq(row.valid & ~row.payload.vmem),
             self.acc_write.payload.addr.eq(row.payload.addr),
             self.acc_write.payload.data.eq(row.payload.data[:8 * self.config.acc_row_bytes]),
             row.ready.eq(Mux(row.payload.vmem, self.vmem_write.ready, self.acc_write.ready)),
-            rc.row_idle.eq(~row.valid | row.ready),
+            # (A quantized load's: its rows all written, or an error response.)
+            rc.row_idle.eq(Mux(self._qmode, q.idle, ~row.valid | row.ready)),
             # Moved on, the load path counts rx[1]'s rows: rx[0]'s are all in.
-            rc.rows_done.eq(Mux(moved_on, rx0.rows, lp.rows_done)),
+            rc.rows_done.eq(Mux(self._qmode, self._q_written,
+                                Mux(moved_on, rx0.rows, lp.rows_done))),
         ]
 
     def _checks(self, d, derived):
@@ -921,7 +933,6 @@ class Dma(wiring.Component):
         four = ~is_vmem & ~d.to_bf16    # fp32 rows: 4-byte alignment
         fields = d.ext_base | d.ext_stride | d.row_bytes
         chip_rows = Mux(is_vmem, c.vmem_rows, c.acc_rows)
-        ext_end = derived.first_end + derived.last_off
         q_option, q_row_bytes, q_misaligned = self._quant_checks(d, is_load, is_vmem)
         return [
             (DmaError.BAD_OPTION, (is_load & (d.to_bf16 | d.relu)) | (is_vmem & d.to_bf16)
@@ -930,7 +941,7 @@ class Dma(wiring.Component):
             (DmaError.MISALIGNED, fields[0] | (four & fields[1]) | q_misaligned),
             (DmaError.CHIP_RANGE, chip_rows < d.chip_row + d.rows),
             (DmaError.OK, (d.rows == 0) | (d.row_bytes == 0)),       # empty: nothing to move
-            (DmaError.EXT_RANGE, self._ext_range(d, ext_end)),
+            (DmaError.EXT_RANGE, derived.room < derived.last_off),
         ]
 
     def _quant_checks(self, d, is_load, is_vmem):
@@ -954,46 +965,81 @@ class Dma(wiring.Component):
         beats = (d.ext_base | d.ext_stride)[:LG] if LG else C(0, 1)
         return option, d.row_bytes != tile, self._quant & ((beats != 0) | ~whole)
 
-    def _quant_path(self, m, d, clear):
-        """A quantized load: R beats through the `Expander`, its rows into VMEM
-        rows ``chip_row + k``, a group of ``quant_rows`` a cycle, row ``k + i``
-        on write lane i (distinct banks, so `Vmem` refuses none of them; a
-        lane that is refused all the same holds the group, and the lanes that
-        wrote write the same rows again). Returns the rows written."""
+    def _quant_path(self, m, rc, status, clear):
+        """Quantized loads, in receive contexts as plain loads are (so the
+        next one issues its bursts while this one's beats arrive): R beats
+        through the `Expander`, with the format of the context they are of,
+        its rows into VMEM rows ``chip_row + k`` of rx[0], a group of
+        ``quant_rows`` a cycle, row ``k + i`` on write lane i (distinct
+        banks, so `Vmem` refuses none of them; a lane that is refused all the
+        same holds the group, and the lanes that wrote write the same rows
+        again). rx[0] completes once its rows are all written (``q.idle``);
+        the next context's rows wait for that. After an error response the
+        rows are dropped, the contexts complete as their bursts return, and
+        the expander is emptied once none is left."""
         c = self.config
-        written = Signal(len(d.rows))
         q = self._quant_rows
         if not c.quant_formats:
             m.d.comb += [q.valid.eq(0), q.beats_ready.eq(0)]
-            return written
+            return
         m.submodules.expander = ex = self.expander
-        axi = self.axi
+        axi, rx0, rx1 = self.axi, rc.rx0, rc.rx1
         lanes = [getattr(self, name) for name in self.vmem_writes]
+        # The context the next R beat is of (0: rx[0], 1: rx[1], 2: one not
+        # yet allocated), and the beats of it taken: responses come in order.
+        at, taken = self._q_at, Signal(len(rx0.beats))
+        beat = ex.beats.valid & ex.beats.ready
+        last_beat = beat & (taken + 1 == Mux(at == 0, rx0.beats, rx1.beats))
+        at_next = Signal.like(at)
+        m.d.comb += at_next.eq(at + last_beat)
+        with m.If(beat):
+            m.d.sync += taken.eq(Mux(last_beat, 0, taken + 1))
+        with m.If(last_beat):
+            m.d.sync += at.eq(at_next)
+        with m.If(rc.shift):
+            # rx[1] moves up. (rx[0] completes before its last beat only
+            # after an error response: the beat count restarts.)
+            m.d.sync += at.eq(Mux(at_next == 0, 0, at_next - 1))
+            with m.If(at_next == 0):
+                m.d.sync += taken.eq(0)
+        drained = status.abort & ~rx0.valid     # no context left after an error response
+        with m.If(clear | drained):
+            m.d.sync += [at.eq(0), taken.eq(0)]
+        # `full`: rx[0]'s rows are all written (a register, not a compare:
+        # `more` holds the expander's every stage).
+        written, full = self._q_written, Signal()
+        more = self._qmode & ~full & ~status.abort
         m.d.comb += [
-            ex.format.eq(d.format), ex.clear.eq(clear),
-            ex.beats.valid.eq(axi.rvalid & self._qrun), ex.beats.payload.eq(axi.rdata),
+            ex.format.eq(Mux(at == 0, rx0.format, rx1.format)), ex.clear.eq(clear | drained),
+            ex.beats.valid.eq(axi.rvalid & self._qmode), ex.beats.payload.eq(axi.rdata),
             q.beats_ready.eq(ex.beats.ready),
             # Lane 0 is `vmem_write`, shared with the plain load path.
-            q.valid.eq(ex.rows.valid), q.addr.eq(d.chip_row + written),
+            q.valid.eq(ex.rows.valid & more), q.addr.eq(rx0.chip_row + written),
             q.data.eq(ex.rows.payload[0].as_value()),
-            ex.rows.ready.eq(self._qrun & Cat(*(lane.ready for lane in lanes)).all()),
+            ex.rows.ready.eq(status.abort | (more & Cat(*(lane.ready for lane in lanes)).all())),
+            q.idle.eq(full | status.abort),
         ]
         for i, lane in enumerate(lanes[1:], 1):
-            m.d.comb += [lane.valid.eq(self._qrun & ex.rows.valid),
-                         lane.payload.addr.eq(d.chip_row + written + i),
+            m.d.comb += [lane.valid.eq(more & ex.rows.valid),
+                         lane.payload.addr.eq(rx0.chip_row + written + i),
                          lane.payload.data.eq(ex.rows.payload[i].as_value())]
-        with m.If(ex.rows.valid & ex.rows.ready):
-            m.d.sync += written.eq(written + len(lanes))
-        with m.If(clear):
-            m.d.sync += written.eq(0)
-        return written
+        with m.If(more & ex.rows.valid & ex.rows.ready):
+            m.d.sync += [written.eq(written + len(lanes)),
+                         full.eq(written + len(lanes) == rx0.rows)]
+        with m.If(rc.shift | clear):
+            m.d.sync += [written.eq(0), full.eq(0)]
 
-    def _ext_range(self, d, ext_end):
+    def _room(self, d):
+        """How far the last row may start past the first one: EXT_RANGE is
+        ``ext_base + row_bytes + last_off`` beyond external memory (or the
+        link's window), that is ``last_off > room``. Computed in CHECK beside
+        ``last_off``, so that DECIDE compares two registers instead of adding
+        first (docs/synth.md, "The weight expander on the `fpga` chip")."""
         c = self.config
-        outside = ext_end >= c.ext_mem_bytes + 1
+        room = C(c.ext_mem_bytes, len(d.ext_base) + 2) - (d.ext_base + d.row_bytes)
         if not c.links:
-            return outside
-        return Mux(d.link, ext_end >= d.ext_base + c.link_window_bytes + 1, outside)
+            return room
+        return Mux(d.link, C(c.link_window_bytes, len(d.ext_base) + 2) - d.row_bytes, room)
 
     def _control(self, m, d, derived, status, run, clear):
         """The run state machine; returns "the state machine completes a
@@ -1002,7 +1048,13 @@ class Dma(wiring.Component):
         LG = _log2(c.axi_data_bytes)
         is_load = d.dir == DmaDir.LOAD
         rx0 = rc.rx0
-        checks = self._checks(d, derived)
+        # The checks but the last (EXT_RANGE, on CHECK's arithmetic) depend on
+        # the descriptor alone: CHECK registers their results, so that DECIDE's
+        # start decision comes from registers (docs/synth.md).
+        computed = self._checks(d, derived)
+        failed_at = Signal(len(computed) - 1)
+        checks = ([(code, failed_at[i]) for i, (code, _) in enumerate(computed[:-1])]
+                  + computed[-1:])
         units = self._units
         bad = Signal()
         m.d.comb += bad.eq(Cat(*(failed for _, failed in checks)).any())
@@ -1017,6 +1069,9 @@ class Dma(wiring.Component):
             rc.new.na.eq(d.ext_base + d.ext_stride), rc.new.nend.eq(first_end + d.ext_stride),
             rc.new.be.eq(Cat(C(0, LG), d.ext_base[LG:] + 1)),
         ]
+        if c.quant_formats:
+            m.d.comb += [rc.new.quant.eq(self._quant), rc.new.format.eq(d.format),
+                         rc.new.beats.eq(derived.total >> LG)]
         fsm_done = Signal()
         with m.FSM():
             with m.State("IDLE"):
@@ -1024,15 +1079,17 @@ class Dma(wiring.Component):
                 m.d.comb += self.cmd.ready.eq(~status.abort | ~rx0.valid)
                 with m.If(self.cmd.valid & self.cmd.ready):
                     m.d.sync += [d.eq(self.cmd.payload), status.eq(0)]
+                    self._take_units(m, self.cmd.payload)
                     m.next = "CHECK"
             with m.State("CHECK"):
                 m.d.comb += self.busy.eq(1)
                 m.d.sync += [
-                    derived.last_off.eq(Mux(units == 0, 0,
-                                            (units - 1)[:len(d.rows)] * d.ext_stride)),
-                    derived.total.eq(units * d.row_bytes),
+                    derived.last_off.eq(Mux(units.zero, 0, units.n_1 * d.ext_stride)),
+                    derived.total.eq(units.n * d.row_bytes),
                     derived.first_end.eq(d.ext_base + d.row_bytes),
-                    derived.coalesced.eq((d.ext_stride == d.row_bytes) | (units == 1)),
+                    derived.room.eq(self._room(d)),
+                    derived.coalesced.eq((d.ext_stride == d.row_bytes) | units.one),
+                    failed_at.eq(Cat(*(failed for _, failed in computed[:-1]))),
                 ]
                 m.next = "DECIDE"
             with m.State("DECIDE"):
@@ -1041,16 +1098,13 @@ class Dma(wiring.Component):
             with m.State("RUN"):
                 m.d.comb += [self.busy.eq(1), run.eq(1)]
                 out = (~bursts.active | status.abort) & ~(bursts.burst.valid & bursts.burst.ready)
-                with m.If(is_load & ~self._quant):
+                with m.If(is_load):
                     # Its bursts are out: the receive context completes it, and
                     # the next descriptor may issue meanwhile.
                     with m.If(out):
                         m.d.comb += [rc.issued.eq(1), bursts.stop.eq(1)]
                         m.next = "IDLE"
-                with m.Elif(out & (bursts.inflight == 0) & ~self.row_reader.waiting
-                            & (~self._quant | (self._written == d.rows) | status.abort)):
-                    # (A quantized load completes here once its last row is in
-                    # VMEM, or once an error response's bursts are all back.)
+                with m.Elif(out & (bursts.inflight == 0) & ~self.row_reader.waiting):
                     m.next = "COMPLETE"
             with m.State("COMPLETE"):
                 m.d.comb += [self.busy.eq(1), fsm_done.eq(1), clear.eq(1), bursts.stop.eq(1)]
@@ -1058,15 +1112,35 @@ class Dma(wiring.Component):
                     m.next = "IDLE"
         return fsm_done
 
+    def _take_units(self, m, desc):
+        """Set the units of descriptor `desc` as it is taken: its rows, or a
+        quantized load's tile-blocks (``rows >> log2(block)`` by format),
+        with ``units - 1`` and whether they are 0 or 1. A cycle before CHECK,
+        so that CHECK's ``(units - 1) * stride`` starts from registers, not
+        from the format's decode (docs/synth.md, "The weight expander on the
+        `fpga` chip")."""
+        c = self.config
+        n = Signal(len(desc.rows))
+        m.d.comb += n.eq(desc.rows)
+        if c.quant_formats:
+            with m.If((desc.dir == DmaDir.LOAD) & (desc.format != QuantFormat.NONE)):
+                with m.Switch(desc.format):
+                    for name in c.quant_formats:
+                        with m.Case(QuantFormat[name]):
+                            m.d.comb += n.eq(desc.rows >> _log2(QUANT_INFO[QuantFormat[name]].block))
+        u = self._units
+        m.d.sync += [u.n.eq(n), u.n_1.eq(n - 1), u.zero.eq(n == 0), u.one.eq(n == 1)]
+
     def _decide(self, m, d, derived, status, bad, checks):
         """DECIDE: wait for the loads in flight if need be; then either complete
         with the first failed check's code, or start the descriptor."""
         bursts, rc = self.bursts, self.contexts
         is_load = d.dir == DmaDir.LOAD
         rx0, rx1 = rc.rx0, rc.rx1
-        with m.If(rx0.valid & (bad | ~is_load | self._quant)):
-            pass                  # a descriptor that receives no data, or a quantized
-                                  # load, waits for the loads
+        other = (self._quant != rx0.quant) if self.config.quant_formats else C(0, 1)
+        with m.If(rx0.valid & (bad | ~is_load | other)):
+            pass                  # a descriptor that receives no data, or a load of
+                                  # the other kind (plain, quantized), waits for the loads
         for code, failed in checks:
             with m.Elif(failed):
                 if code != DmaError.OK:
@@ -1077,11 +1151,11 @@ class Dma(wiring.Component):
             # afresh once the loads before it have drained.)
             keep = status.abort & rx0.valid
             m.d.comb += [
-                rc.alloc.eq(is_load & ~self._quant), bursts.start.eq(1),
+                rc.alloc.eq(is_load), bursts.start.eq(1),
                 self.row_reader.start.eq(1),
                 bursts.setup.base.eq(d.ext_base),
                 bursts.setup.seg_len.eq(Mux(derived.coalesced, derived.total, d.row_bytes)),
-                bursts.setup.segments.eq(Mux(derived.coalesced, 1, self._units)),
+                bursts.setup.segments.eq(Mux(derived.coalesced, 1, self._units.n)),
             ]
             m.d.sync += [status.abort.eq(keep),
                          status.abort_err.eq(Mux(keep, status.abort_err, DmaError.OK))]

@@ -223,7 +223,10 @@ class Expander(wiring.Component):
     Interface
     ---------
     format : In(QuantFormat)
-        The format of the tile-blocks; held from the first beat to the last row.
+        The format of the beat offered on ``beats`` (of its tile-block).
+        The expander keeps a block's format, taken with its last header
+        beat, for the block's rows: blocks of another format (the next
+        load's) may follow at once.
     clear : In(1)
         Drop every beat and row in flight (between loads).
     beats : In(stream.Signature(axi_data_bits))
@@ -253,9 +256,12 @@ class Expander(wiring.Component):
         hdr_words = max(-(-N * i.header_bytes // BB) for i in infos.values())
         max_group = max(R * N * i.bits for i in infos.values())
         cap = max_group + BW
-        fmt = self.format
+        # The format of the beat offered, and that of the block whose codes
+        # are in (taken with its last header beat): the next block, of the
+        # next load, may be of another format.
+        fmt, bfmt = self.format, Signal(QuantFormat)
 
-        def per_format(fn, width):
+        def per_format(fn, width, fmt):
             """A value chosen by the format among the formats built."""
             out = Signal(width, name=None)
             with m.Switch(fmt):
@@ -264,10 +270,10 @@ class Expander(wiring.Component):
                         m.d.comb += out.eq(fn(f, i))
             return out
 
-        hdr_beats = per_format(lambda f, i: N * i.header_bytes // BB, range(hdr_words + 1))
-        code_beats = per_format(lambda f, i: N * i.code_bytes // BB, 16)
-        block = per_format(lambda f, i: i.block, 10)
-        group_bits = per_format(lambda f, i: R * N * i.bits, range(cap + 1))
+        hdr_beats = per_format(lambda f, i: N * i.header_bytes // BB, range(hdr_words + 1), fmt)
+        code_beats = per_format(lambda f, i: N * i.code_bytes // BB, 16, fmt)
+        block = per_format(lambda f, i: i.block, 10, bfmt)
+        group_bits = per_format(lambda f, i: R * N * i.bits, range(cap + 1), bfmt)
 
         header = Signal(hdr_words * BW)
         codes = Signal(cap)                 # the gearbox: bits from bit 0 up
@@ -310,11 +316,11 @@ class Expander(wiring.Component):
                     with m.Case(w):
                         m.d.sync += header[w * BW:(w + 1) * BW].eq(self.beats.payload)
             with m.If(index + 1 == hdr_beats):
-                m.d.sync += [in_codes.eq(1), k.eq(0), code_left.eq(code_beats)]
+                m.d.sync += [in_codes.eq(1), k.eq(0), code_left.eq(code_beats), bfmt.eq(fmt)]
             with m.Else():
                 m.d.sync += [hdr_i.eq(index + 1), in_codes.eq(0)]
 
-        value = self._take_group(m, infos, header, codes, k)
+        value = self._take_group(m, infos, header, codes, k, bfmt)
         moves = []
         for stage in self._STAGES:
             reg = Signal.like(value, name=f"in{stage.__name__}")    # e.g. in_widen
@@ -329,14 +335,14 @@ class Expander(wiring.Component):
         return m
 
     # Stage 1: the group's codes and its columns' scale fields.
-    def _take_group(self, m, infos, header, codes, k):
+    def _take_group(self, m, infos, header, codes, k, fmt):
         c = self.config
         R, N = c.quant_rows, c.cols
         col = data.StructLayout({"d": 16, "e": 16, "sc": signed(_INT), "mm": 6, "tsel": 2})
         layout = data.StructLayout({"cols": data.ArrayLayout(col, N),
                                     "q": data.ArrayLayout(signed(_INT), R * N)})
         out = Signal(layout)
-        with m.Switch(self.format):
+        with m.Switch(fmt):
             for f, i in infos.items():
                 with m.Case(f):
                     self._fields(m, f, i, header, codes, k, out)

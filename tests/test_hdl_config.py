@@ -76,6 +76,9 @@ def test_presets():
     assert (fpga.rows, fpga.cols, fpga.mac_stages) == (4, 4, 7)
     # The fpga chip keeps the narrow weight port; the simulation chips take two rows.
     assert fpga.weight_rows_per_cycle == 1 and ChipConfig().weight_rows_per_cycle == 2
+    # ... and no weight expander yet (docs/synth.md); with it, every format.
+    assert fpga.quant_formats == ()
+    assert fpga.replace(quant_formats=None).quant_formats == ChipConfig().quant_formats
     with pytest.raises(ValueError, match="unknown ChipConfig preset 'asic'"):
         ChipConfig.preset("asic")
 

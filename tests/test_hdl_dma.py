@@ -390,6 +390,52 @@ def test_native_quantized(dma, pause, latency):
         _check_all(dma, dma.model, batch, f"quantized, pause {pause}", seed)
 
 
+def _strip_descriptors(rng, config, names, base):
+    """A contiguous quantized strip of each format in `names`, one after the
+    other in external memory and in VMEM: (descriptors, writes, beats)."""
+    out, writes, beats, row = [], [], 0, 0
+    for name in names:
+        fmt = QuantFormat[name]
+        info = QUANT_INFO[fmt]
+        blocks = int(rng.integers(1, 4))
+        raw = random_blocks(fmt, config.cols * blocks, int(rng.integers(1 << 30)))
+        chip = repack(raw, fmt, (config.cols, blocks * info.block), config.cols)
+        tile = tile_block_bytes(fmt, config.cols)
+        writes.append((base, chip))
+        out.append(Descriptor(DmaDir.LOAD, VMEM, base, blocks * info.block, tile, tile, row,
+                              tag=int(rng.integers(256)), format=fmt))
+        beats += chip.size // config.axi_data_bytes
+        base += chip.size + 64 * int(rng.integers(0, 3))
+        row += blocks * info.block
+    return out, writes, beats
+
+
+@pytest.mark.parametrize("pause,latency", [(0, (0, 0)), (50, (0, 30))])
+def test_native_quantized_back_to_back(dma, pause, latency):
+    """Quantized loads of every format one after the other: the next one's
+    bursts issue while this one's beats arrive (receive contexts), each
+    block is expanded in its own load's format, completions in order; with
+    no stalls the read channel stays busy: the loads take their beats, plus
+    one start and one drain of the expander (17 cycles when measured), plus
+    at most a cycle each."""
+    seed = 500 + pause
+    rng = np.random.default_rng(seed)
+    dma.set_params(pause=pause, latency=latency, seed=seed)
+    names = list(CONFIG.quant_formats) * 2
+    rng.shuffle(names)
+    batch, writes, beats = _strip_descriptors(rng, CONFIG, names, 1 << 23)
+    for at, data in writes:
+        dma.ext[at:at + data.size] = data
+        dma.model.ext[at:at + data.size] = data
+    expect = [(dma.model.execute(d), d.tag) for d in batch]
+    got, cycles = dma.run(batch)
+    assert got == expect, f"completions {got} != {expect} (seed={seed}) {batch}"
+    _check_all(dma, dma.model, batch, f"back to back, pause {pause}", seed)
+    if pause == 0:
+        bound = beats + 20 + len(batch)
+        assert cycles <= bound, f"{cycles} cycles for {beats} beats of {len(batch)} loads"
+
+
 def test_native_quantized_illegal(dma):
     """Each check of a quantized load, matching the model, with no bus traffic."""
     dma.set_params()

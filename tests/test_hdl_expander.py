@@ -20,7 +20,8 @@ from mxu.verif.golden import assert_bits_equal, f32_bits
 @pytest.mark.parametrize("preset,rows", [("default", 2), ("fpga", 1)])
 def test_expander(preset, rows, tmp_path):
     """The default chip's two rows a cycle (its two VMEM write lanes) and the
-    fpga chip's one (with every format that fits it). (The testbench's bus-rate case runs without stalls
+    fpga chip's one (with every format that fits it); every format, and all
+    of them back to back. (The testbench's bus-rate case runs without stalls
     whatever `pause` is.)"""
     pause = 40
     config = ChipConfig.preset(preset).replace(quant_formats=None)   # the fpga chip has none yet

@@ -1,6 +1,7 @@
 """Quantized weights on the whole chip: a quantized LOAD (the weight expander
 in the DMA's load path) then LOADW and MATMUL give the golden matmul with the
-golden expander's weights, for every format, on the default 16x16 chip."""
+golden expander's weights, for every format, on the default 16x16 chip and
+on the `fpga` preset's chip."""
 
 import re
 import numpy as np
@@ -12,7 +13,7 @@ from mxu.hdl.quant import QUANT_INFO, QuantFormat, repack, tile_block_bytes
 from mxu.sim import Chip
 from mxu.sim.compiler.program import Program
 from mxu.verif import golden
-from mxu.verif.quant import dequantize, expand_tiles, random_blocks
+from mxu.verif.quant import D_AT, dequantize, expand_tiles, random_blocks
 
 CONFIG = SHAPES["16x16"]
 A_AT, W_AT, C_AT = 0x10000, 0x40000, 0x80000
@@ -119,6 +120,32 @@ def test_upload_quantized_matmul(chip, name, n, k, m):
     golden.assert_bits_equal(got, chip.matmul(x, Wb), what=f"{name} vs the bf16 path")
     W.free()
     assert chip.free_bytes == free
+
+
+def test_fpga_chip_quantized_matmuls():
+    """The `fpga` preset's chip (RTL MACs, one weight row a cycle, a 64-bit
+    bus) with the expander (the preset has none yet: docs/synth.md): every
+    format's quantized matmul equals the golden one and the bf16 path, bit
+    for bit; the strips of one matmul are quantized LOADs back to back."""
+    from mxu.hdl import ChipConfig
+    config = ChipConfig.preset("fpga").replace(quant_formats=None)
+    assert set(config.quant_formats) == {f.name for f in QUANT_INFO}
+    chip = Chip(config)
+    rng = np.random.default_rng(17)
+    for n, fmt in enumerate(QUANT_INFO):
+        info = QUANT_INFO[fmt]
+        k, cols = 2 * info.block, 3 * config.cols + 1
+        raw = random_blocks(fmt, cols * k // info.block, 40 + n)
+        at = D_AT.get(fmt, 0)
+        raw[:, at:at + 2] = np.array([0.02], np.float16).view(np.uint8)     # finite scales
+        W = chip.upload_quantized(raw, fmt.name, (cols, k), name=f"{fmt.name} weight")
+        x = rng.standard_normal((2, k)).astype(np.float32)
+        got = chip.matmul(x, W)
+        Wb = dequantize(raw, fmt, (cols, k)).T.view(golden.bf16)
+        golden.assert_bits_equal(got, golden.matmul(x, Wb, rows=config.rows),
+                                 what=f"{fmt.name} matmul on the fpga chip")
+        golden.assert_bits_equal(got, chip.matmul(x, Wb), what=f"{fmt.name} vs the bf16 path")
+        W.free()
 
 
 def test_upload_quantized_errors(chip):

@@ -40,18 +40,22 @@ def _strip(fmt, blocks_along_k, seed):
 
 
 async def _run(dut, fmt, beats, rows_wanted, pause, rng):
-    """Drive `beats`, collect `rows_wanted` rows; returns (rows, cycles)."""
+    """Drive `beats`, collect `rows_wanted` rows; returns (rows, cycles).
+    `fmt` is the format of every beat, or a list of each beat's."""
     R, N = CONFIG.quant_rows, CONFIG.cols
-    dut.format.value = fmt.value
+    formats = fmt if isinstance(fmt, list) else [fmt] * len(beats)
+    name = "+".join(dict.fromkeys(f.name for f in formats))
+    dut.format.value = formats[0].value
     dut.clear.value = 1
     await RisingEdge(dut.clk)
     dut.clear.value = 0
     got, i, cycles = [], 0, 0
     while len(got) < rows_wanted:
-        assert cycles < WATCHDOG, f"watchdog: {fmt.name} gave {len(got)} of {rows_wanted} rows"
+        assert cycles < WATCHDOG, f"watchdog: {name} gave {len(got)} of {rows_wanted} rows"
         offer = i < len(beats) and rng.integers(100) >= pause
         dut.beats__valid.value = int(offer)
         dut.beats__payload.value = beats[i] if offer else 0
+        dut.format.value = formats[min(i, len(beats) - 1)].value
         dut.rows__ready.value = int(rng.integers(100) >= pause)
         await ReadOnly()
         took = offer and dut.beats__ready.value == 1
@@ -64,7 +68,7 @@ async def _run(dut, fmt, beats, rows_wanted, pause, rng):
         i += int(took)
         cycles += 1
     dut.beats__valid.value = 0
-    assert i == len(beats), f"{fmt.name}: {i} of {len(beats)} beats taken for all rows"
+    assert i == len(beats), f"{name}: {i} of {len(beats)} beats taken for all rows"
     return np.array(got, np.uint16), cycles
 
 
@@ -90,6 +94,29 @@ async def every_format_with_stalls(dut):
         want = expand_tiles(chip, fmt, CONFIG.cols)
         got, _ = await _run(dut, fmt, beats, want.shape[0], PAUSE, rng)
         assert_bits_equal(got[:want.shape[0]], want, what=f"{fmt.name} rows", seed=SEED)
+
+
+@cocotb.test()
+async def formats_back_to_back(dut):
+    """Strips of every format, each after the other with no clear between
+    (back-to-back quantized loads), the format changing with the beats: each
+    block is expanded in its own format."""
+    await _start(dut)
+    rng = np.random.default_rng(SEED + 1)
+    for pause in (0, PAUSE):
+        names = list(CONFIG.quant_formats) * 2
+        rng.shuffle(names)
+        beats, formats, want = [], [], []
+        for n, name in enumerate(names):
+            fmt = QuantFormat[name]
+            chip, strip = _strip(fmt, 1 + n % 2, SEED * 200 + n)
+            beats += strip
+            formats += [fmt] * len(strip)
+            want.append(expand_tiles(chip, fmt, CONFIG.cols))
+        want = np.concatenate(want)
+        got, _ = await _run(dut, formats, beats, want.shape[0], pause, rng)
+        assert_bits_equal(got[:want.shape[0]], want, what=f"rows of {names}, pause {pause}",
+                          seed=SEED)
 
 
 @cocotb.test()

@@ -55,9 +55,12 @@ _MASK = (1 << INSTR_BITS) - 1
 # 16 leave a decode step or a prefill a few per cent slower, docs/compiler.md).
 _DRAIN_QUEUES = 4
 TAIL_CUT = 4
-# Cycles a quantized LOAD takes besides its beats (docs/memory.md, "Quantized
-# loads"): the pace of a group's loads (`_Segment._units`).
-_QUANT_LOAD_START = 29
+# Cycles a quantized LOAD takes besides its beats when it follows another
+# (docs/memory.md, "Quantized loads": none, its bursts go out while the one
+# before it streams; 28 alone): the pace of a group's loads (`_Segment._units`).
+# 29 (a LOAD alone, before the overlap) gave Q4_1 576x1536 at M = 1 39,472
+# cycles against 39,398, Q8_0 65,443 against 64,490 (bench/quant.py).
+_QUANT_LOAD_START = 0
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,12 @@ def test_fifo_matches_syncfifo(depth, memory_bits):
     sim.run()
 
 
-def test_fifo_rejects_bad_parameters():
+@pytest.mark.parametrize("cls", [Fifo, BufferedFifo], ids=lambda c: c.__name__)
+def test_fifo_rejects_bad_parameters(cls):
     with pytest.raises(ValueError, match="depth must be an integer of at least 1, not 0"):
-        Fifo(8, 0)
+        cls(8, 0)
     with pytest.raises(ValueError, match="memory_bits must be from 0 to the width 8, not 9"):
-        Fifo(8, 2, memory_bits=9)
+        cls(8, 2, memory_bits=9)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3, 4, 5])
@@ -94,10 +95,3 @@ def test_buffered_fifo_matches_syncfifobuffered(depth, memory_bits):
             await ctx.tick()
     sim.add_testbench(bench)
     sim.run()
-
-
-def test_buffered_fifo_rejects_bad_parameters():
-    with pytest.raises(ValueError, match="depth must be an integer of at least 1, not 0"):
-        BufferedFifo(8, 0)
-    with pytest.raises(ValueError, match="memory_bits must be from 0 to the width 8, not 9"):
-        BufferedFifo(8, 2, memory_bits=9)

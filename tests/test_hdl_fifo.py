@@ -13,6 +13,19 @@ from amaranth.sim import Simulator
 from mxu.hdl.fifo import BufferedFifo, Fifo
 
 
+def _offer_both(ctx, fifos, w_en, r_en, data, reset, where):
+    """Drive the reference and the design alike, then check that every output
+    of theirs agrees (`fifos`: reference, design, and their common clear)."""
+    ref, dut, clear = fifos
+    for fifo in (ref, dut):
+        ctx.set(fifo.w_en, w_en)
+        ctx.set(fifo.r_en, r_en)
+        ctx.set(fifo.w_data, data)
+    ctx.set(clear, reset)
+    for name in ("w_rdy", "r_rdy", "level", "r_data"):
+        assert ctx.get(getattr(dut, name)) == ctx.get(getattr(ref, name)), f"{where}: {name}"
+
+
 @pytest.mark.parametrize("depth", [1, 2, 3, 4])
 @pytest.mark.parametrize("memory_bits", [0, 5, 8])
 def test_fifo_matches_syncfifo(depth, memory_bits):
@@ -28,14 +41,8 @@ def test_fifo_matches_syncfifo(depth, memory_bits):
         for cycle in range(2000):
             w_en, r_en = rng.random() < 0.6, rng.random() < 0.5
             data, reset = rng.randrange(256), rng.random() < 0.02
-            for fifo in (ref, dut):
-                ctx.set(fifo.w_en, w_en)
-                ctx.set(fifo.r_en, r_en)
-                ctx.set(fifo.w_data, data)
-            ctx.set(clear, reset)
-            for name in ("w_rdy", "r_rdy", "level", "r_data"):
-                assert ctx.get(getattr(dut, name)) == ctx.get(getattr(ref, name)), \
-                    f"depth {depth}, cycle {cycle}: {name}"
+            _offer_both(ctx, (ref, dut, clear), w_en, r_en, data, reset,
+                        f"depth {depth}, cycle {cycle}")
             await ctx.tick()
     sim.add_testbench(bench)
     sim.run()
@@ -72,14 +79,8 @@ def test_buffered_fifo_matches_syncfifobuffered(depth, memory_bits):
             w_p = 0.8 if (cycle // 50) % 2 else 0.3
             w_en, r_en = rng.random() < w_p, rng.random() < 1.1 - w_p
             data, reset = rng.randrange(256), rng.random() < 0.01
-            for fifo in (ref, dut):
-                ctx.set(fifo.w_en, w_en)
-                ctx.set(fifo.r_en, r_en)
-                ctx.set(fifo.w_data, data)
-            ctx.set(clear, reset)
-            for name in ("w_rdy", "r_rdy", "level", "r_data"):
-                assert ctx.get(getattr(dut, name)) == ctx.get(getattr(ref, name)), \
-                    f"depth {depth}, cycle {cycle}: {name}"
+            _offer_both(ctx, (ref, dut, clear), w_en, r_en, data, reset,
+                        f"depth {depth}, cycle {cycle}")
             level = ctx.get(dut.level)
             assert level == len(held), f"depth {depth}, cycle {cycle}: level"
             for i, value in enumerate(held):

@@ -138,6 +138,20 @@ def _context_layout(c):
     })
 
 
+def _derived_layout(c):
+    """The descriptor's values that the checks and the sections derive from it
+    (`Dma`'s ``derived`` register, set in CHECK)."""
+    desc, A = dma_descriptor_layout(c), c.axi_addr_bits
+    return data.StructLayout({
+        "coalesced": 1,                                         # the rows are one range
+        "last_off": A + desc["rows"].width,                     # (rows - 1) * stride
+        "total": desc["rows"].width + desc["row_bytes"].width,  # rows * row_bytes
+        "first_end": A + 1,                                     # the first row's end
+        # The range's room past the first row: the limit of last_off.
+        "room": signed(A + 2),
+    })
+
+
 def _burst_setup_layout(c):
     desc = dma_descriptor_layout(c)
     return data.StructLayout({"base": c.axi_addr_bits,
@@ -596,7 +610,7 @@ class _ReceiveContexts(wiring.Component):
         the fpga chip's critical path (docs/synth.md).
     r_code : In(DmaError)
     r_next : In(1)
-        That beat was rx[1]'s (the load path had moved on to it), else rx[0]'s.
+        That beat was rx[1]'s (rx[0] had no burst left on the bus), else rx[0]'s.
     row_idle : In(1)
         The load path holds no unwritten row after this cycle (a quantized
         rx[0]: its rows are all written, or an error response came).
@@ -754,20 +768,13 @@ class Dma(wiring.Component):
         m.submodules.row_reader = rr = self.row_reader
         m.submodules.gearbox = gb = self.gearbox
         d = Signal(dma_descriptor_layout(c))
-        # The descriptor's values that the checks and the sections derive from it.
-        derived = Signal(data.StructLayout({
-            "coalesced": 1,                                 # the rows are one range
-            "last_off": A + len(d.rows),                    # (rows - 1) * stride
-            "total": len(d.rows) + len(d.row_bytes),        # rows * row_bytes
-            "first_end": A + 1,                             # the first row's end
-            # The range's room past the first row: the limit of last_off.
-            "room": signed(A + 2),
-        }))
+        derived = Signal(_derived_layout(c))
         status = Signal(data.StructLayout({
             "err": DmaError,          # the completion of a descriptor the FSM completes
             "abort": 1,               # no new bursts: an error response arrived
             "abort_err": DmaError,    # the first error response, for contexts it cut short
         }))
+        self._status = status       # (for the proofs' lemmas)
         run, clear = Signal(), Signal()     # RUN; COMPLETE (the sections' state is reset)
         is_load = d.dir == DmaDir.LOAD
         self._m = m
@@ -802,7 +809,7 @@ class Dma(wiring.Component):
         self._connect_axi(m, bursts, gb, is_load, clear)
         self._quant_path(m, rc, status, clear)
         moved_on = Signal()     # the load path works for rx[1] (`_connect_load_path`)
-        self._responses(m, bursts, rc, status, moved_on)
+        self._responses(m, bursts, rc, status)
         self._connect_load_path(m, lp, rc, clear, moved_on)
         fsm_done = self._control(m, d, derived, status, run, clear)
         # Completions leave in order: a descriptor the state machine completes
@@ -853,7 +860,7 @@ class Dma(wiring.Component):
                      axi.wstrb.eq(gb.w.payload.strb), axi.wlast.eq(gb.w.payload.last),
                      gb.w.ready.eq(axi.wready)]
 
-    def _responses(self, m, bursts, rc, status, moved_on):
+    def _responses(self, m, bursts, rc, status):
         """R and B responses: bursts returned, and the first error."""
         axi = self.axi
         r_fire = axi.rvalid & axi.rready
@@ -873,11 +880,15 @@ class Dma(wiring.Component):
                 m.d.comb += r_error.eq(1)       # a context's, a cycle later
             with m.Elif(status.err == DmaError.OK):
                 m.d.sync += status.err.eq(code)
+        # A beat is rx[1]'s when rx[0] has no burst left on the bus (responses
+        # come in order), unless rx[1] moves up to rx[0] at this edge. Counted
+        # from the contexts' bursts, not from the load path's position (where it
+        # has moved on, or the expander's beat count): the same beats, but the
+        # proofs' induction ties counts, not addresses (docs/formal.md).
+        rx0 = rc.rx0
+        none_left = rx0.bursts == (rc.r_last & ~rc.r_next)
         m.d.sync += [rc.r_last.eq(r_fire & axi.rlast), rc.r_error.eq(r_error),
-                     rc.r_code.eq(code),
-                     # rx[1]'s beat, unless rx[1] moves up to rx[0] at this edge.
-                     rc.r_next.eq((Mux(self._qmode, self._q_at == 1, moved_on)
-                                   if self.config.quant_formats else moved_on) & ~rc.shift)]
+                     rc.r_code.eq(code), rc.r_next.eq(none_left & ~rc.shift)]
 
     def _connect_load_path(self, m, lp, rc, clear, moved_on):
         """The load path works for rx[0], and writes its rows to VMEM or the
@@ -1007,8 +1018,14 @@ class Dma(wiring.Component):
             m.d.sync += [at.eq(0), taken.eq(0)]
         # `full`: rx[0]'s rows are all written (a register, not a compare:
         # `more` holds the expander's every stage).
+        # `waiting`: a group offered and refused by a lane stays offered, also
+        # when an error response comes meanwhile (the stream rule; its rows
+        # are written, the ones after it dropped).
         written, full = self._q_written, Signal()
-        more = self._qmode & ~full & ~status.abort
+        waiting = Signal()
+        more = self._qmode & ~full & (~status.abort | waiting)
+        taken = Cat(*(lane.ready for lane in lanes)).all()
+        m.d.sync += waiting.eq(more & ex.rows.valid & ~taken)
         m.d.comb += [
             ex.format.eq(Mux(at == 0, rx0.format, rx1.format)), ex.clear.eq(clear | drained),
             ex.beats.valid.eq(axi.rvalid & self._qmode), ex.beats.payload.eq(axi.rdata),
@@ -1016,8 +1033,8 @@ class Dma(wiring.Component):
             # Lane 0 is `vmem_write`, shared with the plain load path.
             q.valid.eq(ex.rows.valid & more), q.addr.eq(rx0.chip_row + written),
             q.data.eq(ex.rows.payload[0].as_value()),
-            ex.rows.ready.eq(status.abort | (more & Cat(*(lane.ready for lane in lanes)).all())),
-            q.idle.eq(full | status.abort),
+            ex.rows.ready.eq((status.abort & ~waiting) | (more & taken)),
+            q.idle.eq(full | (status.abort & ~waiting)),
         ]
         for i, lane in enumerate(lanes[1:], 1):
             m.d.comb += [lane.valid.eq(more & ex.rows.valid),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from mxu.hdl.array import array_latency, weight_load_cycles
 
-__all__ = ["Depth", "STALL", "dma_depth", "soft_reset_depth", "fetch_depth", "loop_depth",
+__all__ = ["Depth", "STALL", "dma_depth", "quant_load_depth", "soft_reset_depth", "fetch_depth", "loop_depth",
            "array_depth", "vector_depth"]
 
 # A stall that ends in a transfer: the cycle it starts and the one it ends in
@@ -49,6 +49,25 @@ def dma_depth(config, load):
     cycles = max(burst, third)
     return Depth(cycles, f"max(max_burst ({beats}) + pipeline ({DMA_PIPELINE}) + stall "
                          f"({STALL}), 2 x issue ({DMA_ISSUE}) + 2 (a third taken)) = {cycles}")
+
+
+def quant_load_depth(config):
+    """A quantized load's first rows out of the expander: the pipeline, a
+    tile-block's header beats and the code beats of its first group of rows
+    (the longest of the chip's formats), the expander's latency, and a
+    stall; at least the plain load's depth (`dma_depth`)."""
+    from mxu.hdl.expander import Expander
+    from mxu.hdl.quant import QUANT_INFO, QuantFormat
+    bits = config.axi_data_bits
+    infos = [QUANT_INFO[QuantFormat[f]] for f in config.quant_formats]
+    header = max(-(-config.cols * i.header_bytes * 8 // bits) for i in infos)
+    group = max(-(-config.quant_rows * config.cols * i.bits // bits) for i in infos)
+    rows = DMA_PIPELINE + header + group + Expander.LATENCY + STALL
+    plain = dma_depth(config, True)
+    cycles = max(rows, plain.cycles)
+    return Depth(cycles, f"max(pipeline ({DMA_PIPELINE}) + header beats ({header}) + a group's "
+                         f"code beats ({group}) + expander ({Expander.LATENCY}) + stall "
+                         f"({STALL}), the plain load's {plain.cycles}) = {cycles}")
 
 
 def soft_reset_depth(config, load):

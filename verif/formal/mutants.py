@@ -19,11 +19,11 @@ from mxu.hdl.fifo import Fifo
 from mxu.hdl.regs import SoftReset
 from mxu.hdl.vpu import _OperandReader
 
-from .depths import array_depth
+from .depths import array_depth, dma_depth, quant_load_depth
 from .sby import Proof
-from .units import (CUT_COMPUTE, CUT_DMA, CUT_MAC, _two_beat_tiles, array_harness,
-                    compute_harness, controller_harness, dma_harness, regs_harness,
-                    vector_harness)
+from .units import (CUT_COMPUTE, CUT_DMA, CUT_MAC, _cut_expander, _two_beat_tiles,
+                    array_harness, compute_harness, controller_harness, dma_harness,
+                    quant_config, regs_harness, vector_harness)
 
 __all__ = ["Mutant", "mutants"]
 
@@ -136,6 +136,26 @@ class _EveryRowFirst(Dma):
         self.row_reader.queue = _MarksFirst(q.width, q.depth, memory_bits=q.memory_bits)
 
 
+class _BeatsAllFirst(Dma):
+    """A DMA that counts every R beat to the first receive context, also
+    those of the next load's bursts (the second context's)."""
+
+    def _responses(self, m, bursts, rc, status):
+        super()._responses(m, bursts, rc, status)
+        m.d.sync += rc.r_next.eq(0)
+
+
+class _DropsRowsOnError(Dma):
+    """A DMA whose quantized rows offered to VMEM are withdrawn when an error
+    response arrives, refused or not (the load before its ``waiting``)."""
+
+    def _quant_path(self, m, rc, status, clear):
+        super()._quant_path(m, rc, status, clear)
+        lanes = [getattr(self, name) for name in self.vmem_writes[1:]]
+        with m.If(status.abort):
+            m.d.comb += [self._quant_rows.valid.eq(0), *(lane.valid.eq(0) for lane in lanes)]
+
+
 class _ResetMidBurst(SoftReset):
     """A soft reset that does not wait for the drain: the core is reset in
     the cycle after the request, bursts in flight or not (the chip before
@@ -182,6 +202,7 @@ def mutants(config):
                     r"connect -set \dut.compute_pop_ok 1'1", "cd ..")
     vpu = c if c.vpu else c.replace(vpu=True)
     compute = _two_beat_tiles(c)
+    quant = quant_config(c)
     compute_depth = array_depth(compute.rows, compute.cols, compute.mac_stages,
                                 compute.weight_rows_per_cycle).cycles
     return [
@@ -205,9 +226,26 @@ def mutants(config):
                      lambda: dma_harness(c, DmaDir.STORE, dma=_EveryRowFirst),
                      mode="bmc", depth=10, cover_depth=1, covers=False, script=CUT_DMA),
                ".marks"),
+        Mutant("dma_beats_all_first",
+               Proof("mutant.dma_beats_all_first",
+                     lambda: dma_harness(c, DmaDir.LOAD, dma=_BeatsAllFirst),
+                     mode="bmc", depth=dma_depth(c, True).cycles, cover_depth=1, covers=False,
+                     script=CUT_DMA),
+               "dma.inv.contexts.late0"),
+        Mutant("dma_drops_quantized_rows_on_error",
+               Proof("mutant.dma_drops_quantized_rows",
+                     lambda: dma_harness(quant, DmaDir.LOAD, dma=_DropsRowsOnError),
+                     mode="bmc", depth=quant_load_depth(quant).cycles, cover_depth=1,
+                     covers=False, script=_cut_expander(False)),
+               "dma.vmem_write.valid_held"),
         Mutant("soft_reset_mid_burst",
                Proof("mutant.soft_reset_mid_burst",
                      lambda: dma_harness(c, DmaDir.STORE, soft_reset=True, soft=_ResetMidBurst),
+                     mode="bmc", depth=10, cover_depth=1, covers=False, script=CUT_DMA),
+               "dma.soft_reset.drained"),
+        Mutant("soft_reset_mid_burst_load",
+               Proof("mutant.soft_reset_mid_burst_load",
+                     lambda: dma_harness(c, DmaDir.LOAD, soft_reset=True, soft=_ResetMidBurst),
                      mode="bmc", depth=10, cover_depth=1, covers=False, script=CUT_DMA),
                "dma.soft_reset.drained"),
         Mutant("controller_ignores_a_token",

@@ -1157,10 +1157,105 @@ def dma_harness(config, direction, *, dma=None, soft_reset=False, soft=None):
         prop(m, DUT, "dma.descriptors_max", open_ <= most,
              witness=(taken & (open_ == most - 1)) if load else (done & (open_ == most)))
         prop(m, DUT, "dma.done_after_cmd", open_ != 0, when=dut.done.valid)
-        if not load:
+        if load:
+            _load_lemmas(m, dut, axi, open_)
+        else:
             _store_lemmas(m, dut, axi, open_, past, after)
 
     return Harness(dut, extra)
+
+
+def _load_lemmas(m, dut, axi, open_):
+    """The induction lemmas of a load (docs/formal.md): the receive contexts,
+    the state machine and the burst generator against the AXI checker's
+    ghost state and the harness's count of open descriptors. Counts, not
+    addresses: an R beat is rx[0]'s while rx[0] has a burst on the bus
+    (`Dma._responses`), so no lemma needs the load path's beat address.
+
+    * One descriptor is open per valid receive context, and one more while
+      the descriptor register holds one not yet given a context (CHECK,
+      DECIDE, COMPLETE); every one is a load.
+    * rx[1] only behind an rx[0] whose bursts are all issued; outside RUN
+      every context's bursts are issued and the burst generator is idle; in
+      RUN the newest context issues. A context not valid is empty.
+    * Bursts in flight (`_BurstGenerator.inflight`) = the AR register + the
+      ARs the checker counts (no more than the limit) = the contexts' bursts
+      less the last beat they take a cycle late (``r_last``), which, with
+      an error response's ``r_error``, is rx[1]'s exactly when rx[0] had
+      none left.
+    * The AR register and the burst generator's next burst are legal.
+    * The load path's row register is empty without a context and in a
+      quantized one, and the store's queues and gearbox are empty.
+
+    Behind a soft reset (`SoftResetDma`) the same lemmas hold: it comes only
+    when nothing is in flight."""
+    from mxu.hdl.dma import DmaDir, DmaError, _derived_layout, dma_descriptor_layout
+    c = dut.config
+    LG, MAXO, MAXB = (c.axi_data_bytes - 1).bit_length(), c.dma_max_outstanding, \
+        c.dma_max_burst_beats
+    path = ("dma",) if isinstance(dut, SoftResetDma) else ()
+    core = dut.dut if isinstance(dut, SoftResetDma) else dut
+    top = inner(dut, *path)
+    state = top["fsm_state"]
+    d = dma_descriptor_layout(c)(top["d"])
+    run = fsm_state(state, "RUN")
+    idle = fsm_state(state, "IDLE")
+    bg = inner(dut, *path, "bursts")
+    rc = dut.contexts
+    rx0, rx1 = rc.rx0, rc.rx1
+    inflight, ar_valid = dut.bursts.inflight, top["ar_valid"]
+    row = dut.load_path.row
+
+    def lemma(name, test):
+        prop(m, DUT, f"dma.inv.{name}", test, cover=False)
+
+    lemma("open", open_ == rx0.valid + rx1.valid + (~idle & ~run))
+    lemma("load", idle | (d.dir == DmaDir.LOAD))
+    # CHECK and DECIDE work from the units taken with the descriptor, and
+    # DECIDE starts a load from CHECK's registers: one that passed the
+    # checks moves bytes.
+    derived = _derived_layout(c)(top["derived"])
+    check, decide = fsm_state(state, "CHECK"), fsm_state(state, "DECIDE")
+    lemma("units", ~(check | decide) | (core._units.n == _units_of(c, d)))
+    lemma("checked", ~decide | (top["failed_at"] != 0)
+          | ((d.row_bytes != 0) & (core._units.n != 0) & (derived.total != 0)))
+    status = core._status
+    lemma("abort", status.abort == (status.abort_err != DmaError.OK))
+    lemma("complete_alone", ~fsm_state(state, "COMPLETE") | ~rx0.valid)
+    lemma("rx1_behind_rx0", ~rx1.valid | (rx0.valid & rx0.issued))
+    lemma("rx0_empty", rx0.valid | ((rx0.bursts == 0) & ~rx0.issued))
+    lemma("rx1_empty", rx1.valid | (rx1.as_value() == 0))
+    lemma("issuing", Mux(run, rx0.valid & Mux(rx1.valid, ~rx1.issued, ~rx0.issued),
+                         ~dut.bursts.active & (~rx0.valid | rx0.issued)
+                         & (~rx1.valid | rx1.issued)))
+    lemma("inflight", (inflight <= MAXO) & (inflight == axi.ar_count + ar_valid))
+    lemma("contexts.bursts", (rx0.bursts + rx1.bursts == inflight + rc.r_last)
+          & (rx0.bursts <= MAXO) & (rx1.bursts <= MAXO))
+    beat = rc.r_last | rc.r_error
+    lemma("contexts.late0", ~beat | rc.r_next | (rx0.bursts != 0))
+    lemma("contexts.late1", ~beat | ~rc.r_next
+          | (rx1.valid & (rx1.bursts != 0) & (rx0.bursts == 0)))
+    lemma("r_beat", (axi.ar_count != 0) | (axi.r_beat == 0))
+    lemma("ar_legal", ~ar_valid | ((dut.axi.arlen < MAXB)
+                                   & _burst_in_page(dut.axi.araddr, dut.axi.arlen, LG)))
+    lemma("next_burst", ~dut.bursts.active
+          | ((bg["beats"] != 0) & (bg["x"][:LG] == 0) & (bg["seg_len"] != 0)))
+    lemma("row_in_context", ~row.valid | (rx0.valid & ~core._qmode))
+    lemma("no_stores", (dut.aw_queue.level == 0) & (dut.len_queue.level == 0))
+    if c.quant_formats:
+        # Quantized loads: both contexts of one kind, and rx[0]'s rows
+        # written (`Dma._quant_path`) within its rows, all of them once `full`.
+        written, full = core._q_written, inner(dut, *path)["full"]
+        lg = (len(core.vmem_writes) - 1).bit_length()      # rows written a cycle
+        lemma("quant.one_kind", ~rx1.valid | (rx1.quant == rx0.quant))
+        lemma("quant.whole", ~decide | (top["failed_at"] != 0) | ~core._quant
+              | ((d.rows[:lg] == 0) & (d.rows != 0)))
+        for i, rx in enumerate((rx0, rx1)):
+            lemma(f"quant.whole{i}", ~rx.valid | ~rx.quant
+                  | ((rx.rows[:lg] == 0) & (rx.rows != 0)))
+        lemma("quant.written", (written[:lg] == 0) & Mux(
+            core._qmode, (written <= rx0.rows) & (full == (written == rx0.rows)),
+            (written == 0) & ~full))
 
 
 def _store_lemmas(m, dut, axi, open_, past, after=None):
@@ -1247,6 +1342,19 @@ def _store_lemmas(m, dut, axi, open_, past, after=None):
     _row_lemmas(lemma, dut, d, coalesced, rr, gb, past, after)
 
 
+def _units_of(c, d):
+    """The units of descriptor `d` (`Dma._take_units`): its rows, or a
+    quantized load's tile-blocks."""
+    from mxu.hdl.dma import DmaDir
+    from mxu.hdl.quant import QUANT_INFO, QuantFormat
+    n = d.rows
+    for name in c.quant_formats:
+        f = QuantFormat[name]
+        n = Mux((d.dir == DmaDir.LOAD) & (d.format == f),
+                d.rows >> (QUANT_INFO[f].block - 1).bit_length(), n)
+    return n
+
+
 def _row_lemmas(lemma, dut, d, coalesced, rr, gb, past, after):
     """A store's rows (`_store_lemmas`): the rows read and not yet taken by
     the gearbox, the queue's and then the one whose response arrives next
@@ -1297,6 +1405,31 @@ def _soft_reset_checks(m, dut, axi, load):
          witness=dut.core_reset & mid)
 
 
+def quant_config(config):
+    """`config` with the weight expander (quantized loads, docs/memory.md):
+    the fewest columns (a power of two, at least `config`'s) whose
+    tile-blocks are whole beats of its bus, the two formats of the shortest
+    block (two code widths, so that two loads in flight differ in their
+    beats), and VMEM rows for two of those blocks."""
+    from mxu.hdl.quant import QUANT_INFO, QuantFormat
+    cols = config.cols
+    while not config.replace(cols=cols, quant_formats=None).quant_formats:
+        cols *= 2
+    wide = config.replace(cols=cols, quant_formats=None)
+    infos = {name: QUANT_INFO[QuantFormat[name]] for name in wide.quant_formats}
+    block = min(i.block for i in infos.values())
+    formats = tuple(name for name, i in infos.items() if i.block == block)[:2]
+    vmem = max(wide.vmem_bytes, 2 * block * wide.vmem_row_bytes)
+    return wide.replace(quant_formats=formats, vmem_bytes=vmem)
+
+
+def _cut_expander(soft_reset):
+    """The expander's arithmetic cut out (its submodules' outputs are free
+    values): a quantized load's handshakes, beat and row counts stay."""
+    where = "top.dut.dma.expander" if soft_reset else "top.dut.expander"
+    return (f"cutpoint {where}.*",) + CUT_DMA
+
+
 # ---- the proofs ---------------------------------------------------------------------
 
 # The descriptor's (rows - 1) * stride (the wide product, which only the
@@ -1333,19 +1466,36 @@ def proofs_for(config, *, depth=None):
     c = config
     vpu = c if c.vpu else c.replace(vpu=True)
     load, store = depths.dma_depth(c, True), depths.dma_depth(c, False)
+    quant = quant_config(c)
     array = _two_beat_tiles(c)
     proofs = [
-        _bounded("dma.load", lambda: dma_harness(c, DmaDir.LOAD), load,
-                 "the longest burst through the pipeline, and three descriptors", CUT_DMA),
+        # (k-induction; the covers are searched to the longest burst through
+        # the pipeline and three descriptors open: `dma_depth`.)
+        Proof("dma.load", lambda: dma_harness(c, DmaDir.LOAD), depth=DMA_K,
+              cover_depth=load.cycles, script=CUT_DMA,
+              why="k-induction; lemmas: the receive contexts' bursts, the in-flight count "
+                  "and the AR register against the AXI checker's counts, the open "
+                  "descriptors against the contexts and the state"),
         # (k-induction; the covers are searched to the longest burst through
         # the pipeline: `dma_depth`.)
         Proof("dma.store", lambda: dma_harness(c, DmaDir.STORE), depth=DMA_K,
               cover_depth=store.cycles, script=CUT_DMA,
               why="k-induction; lemmas: the queues and the gearbox against the AXI checker's "
                   "counts and lengths, the row reader's rows and marks"),
-        _bounded("dma.soft_reset_load", lambda: dma_harness(c, DmaDir.LOAD, soft_reset=True),
-                 depths.soft_reset_depth(c, True),
-                 "bursts out, then a soft reset's drain and the reset", CUT_DMA),
+        Proof("dma.soft_reset_load", lambda: dma_harness(c, DmaDir.LOAD, soft_reset=True),
+              depth=DMA_K, cover_depth=depths.soft_reset_depth(c, True).cycles,
+              script=CUT_DMA, why="k-induction; the load's lemmas, across the reset"),
+        # (Quantized loads, on the fewest columns whose tile-blocks are whole
+        # beats: `quant_config`; the covers are searched to the first rows out
+        # of the expander and a stall: `quant_load_depth`.)
+        Proof("dma.load_quant", lambda: dma_harness(quant, DmaDir.LOAD), depth=DMA_K,
+              cover_depth=depths.quant_load_depth(quant).cycles, script=_cut_expander(False),
+              why="k-induction; the load's lemmas, and rx[0]'s rows written against its "
+                  "rows (the expander's arithmetic cut out)"),
+        Proof("dma.soft_reset_load_quant",
+              lambda: dma_harness(quant, DmaDir.LOAD, soft_reset=True), depth=DMA_K,
+              cover_depth=depths.quant_load_depth(quant).cycles, script=_cut_expander(True),
+              why="k-induction; the quantized load's lemmas, across the reset"),
         Proof("dma.soft_reset_store", lambda: dma_harness(c, DmaDir.STORE, soft_reset=True),
               depth=DMA_K, cover_depth=depths.soft_reset_depth(c, False).cycles,
               script=CUT_DMA, why="k-induction; the store's lemmas, across the reset"),

@@ -77,26 +77,8 @@ class Fifo(wiring.Component):
         m.d.comb += [self.w_rdy.eq(level != depth), self.r_rdy.eq(level != 0)]
         do_write = self.w_en & self.w_rdy
         do_read = self.r_en & self.r_rdy
-        low = self.memory_bits
-        m.d.comb += self.r_data[low:].eq(Array(self.entries)[self.consume])
-        if low:
-            m.submodules.storage = storage = Memory(shape=low, depth=depth, init=[])
-            w_port, r_port = storage.write_port(), storage.read_port(domain="comb")
-            m.d.comb += [w_port.addr.eq(self.produce), w_port.data.eq(self.w_data[:low]),
-                         w_port.en.eq(do_write), r_port.addr.eq(self.consume),
-                         self.r_data[:low].eq(r_port.data)]
-        with m.If(do_write):
-            with m.Switch(self.produce):
-                for i, entry in enumerate(self.entries):
-                    with m.Case(i):
-                        m.d.sync += entry.eq(self.w_data[low:])
-            m.d.sync += self.produce.eq(_next(self.produce, depth))
-        with m.If(do_read):
-            m.d.sync += self.consume.eq(_next(self.consume, depth))
-        with m.If(do_write & ~do_read):
-            m.d.sync += level.eq(level + 1)
-        with m.If(do_read & ~do_write):
-            m.d.sync += level.eq(level - 1)
+        m.d.comb += self.r_data[self.memory_bits:].eq(Array(self.entries)[self.consume])
+        _ring(m, self, depth, level, do_write, do_read, "comb")
         return m
 
     def lemma(self):
@@ -190,24 +172,7 @@ class BufferedFifo(wiring.Component):
         m.d.comb += self.w_rdy.eq(self.inner_level != inner)
         do_write = self.w_en & self.w_rdy
         load = (self.inner_level != 0) & (~self.r_rdy | self.r_en)
-        if low:
-            m.submodules.storage = storage = Memory(shape=low, depth=inner, init=[])
-            w_port, r_port = storage.write_port(), storage.read_port(domain="sync")
-            m.d.comb += [w_port.addr.eq(self.produce), w_port.data.eq(self.w_data[:low]),
-                         w_port.en.eq(do_write), r_port.addr.eq(self.consume),
-                         r_port.en.eq(load), self.r_data[:low].eq(r_port.data)]
-        with m.If(do_write):
-            with m.Switch(self.produce):
-                for i, entry in enumerate(self.entries):
-                    with m.Case(i):
-                        m.d.sync += entry.eq(self.w_data[low:])
-            m.d.sync += self.produce.eq(_next(self.produce, inner))
-        with m.If(load):
-            m.d.sync += self.consume.eq(_next(self.consume, inner))
-        with m.If(do_write & ~load):
-            m.d.sync += self.inner_level.eq(self.inner_level + 1)
-        with m.If(load & ~do_write):
-            m.d.sync += self.inner_level.eq(self.inner_level - 1)
+        _ring(m, self, inner, self.inner_level, do_write, load, "sync")
         self._output(m, load, Array(self.entries)[self.consume])
         return m
 
@@ -243,6 +208,36 @@ class BufferedFifo(wiring.Component):
         if i == 0:
             return Mux(self.r_rdy, self.out, behind)
         return Mux(self.r_rdy, entries[(self.consume + i - 1) % inner], behind)
+
+
+def _ring(m, fifo, depth, level, do_write, do_read, read_domain):
+    """The ring of entries `Fifo` and `BufferedFifo` share: `depth` entries,
+    the low ``memory_bits`` of each in a memory read in `read_domain`
+    (``"comb"``: `Fifo`'s, as `SyncFIFO`; ``"sync"``, enabled by `do_read`:
+    the buffered queue's, as a block RAM), the rest in ``fifo.entries``;
+    written at ``fifo.produce`` by `do_write`, read at ``fifo.consume`` by
+    `do_read`, `level` counting the entries held."""
+    low = fifo.memory_bits
+    if low:
+        m.submodules.storage = storage = Memory(shape=low, depth=depth, init=[])
+        w_port, r_port = storage.write_port(), storage.read_port(domain=read_domain)
+        m.d.comb += [w_port.addr.eq(fifo.produce), w_port.data.eq(fifo.w_data[:low]),
+                     w_port.en.eq(do_write), r_port.addr.eq(fifo.consume),
+                     fifo.r_data[:low].eq(r_port.data)]
+        if read_domain != "comb":
+            m.d.comb += r_port.en.eq(do_read)
+    with m.If(do_write):
+        with m.Switch(fifo.produce):
+            for i, entry in enumerate(fifo.entries):
+                with m.Case(i):
+                    m.d.sync += entry.eq(fifo.w_data[low:])
+        m.d.sync += fifo.produce.eq(_next(fifo.produce, depth))
+    with m.If(do_read):
+        m.d.sync += fifo.consume.eq(_next(fifo.consume, depth))
+    with m.If(do_write & ~do_read):
+        m.d.sync += level.eq(level + 1)
+    with m.If(do_read & ~do_write):
+        m.d.sync += level.eq(level - 1)
 
 
 def _next(pointer, depth):

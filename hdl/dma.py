@@ -761,7 +761,6 @@ class Dma(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c = self.config
-        A = c.axi_addr_bits
         m.submodules.bursts = bursts = self.bursts
         m.submodules.load_path = lp = self.load_path
         m.submodules.contexts = rc = self.contexts
@@ -1024,8 +1023,8 @@ class Dma(wiring.Component):
         written, full = self._q_written, Signal()
         waiting = Signal()
         more = self._qmode & ~full & (~status.abort | waiting)
-        taken = Cat(*(lane.ready for lane in lanes)).all()
-        m.d.sync += waiting.eq(more & ex.rows.valid & ~taken)
+        accepted = Cat(*(lane.ready for lane in lanes)).all()
+        m.d.sync += waiting.eq(more & ex.rows.valid & ~accepted)
         m.d.comb += [
             ex.format.eq(Mux(at == 0, rx0.format, rx1.format)), ex.clear.eq(clear | drained),
             ex.beats.valid.eq(axi.rvalid & self._qmode), ex.beats.payload.eq(axi.rdata),
@@ -1033,7 +1032,7 @@ class Dma(wiring.Component):
             # Lane 0 is `vmem_write`, shared with the plain load path.
             q.valid.eq(ex.rows.valid & more), q.addr.eq(rx0.chip_row + written),
             q.data.eq(ex.rows.payload[0].as_value()),
-            ex.rows.ready.eq((status.abort & ~waiting) | (more & taken)),
+            ex.rows.ready.eq((status.abort & ~waiting) | (more & accepted)),
             q.idle.eq(full | (status.abort & ~waiting)),
         ]
         for i, lane in enumerate(lanes[1:], 1):

@@ -1174,7 +1174,10 @@ def _load_lemmas(m, dut, axi, open_):
 
     * One descriptor is open per valid receive context, and one more while
       the descriptor register holds one not yet given a context (CHECK,
-      DECIDE, COMPLETE); every one is a load.
+      DECIDE, COMPLETE); every one is a load. CHECK and DECIDE work from
+      the units taken with it (`Dma._take_units`), and a descriptor DECIDE
+      starts passed the checks: it moves bytes. ``abort`` is set exactly
+      with its code; COMPLETE comes only with no context.
     * rx[1] only behind an rx[0] whose bursts are all issued; outside RUN
       every context's bursts are issued and the burst generator is idle; in
       RUN the newest context issues. A context not valid is empty.
@@ -1185,7 +1188,11 @@ def _load_lemmas(m, dut, axi, open_):
       none left.
     * The AR register and the burst generator's next burst are legal.
     * The load path's row register is empty without a context and in a
-      quantized one, and the store's queues and gearbox are empty.
+      quantized one, and the store's queues are empty.
+    * Quantized loads (chips with the expander): both contexts of one kind,
+      each with whole groups of rows (``quant_rows`` a cycle), and rx[0]'s
+      rows written (``_q_written``) whole groups within its rows, all of
+      them exactly when ``full``, none outside a quantized rx[0].
 
     Behind a soft reset (`SoftResetDma`) the same lemmas hold: it comes only
     when nothing is in flight."""
@@ -1243,8 +1250,6 @@ def _load_lemmas(m, dut, axi, open_):
     lemma("row_in_context", ~row.valid | (rx0.valid & ~core._qmode))
     lemma("no_stores", (dut.aw_queue.level == 0) & (dut.len_queue.level == 0))
     if c.quant_formats:
-        # Quantized loads: both contexts of one kind, and rx[0]'s rows
-        # written (`Dma._quant_path`) within its rows, all of them once `full`.
         written, full = core._q_written, inner(dut, *path)["full"]
         lg = (len(core.vmem_writes) - 1).bit_length()      # rows written a cycle
         lemma("quant.one_kind", ~rx1.valid | (rx1.quant == rx0.quant))

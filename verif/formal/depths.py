@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from mxu.hdl.array import array_latency, weight_load_cycles
 
-__all__ = ["Depth", "STALL", "dma_depth", "quant_load_depth", "soft_reset_depth", "fetch_depth", "loop_depth",
-           "array_depth", "vector_depth"]
+__all__ = ["Depth", "STALL", "dma_depth", "quant_load_depth", "soft_reset_depth", "fetch_depth",
+           "loop_depth", "array_depth", "vector_depth"]
 
 # A stall that ends in a transfer: the cycle it starts and the one it ends in
 # (every asserted hold rule's cover).

@@ -4,8 +4,8 @@ The functions of `mxu.hdl.vecmath` are written against an abstract `ops`
 interface. The classes here implement it for the hardware and for planning:
 
 * `PipelineOps` builds a pipeline: a register after every fp32 operation,
-  integer operations in between, delay registers wherever an operand is older
-  than its partner;
+  integer operations in between, delays wherever an operand is older than its
+  partner (registers, or a memory ring when long: `MEMORY_DELAY_MIN`);
 * `SharedPipelineOps` builds several sequences of which one runs per element,
   sharing their fp32 units stage by stage;
 * `LatencyOps` and `UsageOps` only count: a sequence's latency, and the units
@@ -16,13 +16,20 @@ from collections import Counter
 
 from amaranth.hdl import C, Mux, Signal
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .blackbox import black_box, signature_of
 from .numerics import FP32_QNAN, Fp32Adder, Fp32Multiplier, leading_zeros
 
 __all__ = ["Value", "PipelineOps", "SharedPipelineOps", "LatencyOps", "UsageOps",
-           "min_max_signature"]
+           "min_max_signature", "MEMORY_DELAY_MIN"]
+
+# A value carried this many stages or more between two of its uses is a memory
+# ring (written and read every enabled cycle), not a chain of registers: in
+# the fpga-llm chip's 4-stage lane, the words carried across its 96 stages
+# were 25.6k of its 32.2k flip-flops (docs/vpu.md, "Pipeline depth").
+MEMORY_DELAY_MIN = 16
 
 
 class _FpOps:
@@ -89,12 +96,14 @@ class PipelineOps(_FpOps):
         self.stages = stages
         self.unit_modules = unit_modules or {}
         self.used = used
-        self._delayed = {}
+        self._delayed = {}        # id of a value -> (the Value, {stage: its word there})
         self._count = 0
         self.registers = []       # (register, value) pairs, loaded under `enable`
 
     def finish(self):
-        """Load every register under `enable`; call once, after the last `at`."""
+        """Build the delays and load every register under `enable`; call once,
+        after the last `at`."""
+        self._build_delays()
         with self.m.If(self.enable):
             self.m.d.sync += [reg.eq(value) for reg, value in self.registers]
 
@@ -102,17 +111,57 @@ class PipelineOps(_FpOps):
         return Value(signal, stage)
 
     def at(self, v, stage):
-        """The word of `v` in `stage` (delay registers as needed)."""
+        """The word of `v` in `stage` (its delay is built by `finish`)."""
         if v.stage is None or v.stage == stage:
             return v.value
         assert v.stage < stage, "a value is needed before it exists"
-        key = (id(v.value), stage)
-        if key not in self._delayed:
-            prev = self.at(v, stage - 1)
-            reg = self._signal(f"delay_s{stage}")
-            self.registers.append((reg, prev))
-            self._delayed[key] = reg
-        return self._delayed[key]
+        _, taps = self._delayed.setdefault(id(v.value), (v, {}))
+        if stage not in taps:
+            self._count += 1
+            taps[stage] = Signal(len(v.value), name=f"{self.prefix}delay_s{stage}_{self._count}")
+        return taps[stage]
+
+    def _build_delays(self):
+        """Each delayed value's stages where it is used, from its own stage:
+        registers between two uses closer than `MEMORY_DELAY_MIN` stages, a
+        memory ring between two further apart."""
+        rings = []
+        for v, taps in self._delayed.values():
+            prev, at = v.value, v.stage
+            for stage in sorted(taps):
+                if stage - at >= MEMORY_DELAY_MIN:
+                    rings.append((prev, taps[stage], stage - at))
+                else:
+                    for _ in range(at + 1, stage):
+                        self._count += 1
+                        reg = Signal(len(prev), name=f"{self.prefix}delay_r{self._count}")
+                        self.registers.append((reg, prev))
+                        prev = reg
+                    self.registers.append((taps[stage], prev))
+                prev, at = taps[stage], stage
+        if rings:
+            self._build_rings(rings)
+
+    def _build_rings(self, rings):
+        """A ring of ``2**n >= length`` words per (value, output, length): one
+        write pointer for all, stepped under `enable`; each ring's synchronous
+        read, also under `enable`, of the word written ``length - 1`` enabled
+        cycles before gives the value `length` enabled cycles late, as a chain
+        of that many registers would (the reset leaves the words; no valid
+        element reads one written before it)."""
+        bits = max((length - 1).bit_length() for _, _, length in rings)
+        ptr = Signal(bits, name=f"{self.prefix}ring_ptr")
+        with self.m.If(self.enable):
+            self.m.d.sync += ptr.eq(ptr + 1)
+        for value, out, length in rings:
+            n = (length - 1).bit_length()
+            self._count += 1
+            ring = Memory(shape=len(value), depth=1 << n, init=[])
+            self.m.submodules[f"{self.prefix}ring_{self._count}"] = ring
+            w, r = ring.write_port(), ring.read_port()
+            self.m.d.comb += [w.addr.eq(ptr[:n]), w.data.eq(value), w.en.eq(self.enable),
+                              r.addr.eq(ptr[:n] - (length - 1)), r.en.eq(self.enable),
+                              out.eq(r.data)]
 
     def _signal(self, name):
         self._count += 1

@@ -99,11 +99,17 @@ _WORDS = {}
 _WORDS_HELD = 1 << 17
 
 
-def _encode(opcode, deps, fields):
+def _encode(opcode, deps, fields, key=None):
     """`isa.encode` of an instruction, memoized (`_WORDS`) when its values
-    can be a key."""
-    key = (opcode, tuple(deps.items()),
-           tuple([(k, tuple(v.items()) if isinstance(v, dict) else v) for k, v in fields.items()]))
+    can be a key. `key`: a tuple of the instruction's values made by its
+    method (the array's instructions, most of a compiled program's, make
+    theirs without walking the fields), its first item a string of its own."""
+    if key is None:
+        key = (opcode, tuple(deps.items()),
+               tuple([(k, tuple(v.items()) if isinstance(v, dict) else v)
+                      for k, v in fields.items()]))
+    else:
+        key = (key, tuple(deps.items()))
     try:
         word = _WORDS.get(key)
     except TypeError:       # an unhashable value: packed (or refused) as given
@@ -127,10 +133,10 @@ class Program:
     def __len__(self):
         return len(self.words)
 
-    def _emit(self, opcode, deps, **fields):
+    def _emit(self, opcode, deps, key=None, **fields):
         if not _DEP_SET.issuperset(deps):
             raise TypeError(f"unknown dependency flags {sorted(set(deps) - _DEP_SET)}")
-        word = _encode(opcode, deps, fields)
+        word = _encode(opcode, deps, fields, key)
         self.words.append(word)
         self.text.append((opcode, fields, deps))
         return self
@@ -175,15 +181,17 @@ class Program:
 
     def loadw(self, *, vmem_row, k_rows, vector=False, **deps):
         """LOADW: stage the weight tile in VMEM rows vmem_row..vmem_row+k_rows-1."""
-        return self._emit(Opcode.LOADW, deps, flags={"vector": int(vector)}, vmem_row=vmem_row,
-                          k_rows=k_rows)
+        return self._emit(Opcode.LOADW, deps, ("LOADW", vmem_row, k_rows, int(vector)),
+                          flags={"vector": int(vector)}, vmem_row=vmem_row, k_rows=k_rows)
 
     def matmul(self, *, act_row, m_rows, out_row, seed=SeedMode.ZERO, seed_row=0,
                new_weights=False, vector=False, **deps):
         """MATMUL m_rows activation rows into accumulator rows out_row.. (see docs/isa.md)."""
         if not isinstance(seed, SeedMode):     # (SeedMode(member) is slow)
             seed = SeedMode[seed.upper()] if isinstance(seed, str) else SeedMode(seed)
-        return self._emit(Opcode.MATMUL, deps,
+        key = ("MATMUL", act_row, m_rows, out_row, seed._value_, seed_row, int(new_weights),
+               int(vector))
+        return self._emit(Opcode.MATMUL, deps, key,
                           flags={"seed_mode": seed, "new_weights": int(new_weights),
                                  "vector": int(vector)},
                           act_row=act_row, m_rows=m_rows, out_row=out_row, seed_row=seed_row)

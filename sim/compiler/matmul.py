@@ -760,8 +760,9 @@ def _compress(prog, least=3):
     the inner LOOP of the group's LOOPs, which nest two deep."""
     words, text, out, i = prog.words, prog.text, Program(), 0
     heads = text.heads()
-    pair = lambda at: (at + 1 < len(words) and heads[at].startswith("LOADW")
-                       and heads[at + 1].startswith("MATMUL"))
+    loadw = [h.startswith("LOADW") for h in heads] + [False]
+    matmul = [h.startswith("MATMUL") for h in heads] + [False, False]
+    pair = lambda at: at < len(heads) and loadw[at] and matmul[at + 1]
     while i < len(words):
         k, deltas = 1, None
         while pair(i) and pair(i + 2 * k):

@@ -73,7 +73,7 @@ class Listing(list):
     def heads(self):
         """Each entry's text up to its first space (an instruction's opcode
         name, "" for a LOOP body's), without formatting the entries."""
-        return [e[0].name if isinstance(e, tuple) else _render(e).split(" ", 1)[0]
+        return [e[0]._name_ if isinstance(e, tuple) else _render(e).split(" ", 1)[0]
                 for e in list.__iter__(self)]
 
     def extend(self, other):

@@ -759,8 +759,10 @@ def _compress(prog, least=3):
     quantized weights (its N tiles' slots follow each other in the ring),
     the inner LOOP of the group's LOOPs, which nest two deep."""
     words, text, out, i = prog.words, prog.text, Program(), 0
-    pair = lambda at: (at + 1 < len(words) and text[at].startswith("LOADW")
-                       and text[at + 1].startswith("MATMUL"))
+    heads = text.heads()
+    loadw = [h.startswith("LOADW") for h in heads] + [False]
+    matmul = [h.startswith("MATMUL") for h in heads] + [False, False]
+    pair = lambda at: at < len(heads) and loadw[at] and matmul[at + 1]
     while i < len(words):
         k, deltas = 1, None
         while pair(i) and pair(i + 2 * k):
@@ -775,7 +777,7 @@ def _compress(prog, least=3):
             i += 2 * k
             continue
         out.words.append(words[i])
-        out.text.append(text[i])
+        out.text.append(text.entry(i))
         i += 1
     return out
 

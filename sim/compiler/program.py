@@ -30,9 +30,20 @@ from mxu.hdl.quant import QuantFormat, quant_format
 __all__ = ["Program"]
 
 _DEP_NAMES = ("pop_prev", "pop_next", "push_prev", "push_next")
+_DEP_SET = frozenset(_DEP_NAMES)
+
+
+class _Nested:
+    """A LOOP body's instruction in a listing, formatted (indented) when read."""
+    __slots__ = ("entry",)
+
+    def __init__(self, entry):
+        self.entry = entry
 
 
 def _render(entry):
+    if isinstance(entry, _Nested):
+        return f"  {_render(entry.entry)}"
     if not isinstance(entry, tuple):
         return entry
     opcode, fields, deps = entry
@@ -55,6 +66,16 @@ class Listing(list):
     def __iter__(self):
         return map(_render, list.__iter__(self))
 
+    def entry(self, index):
+        """Entry `index` unformatted: to move it into another listing."""
+        return list.__getitem__(self, index)
+
+    def heads(self):
+        """Each entry's text up to its first space (an instruction's opcode
+        name, "" for a LOOP body's), without formatting the entries."""
+        return [e[0]._name_ if isinstance(e, tuple) else _render(e).split(" ", 1)[0]
+                for e in list.__iter__(self)]
+
     def extend(self, other):
         list.extend(self, list.__iter__(other) if isinstance(other, Listing) else other)
 
@@ -71,6 +92,37 @@ class Listing(list):
     __hash__ = None
 
 
+# Words already packed, by their fields: the compiler builds many steps'
+# instructions more than once (a LOOP's iterations to find its deltas, then
+# its body), and looking a word up costs a fraction of packing it again.
+_WORDS = {}
+_WORDS_HELD = 1 << 17
+
+
+def _encode(opcode, deps, fields, key=None):
+    """`isa.encode` of an instruction, memoized (`_WORDS`) when its values
+    can be a key. `key`: a tuple of the instruction's values made by its
+    method (the array's instructions, most of a compiled program's, make
+    theirs without walking the fields), its first item a string of its own."""
+    if key is None:
+        key = (opcode, tuple(deps.items()),
+               tuple([(k, tuple(v.items()) if isinstance(v, dict) else v)
+                      for k, v in fields.items()]))
+    else:
+        key = (key, tuple(deps.items()))
+    try:
+        word = _WORDS.get(key)
+    except TypeError:       # an unhashable value: packed (or refused) as given
+        key = word = None
+    if word is None:
+        word = isa.encode(opcode, deps={k: int(bool(v)) for k, v in deps.items()}, **fields)
+        if key is not None:
+            if len(_WORDS) >= _WORDS_HELD:
+                _WORDS.clear()
+            _WORDS[key] = word
+    return word
+
+
 class Program:
     """A list of encoded instructions; `to_bytes` gives the image the chip fetches."""
 
@@ -81,11 +133,10 @@ class Program:
     def __len__(self):
         return len(self.words)
 
-    def _emit(self, opcode, deps, **fields):
-        unknown = set(deps) - set(_DEP_NAMES)
-        if unknown:
-            raise TypeError(f"unknown dependency flags {sorted(unknown)}")
-        word = isa.encode(opcode, deps={k: int(bool(v)) for k, v in deps.items()}, **fields)
+    def _emit(self, opcode, deps, key=None, **fields):
+        if not _DEP_SET.issuperset(deps):
+            raise TypeError(f"unknown dependency flags {sorted(set(deps) - _DEP_SET)}")
+        word = _encode(opcode, deps, fields, key)
         self.words.append(word)
         self.text.append((opcode, fields, deps))
         return self
@@ -130,14 +181,17 @@ class Program:
 
     def loadw(self, *, vmem_row, k_rows, vector=False, **deps):
         """LOADW: stage the weight tile in VMEM rows vmem_row..vmem_row+k_rows-1."""
-        return self._emit(Opcode.LOADW, deps, flags={"vector": int(vector)}, vmem_row=vmem_row,
-                          k_rows=k_rows)
+        return self._emit(Opcode.LOADW, deps, ("LOADW", vmem_row, k_rows, int(vector)),
+                          flags={"vector": int(vector)}, vmem_row=vmem_row, k_rows=k_rows)
 
     def matmul(self, *, act_row, m_rows, out_row, seed=SeedMode.ZERO, seed_row=0,
                new_weights=False, vector=False, **deps):
         """MATMUL m_rows activation rows into accumulator rows out_row.. (see docs/isa.md)."""
-        seed = SeedMode[seed.upper()] if isinstance(seed, str) else SeedMode(seed)
-        return self._emit(Opcode.MATMUL, deps,
+        if not isinstance(seed, SeedMode):     # (SeedMode(member) is slow)
+            seed = SeedMode[seed.upper()] if isinstance(seed, str) else SeedMode(seed)
+        key = ("MATMUL", act_row, m_rows, out_row, seed._value_, seed_row, int(new_weights),
+               int(vector))
+        return self._emit(Opcode.MATMUL, deps, key,
                           flags={"seed_mode": seed, "new_weights": int(new_weights),
                                  "vector": int(vector)},
                           act_row=act_row, m_rows=m_rows, out_row=out_row, seed_row=seed_row)
@@ -181,9 +235,9 @@ class Program:
                              f"not {len(deltas)}")
         mask = (1 << isa.INSTR_BITS) - 1
         self._emit(Opcode.LOOP, {}, count=count, body=len(body))
-        for word, text, delta in zip(body.words, body.text, deltas):
+        for word, entry, delta in zip(body.words, list.__iter__(body.text), deltas):
             self.words += [word, delta & mask]
-            self.text += [f"  {text}", "  (delta)"]
+            self.text += [_Nested(entry), "  (delta)"]
         return self
 
     def loop_between(self, count, first, second):

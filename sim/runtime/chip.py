@@ -15,6 +15,8 @@ statistics. ``chip.run(program)`` passes straight through to the driver.
 """
 
 import collections
+import contextlib
+import gc
 import time
 
 import numpy as np
@@ -121,6 +123,22 @@ def _vector_cycles(config, op):
     else:
         return 0
     return layer_op(kind).passes * rows * -(-cols // config.cols)
+
+
+@contextlib.contextmanager
+def _no_cycle_collection():
+    """Python's cycle collector off for a compilation: a decode step's
+    programs allocate millions of small objects, and each collection they
+    set off walks every object alive, the compile cache's listings included
+    (a sixth of a compilation's time). Their objects are freed by reference
+    counting; cycles wait for the next collection."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Chip:
@@ -353,7 +371,8 @@ class Chip:
         if key in self._programs:
             self._programs.move_to_end(key)
             return self._programs[key], True
-        compiled = compile_matmuls(self.config, ops, handoffs=self.handoffs)
+        with _no_cycle_collection():
+            compiled = compile_matmuls(self.config, ops, handoffs=self.handoffs)
         self._programs[key] = compiled
         held = sum(len(p.program) for p in self._programs.values())
         while len(self._programs) > 1 and (len(self._programs) > PROGRAM_CACHE_SIZE

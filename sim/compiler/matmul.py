@@ -674,6 +674,8 @@ class _Segment(FusedGroups):
         # quantized group's loads are checked iteration by iteration.)
         last = min(grp.start + G * (KT - 1) - 1 - (0 if quant else W), self.steps - W - 1)
         rows = _compress if quant else (lambda p: p)
+        if loops and quant and self._rows_only(grp):
+            return _compress(self.steps_program(grp.start, grp.end))
         prog = rows(self.steps_program(grp.start, n)) if loops else Program()
         while loops:
             run = self._regular_run(n, (last - n + 1) // period, period, every=quant)
@@ -698,6 +700,18 @@ class _Segment(FusedGroups):
         if not loops:
             return self.steps_program(grp.start, grp.end)
         return prog.extend(rows(self.steps_program(n, grp.end)))
+
+    def _rows_only(self, grp):
+        """Whether a quantized group's t rows go without outer LOOPs (each
+        row still an inner one, `_compress`): when the array's step outlasts
+        a weight tile's beats by a third (batch 16: 16 cycles against Q4_1's
+        10 beats), the bus has room for the longer program, and an outer
+        LOOP's body, which the expander takes in whole before it issues the
+        first iteration (hdl/loop.py), left the array idle about 240 cycles
+        at the start of each (docs/compiler.md, "Quantized weights")."""
+        cfg = self.config
+        beats = self.placed[grp.op].op.b.tile_beats(cfg.rows, cfg.axi_data_bytes)
+        return 4 * beats <= 3 * max(grp.mrows, cfg.weight_load_cycles)
 
     def _regular_run(self, n, count, period, every=False):
         """(iterations, deltas) of the longest LOOP of `period` steps from

@@ -711,7 +711,7 @@ class _Segment(FusedGroups):
         at the start of each (docs/compiler.md, "Quantized weights")."""
         cfg = self.config
         beats = self.placed[grp.op].op.b.tile_beats(cfg.rows, cfg.axi_data_bytes)
-        return 4 * beats <= 3 * max(grp.mrows, cfg.weight_load_cycles)
+        return grp.mrows <= cfg.rows and 4 * beats <= 3 * max(grp.mrows, cfg.weight_load_cycles)
 
     def _regular_run(self, n, count, period, every=False):
         """(iterations, deltas) of the longest LOOP of `period` steps from

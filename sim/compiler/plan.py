@@ -321,7 +321,7 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
                   if transposed else 0)
         # Quantized weights without an epilogue: every group as wide as the
         # first (`_quant_group_size`), not just wide enough to hide the latency.
-        hide = G if quantized and epilogue is None else hide_for(Mb)
+        hide = G if quantized and epilogue is None and Mb <= r else hide_for(Mb)
         p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias, epilogue, t_rows, resident, row_tiles,
                    paired, hide)
         fits = (p.vmem_rows + p.out_buffers * t_rows <= vmem_rows
@@ -363,7 +363,7 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
             sizes = _group_sizes(min(NT, MAX_GROUP, max(least, 1 << (want - 1).bit_length())), NT)
             if paired:
                 sizes = [g for g in sizes if g % 2 == 0] or [2]
-            if quantized:
+            if quantized and Mb <= r:
                 first = _quant_group_size(KT, NT, max(least, hide), paired)
                 sizes = [first] + [g for g in sizes if g != first]
         for G in sizes:
@@ -391,7 +391,7 @@ def _quant_group_size(KT, NT, least, paired):
     longer programs and more group starts."""
     low = max(least, QUANT_GROUP)
     for g in range(low, MAX_GROUP + 1):
-        if KT % g == 0 and not (paired and g % 2):
+        if KT % g == 0 and not (paired and g % 2) and (g >= NT or NT % g in (0, *range(low // 2, g))):
             return min(g, NT)
     return min(low, NT)
 

@@ -319,8 +319,9 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         out_g = G // 2 if paired else G
         t_rows = (out_g * (ceil_div(Mb, config.vmem_row_elems) + pieces - 1) * c
                   if transposed else 0)
-        # Quantized weights without an epilogue: every group as wide as the
-        # first (`_quant_group_size`), not just wide enough to hide the latency.
+        # Quantized weights without an epilogue, a decode step's block: every
+        # group as wide as the first (`_quant_group_size`), not just wide
+        # enough to hide the latency.
         hide = G if quantized and epilogue is None and Mb <= r else hide_for(Mb)
         p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias, epilogue, t_rows, resident, row_tiles,
                    paired, hide)
@@ -378,9 +379,10 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
 
 
 def _quant_group_size(KT, NT, least, paired):
-    """N tiles per group of quantized weights: the fewest from
-    ``max(least, QUANT_GROUP)`` to `MAX_GROUP` (even for a paired epilogue)
-    that divide KT, else ``max(least, QUANT_GROUP)``. A group's quantized
+    """N tiles per group of quantized weights in a decode step's block: the
+    fewest from ``max(least, QUANT_GROUP)`` to `MAX_GROUP` (even for a
+    paired epilogue) that divide KT and leave no last group narrower than
+    half the least, else ``max(least, QUANT_GROUP)``. A group's quantized
     LOADs, one per chunk of a strip (a whole strip of KT tiles when it fits,
     `chunk_tiles`), then fall at the same N tile of the t rows they fall
     in, so that its LOOP iteration is a few t rows and its program short:
@@ -391,7 +393,8 @@ def _quant_group_size(KT, NT, least, paired):
     longer programs and more group starts."""
     low = max(least, QUANT_GROUP)
     for g in range(low, MAX_GROUP + 1):
-        if KT % g == 0 and not (paired and g % 2) and (g >= NT or NT % g in (0, *range(low // 2, g))):
+        rest = NT % g
+        if KT % g == 0 and not (paired and g % 2) and (g >= NT or not rest or rest >= low // 2):
             return min(g, NT)
     return min(low, NT)
 

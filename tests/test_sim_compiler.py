@@ -562,3 +562,40 @@ def test_short_quantized_chunks_share_ring_slots():
                     2 * most * r, 2 * most * r + 9 * r, 2 * most * r + 18 * r, 2 * most * r + 27 * r,
                     3 * most * r, 3 * most * r + 9 * r,
                     4 * most * r, 0]
+
+
+def test_compress_loops_any_repeating_run_and_issues_the_same_words():
+    """`_compress` makes a LOOP of a run of repeated groups of instructions
+    whose words move by a constant step (here LOADW, MATMUL, LOAD: a t row
+    whose steps each carry a quantized LOAD), leaves irregular words as
+    they are, and the expanded program is the original word for word."""
+    from mxu.sim.compiler.matmul import _compress
+    from mxu.sim.compiler.program import Program
+    config = ChipConfig()
+    prog = Program()
+    prog.load(vmem_row=7, ext_addr=4096, rows=1, row_bytes=32)          # alone
+    for j in range(6):
+        prog.loadw(vmem_row=100 + 16 * j, k_rows=16)
+        prog.matmul(act_row=3, m_rows=1, out_row=j, seed="acc", seed_row=j, new_weights=True)
+        prog.load(vmem_row=500 + 32 * j, ext_addr=8192 + 320 * j, rows=32, row_bytes=320)
+    prog.loadw(vmem_row=9, k_rows=16, pop_prev=True)                     # breaks the run
+    packed = _compress(prog, 16)
+    assert len(packed) == 1 + (1 + 2 * 3) + 1
+    issued = expand_loops(config, packed.words)
+    assert [next(issued)[1] for _ in range(len(prog) + 1)] == prog.words + [None]
+    assert len(_compress(prog, 2)) == len(prog)        # a body of 3 is wider than allowed
+
+
+@pytest.mark.parametrize("KT, NT, least, paired, G", [
+    (36, 96, 8, False, 9),      # SmolLM2's K = 576: a strip's LOAD every 4 t rows
+    (36, 3072, 4, False, 12),   # the vocabulary: 9 would leave a last group of 3
+    (36, 64, 4, False, 12),
+    (36, 192, 8, True, 12),     # paired: an even size
+    (40, 128, 8, False, 8),
+    (96, 36, 8, False, 8),
+    (7, 4, 8, False, 4),        # fewer N tiles than the least
+    (37, 100, 8, False, 8),     # no divisor in range
+])
+def test_quantized_groups_divide_their_k_tiles(KT, NT, least, paired, G):
+    from mxu.sim.compiler.plan import _quant_group_size
+    assert _quant_group_size(KT, NT, least, paired) == G

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from mxu.hdl.isa import INSTR_BITS, SeedMode
 
 from .operands import MatmulOp
-from .plan import (ceil_div, chunk_tiles, lead, plan_op, ring_rows, ring_shared, strip_chunks,
-                   unit_tiles)
+from .plan import (MAX_GROUP, ceil_div, chunk_tiles, lead, plan_op, ring_rows, ring_shared,
+                   strip_chunks, unit_tiles)
 from .program import Program
 from .epilogue import FusedGroups, Pending, epilogue_param_loads, is_vector
 from .handoff import plan_handoffs
@@ -61,6 +61,15 @@ TAIL_CUT = 4
 # 29 (a LOAD alone, before the overlap) gave Q4_1 576x1536 at M = 1 39,472
 # cycles against 39,398, Q8_0 65,443 against 64,490 (bench/quant.py).
 _QUANT_LOAD_START = 0
+# K tiles of a round of chunks (one chunk of each strip) of a quantized group
+# wider than `MAX_GROUP` (`_Segment._units`): 6-tile chunks for SmolLM2's 36
+# N tiles. At batch 1 chunks of 18 (24 for K = 1536) cost its output
+# projection and FFN 142,182 cycles a layer, of 6 136,516, of 4 137,780 (the
+# program's LOADs), of 12 138,161; at batch 16 219,058, 208,362, 207,217,
+# 212,626.
+WIDE_ROUND = 256
+# The most instructions of an inner LOOP's body `_compress` makes.
+_WIDEST = 16
 
 
 @dataclass(frozen=True)
@@ -368,8 +377,19 @@ class _Segment(FusedGroups):
             # after its last chunk arrives is the segment's tail, so its
             # chunks are shorter.
             top = (max(1, most // TAIL_CUT) if grp.index == len(self.groups) - 1 >= 3 else most)
-            c = self.chunk[grp.index] = chunk_tiles(cfg, p.op, grp.size, cap, top)
-            chunks = strip_chunks(grp.KT, c, unit_tiles(cfg, p.op.b))
+            unit = unit_tiles(cfg, p.op.b)
+            if grp.size > MAX_GROUP:
+                # A row-wise epilogue's group of every N tile: its first t row
+                # waits for the first chunk of every strip, and after the bus
+                # is done the array goes through the last chunk of every
+                # strip. Chunks of `WIDE_ROUND` tiles over the group's strips
+                # keep both short (such units share ring slots, `_ring_places`).
+                # Their loads are paced by the bus, as the last group's are.
+                c = top = max(unit, min(top, WIDE_ROUND // grp.size) // unit * unit)
+            else:
+                c = chunk_tiles(cfg, p.op, grp.size, cap, top)
+            self.chunk[grp.index] = c
+            chunks = strip_chunks(grp.KT, c, unit)
             self.chunk_of[grp.index] = {t: t0 for t0, n in chunks for t in range(t0, t0 + n)}
             sizes.add(grp.size)
             # The last group's loads, paced by the steps the array takes while
@@ -673,7 +693,10 @@ class _Segment(FusedGroups):
         # with t <= KT-2 too, and pushes and pops like its neighbours. (A
         # quantized group's loads are checked iteration by iteration.)
         last = min(grp.start + G * (KT - 1) - 1 - (0 if quant else W), self.steps - W - 1)
-        rows = _compress if quant else (lambda p: p)
+        widest = min(_WIDEST, self.config.loop_body_instrs)
+        rows = (lambda p: _compress(p, widest)) if quant else (lambda p: p)
+        if loops and quant and self._rows_only(grp):
+            return rows(self.steps_program(grp.start, grp.end))
         prog = rows(self.steps_program(grp.start, n)) if loops else Program()
         while loops:
             run = self._regular_run(n, (last - n + 1) // period, period, every=quant)
@@ -699,12 +722,25 @@ class _Segment(FusedGroups):
             return self.steps_program(grp.start, grp.end)
         return prog.extend(rows(self.steps_program(n, grp.end)))
 
+    def _rows_only(self, grp):
+        """Whether a quantized group's t rows go without outer LOOPs (each
+        row still an inner one, `_compress`): when the array's step outlasts
+        a weight tile's beats by a third (batch 16: 16 cycles against Q4_1's
+        10 beats), the bus has room for the longer program, and an outer
+        LOOP's body, which the expander takes in whole before it issues the
+        first iteration (hdl/loop.py), left the array idle about 240 cycles
+        at the start of each (docs/compiler.md, "Quantized weights")."""
+        cfg = self.config
+        beats = self.placed[grp.op].op.b.tile_beats(cfg.rows, cfg.axi_data_bytes)
+        return grp.mrows <= cfg.rows and 4 * beats <= 3 * max(grp.mrows, cfg.weight_load_cycles)
+
     def _regular_run(self, n, count, period, every=False):
         """(iterations, deltas) of the longest LOOP of `period` steps from
         step n, at most `count` iterations, at least 2; or None. `every`:
         the longest whose iterations all follow the progression (else the
         longest whose last one does: the steps in between are regular)."""
-        rows = _compress if every else (lambda p: p)
+        widest = min(_WIDEST, self.config.loop_body_instrs)
+        rows = (lambda p: _compress(p, widest)) if every else (lambda p: p)
         iteration = lambda i: rows(self.steps_program(n + i * period, n + (i + 1) * period))
         self.hold = True
         try:
@@ -753,32 +789,39 @@ class _Segment(FusedGroups):
             prog.sync("load", pop_next=True)
 
 
-def _compress(prog, least=3):
-    """`prog` with each run of at least `least` steps (LOADW, MATMUL) whose
-    fields move by a constant step as a LOOP: a t row of a group of
-    quantized weights (its N tiles' slots follow each other in the ring),
-    the inner LOOP of the group's LOOPs, which nest two deep."""
+def _compress(prog, widest):
+    """`prog` (instructions, no LOOPs) with each run of repetitions of up to
+    `widest` instructions whose words move by a constant step from one
+    repetition to the next as a LOOP, where the LOOP is shorter than the
+    run (a body of b instructions costs 1 + 2b words): a t row of a group
+    of quantized weights (its N tiles' slots follow each other in the
+    ring), and a row whose steps carry a load or a store each, the inner
+    LOOP of the group's LOOPs, which nest two deep. Every repetition is
+    compared word for word, so the LOOP issues exactly these words."""
     words, text, out, i = prog.words, prog.text, Program(), 0
-    heads = text.heads()
-    loadw = [h.startswith("LOADW") for h in heads] + [False]
-    matmul = [h.startswith("MATMUL") for h in heads] + [False, False]
-    pair = lambda at: at < len(heads) and loadw[at] and matmul[at + 1]
-    while i < len(words):
-        k, deltas = 1, None
-        while pair(i) and pair(i + 2 * k):
-            step = [(words[i + 2 * k + x] - words[i + 2 * k - 2 + x]) & _MASK for x in (0, 1)]
-            if deltas is not None and step != deltas:
-                break
-            deltas, k = step, k + 1
-        if k >= least:
-            body = Program()
-            body.words, body.text = words[i:i + 2], text[i:i + 2]
-            out.loop(k, body, deltas)
-            i += 2 * k
+    n = len(words)
+    while i < n:
+        best = None                       # (words saved, width, repetitions, deltas)
+        for b in range(1, min(widest, (n - i) // 2) + 1):
+            deltas = [(words[i + b + x] - words[i + x]) & _MASK for x in range(b)]
+            k = 2
+            while i + (k + 1) * b <= n and all(
+                    (words[i + k * b + x] - words[i + (k - 1) * b + x]) & _MASK == deltas[x]
+                    for x in range(b)):
+                k += 1
+            saved = k * b - (1 + 2 * b)
+            if saved > 0 and (best is None or saved > best[0]):
+                best = (saved, b, k, deltas)
+        if best is None:
+            out.words.append(words[i])
+            out.text.append(text.entry(i))
+            i += 1
             continue
-        out.words.append(words[i])
-        out.text.append(text.entry(i))
-        i += 1
+        _, b, k, deltas = best
+        body = Program()
+        body.words, body.text = words[i:i + b], text[i:i + b]
+        out.loop(k, body, deltas)
+        i += b * k
     return out
 
 

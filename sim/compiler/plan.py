@@ -21,6 +21,7 @@ __all__ = ["RING_SLOTS", "QUANT_LEAD", "quant_lead", "MAX_GROUP", "OpPlan", "pla
 
 RING_SLOTS = 4
 MAX_GROUP = 16     # N tiles per group: keeps a group's loop body within the expander
+QUANT_GROUP = 8    # the fewest N tiles per group of quantized weights (`_quant_group_size`)
 # Rows one MATMUL or one DMA descriptor moves: the narrower of the two fields.
 _MAX_ROWS = min((1 << MatmulInstr.as_shape()["m_rows"].width) - 1,
                 (1 << DmaInstr.as_shape()["rows"].width) - 1)
@@ -292,6 +293,7 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
     bus beats of one weight tile (default: a bf16 tile's; quantized weights
     pass theirs, `QuantOperand.tile_beats`)."""
     r, c = config.rows, config.cols
+    quantized = w_beats is not None
     vmem_rows = config.vmem_rows - ring * r if vmem_rows is None else vmem_rows
     acc_rows = config.acc_rows if acc_rows is None else acc_rows
     KT, NT = ceil_div(K, r), ceil_div(N, c)
@@ -317,8 +319,12 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         out_g = G // 2 if paired else G
         t_rows = (out_g * (ceil_div(Mb, config.vmem_row_elems) + pieces - 1) * c
                   if transposed else 0)
+        # Quantized weights without an epilogue, a decode step's block: every
+        # group as wide as the first (`_quant_group_size`), not just wide
+        # enough to hide the latency.
+        hide = G if quantized and epilogue is None and Mb <= r else hide_for(Mb)
         p = OpPlan(M, K, N, KT, NT, Mb, G, buffers, bias, epilogue, t_rows, resident, row_tiles,
-                   paired, hide_for(Mb))
+                   paired, hide)
         fits = (p.vmem_rows + p.out_buffers * t_rows <= vmem_rows
                 and p.acc_rows <= acc_rows)
         # A row operand's buffer is refilled by the loads of the step `ring`
@@ -358,6 +364,9 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
             sizes = _group_sizes(min(NT, MAX_GROUP, max(least, 1 << (want - 1).bit_length())), NT)
             if paired:
                 sizes = [g for g in sizes if g % 2 == 0] or [2]
+            if quantized and Mb <= r:
+                first = _quant_group_size(KT, NT, max(least, hide), paired)
+                sizes = [first] + [g for g in sizes if g != first]
         for G in sizes:
             p = plan(Mb, G)
             if p:
@@ -367,6 +376,27 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
                 return plan(even, G) or p
         Mb = Mb // 2 if Mb > 1 else 0
     return None
+
+
+def _quant_group_size(KT, NT, least, paired):
+    """N tiles per group of quantized weights in a decode step's block: the
+    fewest from ``max(least, QUANT_GROUP)`` to `MAX_GROUP` (even for a
+    paired epilogue) that divide KT and leave no last group narrower than
+    half the least, else ``max(least, QUANT_GROUP)``. A group's quantized
+    LOADs, one per chunk of a strip (a whole strip of KT tiles when it fits,
+    `chunk_tiles`), then fall at the same N tile of the t rows they fall
+    in, so that its LOOP iteration is a few t rows and its program short:
+    the program is fetched over the bus that brings the weights, and each
+    outer LOOP's body is fetched before its first iteration issues
+    (docs/compiler.md, "Quantized weights"). Narrower groups (4 N tiles
+    hide the array's latency at batch 1 for a Q8_0 tile's beats) made
+    longer programs and more group starts."""
+    low = max(least, QUANT_GROUP)
+    for g in range(low, MAX_GROUP + 1):
+        rest = NT % g
+        if KT % g == 0 and not (paired and g % 2) and (g >= NT or not rest or rest >= low // 2):
+            return min(g, NT)
+    return min(low, NT)
 
 
 def _group_sizes(first, NT):

@@ -70,12 +70,6 @@ class Listing(list):
         """Entry `index` unformatted: to move it into another listing."""
         return list.__getitem__(self, index)
 
-    def heads(self):
-        """Each entry's text up to its first space (an instruction's opcode
-        name, "" for a LOOP body's), without formatting the entries."""
-        return [e[0]._name_ if isinstance(e, tuple) else _render(e).split(" ", 1)[0]
-                for e in list.__iter__(self)]
-
     def extend(self, other):
         list.extend(self, list.__iter__(other) if isinstance(other, Listing) else other)
 

@@ -802,7 +802,12 @@ def _compress(prog, widest):
     n = len(words)
     while i < n:
         best = None                       # (words saved, width, repetitions, deltas)
-        for b in range(1, min(widest, (n - i) // 2) + 1):
+        # A LOOP saves words only over 3 repetitions or more (4 of one
+        # instruction): their first words' steps must agree before the rest is
+        # compared (most instructions start no run; this is their whole cost).
+        for b in range(1, min(widest, (n - i) // 3) + 1):
+            if (words[i + b] - words[i]) & _MASK != (words[i + 2 * b] - words[i + b]) & _MASK:
+                continue
             deltas = [(words[i + b + x] - words[i + x]) & _MASK for x in range(b)]
             k = 2
             while i + (k + 1) * b <= n and all(

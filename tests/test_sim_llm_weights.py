@@ -10,14 +10,18 @@ import pytest
 from mxu.hdl import ChipConfig
 from mxu.hdl.quant import QUANT_INFO, QuantFormat
 from mxu.sim import Chip
+from mxu.sim.compiler.plan import MAX_GROUP
 from mxu.sim.models import CausalLM
 from mxu.sim.models.llama import LlamaConfig, LlamaWeights
 from mxu.verif import golden
 from mxu.verif.hazards import races
 from decoders import quantize_weights
 
-# K-quants take rows of whole super-blocks of 256: hidden and ffn are 256.
-CONFIG = LlamaConfig(hidden=256, heads=4, kv_heads=2, ffn=256, layers=1, eps=1e-5,
+# K-quants take rows of whole super-blocks of 256: hidden and ffn are
+# multiples of 256. A hidden of 512 is 32 N tiles on the llm chip, so the
+# output and down projections' row-wise epilogues take a quantized group
+# wider than MAX_GROUP (their chunks of `WIDE_ROUND` tiles, docs/compiler.md).
+CONFIG = LlamaConfig(hidden=512, heads=4, kv_heads=2, ffn=256, layers=1, eps=1e-5,
                      rope_theta=10000.0, vocab=256, context=32)
 # Every format, each on a matrix of its own (gate and up share one: the
 # chip interleaves them into one matrix); the output projection is the
@@ -75,9 +79,12 @@ def test_gguf_and_bf16_weights_give_the_same_bits(models):
     # Every program with quantized weight units (their ring, LOOPs and
     # loads) is race-free.
     chip = gguf_lm.chip
-    quantized = [c.program for c in chip._programs.values()
-                 if any("'quant'" in str(t) for t in c.program.text)]
-    assert quantized and all(races(chip.config, p) == [] for p in quantized)
+    compiled = [c for c in chip._programs.values()
+                if any("'quant'" in str(t) for t in c.program.text)]
+    assert compiled and all(races(chip.config, c.program) == [] for c in compiled)
+    # Among them, groups wider than MAX_GROUP (the row-wise epilogues').
+    assert any(plan is not None and plan.G > MAX_GROUP
+               for c in compiled for seg in c.segments for _, plan in seg)
 
 
 def test_stats_count_the_bytes_each_mode_moves(models):

@@ -105,6 +105,24 @@ def _check_all(dut, model, descriptors, what, seed=None):
     assert stats["mem_busy"] == 0, "bursts left open on the bus"
 
 
+def _write_both(dma, writes):
+    """Put each (address, bytes) of `writes` in the DUT's external memory and
+    the model's."""
+    for at, data in writes:
+        dma.ext[at:at + data.size] = data
+        dma.model.ext[at:at + data.size] = data
+
+
+def _run_checked(dma, batch, what, seed):
+    """Run `batch` on the DUT: its completions and every memory equal the
+    model's; the cycles it took."""
+    expect = [(dma.model.execute(d), d.tag) for d in batch]
+    got, cycles = dma.run(batch)
+    assert got == expect, f"completions {got} != {expect} (seed={seed}) {batch}"
+    _check_all(dma, dma.model, batch, what, seed)
+    return cycles
+
+
 def _random_descriptor(rng, config, big=False):
     return random_descriptor(rng, config, max_rows=2000 if big else 60,
                              max_stride_elems=3000, max_base=1 << 22)
@@ -381,13 +399,8 @@ def test_native_quantized(dma, pause, latency):
     dma.set_params(pause=pause, latency=latency, seed=seed)
     for _ in range(3):
         batch, writes = _quant_descriptors(rng, CONFIG)
-        for at, data in writes:
-            dma.ext[at:at + data.size] = data
-            dma.model.ext[at:at + data.size] = data
-        expect = [(dma.model.execute(d), d.tag) for d in batch]
-        got, _ = dma.run(batch)
-        assert got == expect, f"completions {got} != {expect} (seed={seed}) {batch}"
-        _check_all(dma, dma.model, batch, f"quantized, pause {pause}", seed)
+        _write_both(dma, writes)
+        _run_checked(dma, batch, f"quantized, pause {pause}", seed)
 
 
 def _strip_descriptors(rng, config, names, base):
@@ -424,13 +437,8 @@ def test_native_quantized_back_to_back(dma, pause, latency):
     names = list(CONFIG.quant_formats) * 2
     rng.shuffle(names)
     batch, writes, beats = _strip_descriptors(rng, CONFIG, names, 1 << 23)
-    for at, data in writes:
-        dma.ext[at:at + data.size] = data
-        dma.model.ext[at:at + data.size] = data
-    expect = [(dma.model.execute(d), d.tag) for d in batch]
-    got, cycles = dma.run(batch)
-    assert got == expect, f"completions {got} != {expect} (seed={seed}) {batch}"
-    _check_all(dma, dma.model, batch, f"back to back, pause {pause}", seed)
+    _write_both(dma, writes)
+    cycles = _run_checked(dma, batch, f"back to back, pause {pause}", seed)
     if pause == 0:
         bound = beats + 20 + len(batch)
         assert cycles <= bound, f"{cycles} cycles for {beats} beats of {len(batch)} loads"
@@ -467,9 +475,7 @@ def test_native_quantized_error_response(dma):
     dma.set_params(pause=30, latency=(0, 10), seed=9)
     rng = np.random.default_rng(9)
     batch, writes = _quant_descriptors(rng, CONFIG)
-    for at, data in writes:
-        dma.ext[at:at + data.size] = data
-        dma.model.ext[at:at + data.size] = data
+    _write_both(dma, writes)
     d = batch[0]
     dma.add_error(d.ext_base + d.row_bytes // 2, d.ext_base + d.row_bytes // 2 + 1, 2)
     got, _ = dma.run([d])

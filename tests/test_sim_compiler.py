@@ -115,6 +115,45 @@ def test_the_default_chip_loops_its_tiles():
     assert len(compiled.program) < len(literal.program) / 3
 
 
+def test_a_frozen_program_is_its_image_and_lists_the_same_values():
+    """`Program.frozen` (the runtime cache's form) keeps the image, the words
+    and the length; each listing line names the same opcode, flags set and
+    field values as the program's own, LOOP bodies included."""
+    from mxu.sim.compiler.program import FrozenProgram, _Nested
+    program = compile_matmuls(ChipConfig(), [_op(128, 384, 384)]).program
+    frozen = program.frozen()
+    assert isinstance(frozen, FrozenProgram) and len(frozen) == len(program)
+    assert frozen.to_bytes() == program.to_bytes()
+    assert list(frozen.words) == [int(w) for w in program.words]
+    assert frozen.words[-1] == program.words[-1] and frozen.text[-1] == list(frozen.text)[-1]
+    def number(v):
+        return int(getattr(v, "value", v))
+    opcodes = set()
+    for i, line in enumerate(frozen.text):
+        own = program.text[i]
+        assert len(line) - len(line.lstrip()) == len(own) - len(own.lstrip()), (line, own)
+        if own.strip() == "(delta)":
+            assert line == own
+            continue
+        entry = program.text.entry(i)
+        while isinstance(entry, _Nested):
+            entry = entry.entry
+        opcode, fields, deps = entry
+        line = line.strip()
+        opcodes.add(opcode.name)
+        assert line.startswith(opcode.name + " "), (line, entry)
+        for name, value in fields.items():
+            if isinstance(value, dict):
+                for flag, v in value.items():
+                    assert (f"'{flag}': {number(v)}" in line) == bool(number(v)), (line, entry)
+            else:
+                assert f"{name}={number(value)}" in line, (line, entry)
+        assert line.endswith("]") == any(deps.values()), (line, entry)
+    assert {"LOOP", "LOAD", "LOADW", "MATMUL", "STORE"} <= opcodes
+    with pytest.raises(ValueError, match="whole 16-byte instructions, not 17 bytes"):
+        FrozenProgram(bytes(17))
+
+
 def _op(M, K, N, base=0):
     a = Operand(base, M, K, 2 * K, "bf16")
     b = Operand(base + 2 * M * K, K, N, 2 * N, "bf16")

@@ -169,9 +169,13 @@ def test_recorded_heads_are_one_program_and_replay_from_the_cache(tiny):
 def test_repeated_calls_hit_the_compile_cache(tiny):
     rng = np.random.default_rng(SEED + 5)
     A, B = _rand(rng, 9, 10), _rand(rng, 10, 7)
-    tiny.matmul(A, B)
-    tiny.matmul(A, B)
+    first = tiny.matmul(A, B)
+    again = tiny.matmul(A, B)
     assert tiny.last_stats.cache_hits == 1
+    golden.assert_bits_equal(again.view(np.uint32), first.view(np.uint32), "cached replay")
+    # The cache holds each program's image alone (docs/runtime.md).
+    from mxu.sim.compiler.program import FrozenProgram
+    assert all(isinstance(c.program, FrozenProgram) for c in tiny._programs.values())
 
 
 def test_the_compile_cache_is_bounded_by_its_instructions(tiny, monkeypatch):

@@ -27,7 +27,7 @@ from mxu.hdl import isa
 from mxu.hdl.isa import BMode, Engine, Opcode, SeedMode, VpuOp
 from mxu.hdl.quant import QuantFormat, quant_format
 
-__all__ = ["Program"]
+__all__ = ["Program", "FrozenProgram"]
 
 _DEP_NAMES = ("pop_prev", "pop_next", "push_prev", "push_next")
 _DEP_SET = frozenset(_DEP_NAMES)
@@ -272,3 +272,120 @@ class Program:
 
     def listing(self):
         return "\n".join(f"{i:5d}  {t}" for i, t in enumerate(self.text))
+
+    def frozen(self):
+        """This program as a `FrozenProgram`: its image alone."""
+        return FrozenProgram(self.to_bytes())
+
+
+def _render_word(word):
+    """An instruction's listing line from its word: the layout's fields, but
+    the opcode, the reserved bits and the dependency flags (shown as
+    ``[flags]`` as `Program` does)."""
+    try:
+        opcode, fields = isa.decode(word)
+    except ValueError as error:
+        return f"raw {word:#034x} ({error})"
+
+    shown = {}
+    for name, value in fields.items():
+        if isinstance(value, dict):     # flag structs: the flags that are set
+            value = {k: v for k, v in value.items() if v and k != "reserved"}
+        if name not in ("opcode", "deps", "reserved") and value != {}:
+            shown[name] = value
+    return _render((opcode, shown, fields.get("deps", {})))
+
+
+class _WordListing:
+    """A `FrozenProgram`'s listing, each line rendered from its word when read
+    as `Program` lists it: a LOOP's body indented (two spaces a level), each
+    body word followed by its delta."""
+
+    def __init__(self, program):
+        self._words = program.words
+        # Per word: 2 x its LOOP depth, plus 1 for a delta. An inner LOOP's
+        # words are an outer body's, each followed by its outer delta
+        # (docs/isa.md, "Loops nest two deep"): its pairs are 2 words apart.
+        self._kinds = kinds = bytearray(len(program))
+        for i, word in enumerate(self._words):
+            if kinds[i] in (0, 2) and word & 0xF == Opcode.LOOP.value:
+                inner, stride = kinds[i] + 2, kinds[i] // 2 + 1
+                body = isa.field_value(word, Opcode.LOOP, "body")
+                end = min(len(kinds), i + 1 + stride * 2 * body)
+                for first, kind in ((i + stride, inner), (i + 2 * stride, inner + 1)):
+                    kinds[first:end:2 * stride] = bytes([kind]) * len(range(first, end, 2 * stride))
+
+    def __len__(self):
+        return len(self._kinds)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        depth, delta = divmod(self._kinds[index], 2)
+        return "  " * depth + ("(delta)" if delta else _render_word(self._words[index]))
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+class FrozenProgram:
+    """A compiled program held for reuse (the runtime's program cache,
+    docs/runtime.md): its image, 16 bytes an instruction, where a `Program`
+    also holds each instruction's fields for its listing (some 500 bytes an
+    instruction). `words`, `text`, `listing` and `to_bytes` read as a
+    `Program`'s; the listing is rendered from the words (every field of the
+    layout, LOOP bodies not indented), so it names the same values."""
+
+    __slots__ = ("_image",)
+
+    def __init__(self, image):
+        if len(image) % isa.INSTR_BYTES:
+            raise ValueError(f"a program image is whole {isa.INSTR_BYTES}-byte instructions, "
+                             f"not {len(image)} bytes")
+        self._image = bytes(image)
+
+    def __len__(self):
+        return len(self._image) // isa.INSTR_BYTES
+
+    @property
+    def words(self):
+        return _Words(self._image, isa.INSTR_BYTES)
+
+    @property
+    def text(self):
+        return _WordListing(self)
+
+    def to_bytes(self):
+        return self._image
+
+    def to_array(self):
+        return np.frombuffer(self._image, np.uint8)
+
+    def listing(self):
+        return "\n".join(f"{i:5d}  {t}" for i, t in enumerate(self.text))
+
+
+class _Words:
+    """A `FrozenProgram`'s words as a read-only sequence of integers."""
+
+    __slots__ = ("_image", "_n")
+
+    def __init__(self, image, n):
+        self._image, self._n = image, n
+
+    def __len__(self):
+        return len(self._image) // self._n
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("program word index out of range")
+        return int.from_bytes(self._image[index * self._n:(index + 1) * self._n], "little")
+
+    def __iter__(self):
+        n = self._n
+        return (int.from_bytes(self._image[i:i + n], "little")
+                for i in range(0, len(self._image), n))

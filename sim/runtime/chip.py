@@ -16,6 +16,7 @@ statistics. ``chip.run(program)`` passes straight through to the driver.
 
 import collections
 import contextlib
+import dataclasses
 import gc
 import time
 
@@ -37,12 +38,12 @@ from .vector import prepare_vector
 __all__ = ["Chip", "Recording", "Profile", "PROGRAM_CACHE_SIZE", "PROGRAM_CACHE_INSTRUCTIONS"]
 
 # The compile cache keeps at most this many programs and this many instructions
-# in all, the least recently used going first. The count alone did not bound
-# the memory: a program holds about 500 bytes a instruction (its words and its
-# unformatted listing), and one step of SmolLM2 on the 16x1 fpga-llm chip is
-# some 480k instructions, so 256 of them would need 60 GB (docs/runtime.md).
+# in all, the least recently used going first. A cached program is its image
+# (`FrozenProgram`, 16 bytes an instruction; a compiled `Program` with its
+# listing holds some 400), so the budget is 512 MiB: a decode step of SmolLM2
+# on the 16x1 fpga-llm chip compiles some 16 M instructions (docs/runtime.md).
 PROGRAM_CACHE_SIZE = 256
-PROGRAM_CACHE_INSTRUCTIONS = 1 << 21
+PROGRAM_CACHE_INSTRUCTIONS = 1 << 25
 
 
 class Profile:
@@ -370,23 +371,25 @@ class Chip:
         key = (self.handoffs,) + tuple(ops)
         if key in self._programs:
             self._programs.move_to_end(key)
-            return self._programs[key], True
+            hit = self._programs[key]
+            return hit, hit.program.to_bytes(), True
         with _no_cycle_collection():
             compiled = compile_matmuls(self.config, ops, handoffs=self.handoffs)
-        self._programs[key] = compiled
+        # The fresh program runs with its own listing; the cache holds the image.
+        frozen = compiled.program.frozen()
+        self._programs[key] = dataclasses.replace(compiled, program=frozen)
         held = sum(len(p.program) for p in self._programs.values())
         while len(self._programs) > 1 and (len(self._programs) > PROGRAM_CACHE_SIZE
                                            or held > PROGRAM_CACHE_INSTRUCTIONS):
             held -= len(self._programs.popitem(last=False)[1].program)
-        return compiled, False
+        return compiled, frozen.to_bytes(), False
 
     def _execute(self, calls, host_start=None):
         """Compile (or fetch from the cache) and run the ops of `calls` as one
         program; returns and records its `RunStats`."""
         start = time.perf_counter() if host_start is None else host_start
         ops = [op for call in calls for op in call.ops]
-        compiled, hit = self._compile(ops)
-        code = compiled.program.to_bytes()
+        compiled, code, hit = self._compile(ops)
         block = self._allocator.alloc(len(code), "the program", top=True)
         ideal = compiled.macs / (self.config.rows * self.config.cols)
         ideal += sum(_vector_cycles(self.config, op) for op in ops)

@@ -40,8 +40,8 @@ __all__ = ["Chip", "Recording", "Profile", "PROGRAM_CACHE_SIZE", "PROGRAM_CACHE_
 # The compile cache keeps at most this many programs and this many instructions
 # in all, the least recently used going first. A cached program is its image
 # (`FrozenProgram`, 16 bytes an instruction; a compiled `Program` with its
-# listing holds some 400), so the budget is 512 MiB: a decode step of SmolLM2
-# on the 16x1 fpga-llm chip compiles some 16 M instructions (docs/runtime.md).
+# listing holds some 400), so the budget is 512 MiB: SmolLM2's programs on the
+# 16x1 fpga-llm chip are millions of instructions (docs/runtime.md).
 PROGRAM_CACHE_SIZE = 256
 PROGRAM_CACHE_INSTRUCTIONS = 1 << 25
 

@@ -375,8 +375,11 @@ class _Segment(FusedGroups):
                 continue
             # The segment's last group ends the loads: what the array does
             # after its last chunk arrives is the segment's tail, so its
-            # chunks are shorter.
-            top = (max(1, most // TAIL_CUT) if grp.index == len(self.groups) - 1 >= 3 else most)
+            # chunks are shorter -- also when it is the segment's only group
+            # (SmolLM2's V projection), not when it is a wide group of two
+            # or three (its own rule below).
+            last = grp.index == len(self.groups) - 1 and (grp.index >= 3 or grp.size <= MAX_GROUP)
+            top = max(1, most // TAIL_CUT) if last else most
             unit = unit_tiles(cfg, p.op.b)
             if grp.size > MAX_GROUP:
                 # A row-wise epilogue's group of every N tile: its first t row

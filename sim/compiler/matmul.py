@@ -393,6 +393,11 @@ class _Segment(FusedGroups):
                 c = chunk_tiles(cfg, p.op, grp.size, cap, top)
             self.chunk[grp.index] = c
             chunks = strip_chunks(grp.KT, c, unit)
+            if grp.size > MAX_GROUP and grp.index == len(self.groups) - 1 and len(chunks) > 1:
+                # The array goes through the last round after the bus is
+                # done: in chunks of one unit, that tail is short.
+                t0, n = chunks.pop()
+                chunks += [(t, min(unit, t0 + n - t)) for t in range(t0, t0 + n, unit)]
             self.chunk_of[grp.index] = {t: t0 for t0, n in chunks for t in range(t0, t0 + n)}
             sizes.add(grp.size)
             # The last group's loads, paced by the steps the array takes while

@@ -34,7 +34,7 @@ program's size grows with the number of M blocks, not with M*K*N.
 import bisect
 import collections
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mxu.hdl.isa import INSTR_BITS, SeedMode
 
@@ -42,7 +42,7 @@ from .operands import MatmulOp
 from .plan import (MAX_GROUP, ceil_div, chunk_tiles, lead, plan_op, ring_rows, ring_shared,
                    strip_chunks, unit_tiles)
 from .program import Program
-from .epilogue import FusedGroups, Pending, epilogue_param_loads, is_vector
+from .epilogue import Epilogue, FusedGroups, Pending, epilogue_param_loads, is_vector
 from .handoff import plan_handoffs
 from .layerops import layer_op
 from .vectorop import VectorOp, emit_vector_op
@@ -150,6 +150,13 @@ def plan_segments(config, ops, handoffs=None, first=0):
     segments, current = [], []
     for i, op in enumerate(ops):
         op.check(config)
+        if (op.epilogue is None and op.quantized and current
+                and current[-1][1].epilogue is not None and current[-1][1].quantized):
+            # A plain op of quantized weights after a fused one joins its
+            # segment with an epilogue that only copies (the same STOREs):
+            # its loads then run under the fused op's last epilogue instead
+            # of after a barrier (a decode step's V after K, docs/compiler.md).
+            op = replace(op, epilogue=Epilogue("copy"))
         ep = op.epilogue
         limit, acc_limit = config.vmem_rows, config.acc_rows
         handed = weights = residual = fixed = None

@@ -148,15 +148,9 @@ def plan_segments(config, ops, handoffs=None, first=0):
     with an epilogue (fused) and without never share a segment. `handoffs`:
     the program's `Handoffs`, `first` the program index of ``ops[0]``."""
     segments, current = [], []
-    for i, op in enumerate(ops):
-        op.check(config)
-        if (op.epilogue is None and op.quantized and current
-                and current[-1][1].epilogue is not None and current[-1][1].quantized):
-            # A plain op of quantized weights after a fused one joins its
-            # segment with an epilogue that only copies (the same STOREs):
-            # its loads then run under the fused op's last epilogue instead
-            # of after a barrier (a decode step's V after K, docs/compiler.md).
-            op = replace(op, epilogue=Epilogue("copy"))
+
+    def build(i, op, strict=True):
+        """The segment item of op i, or (not `strict`) None if it does not fit."""
         ep = op.epilogue
         limit, acc_limit = config.vmem_rows, config.acc_rows
         handed = weights = residual = fixed = None
@@ -167,6 +161,8 @@ def plan_segments(config, ops, handoffs=None, first=0):
         ring = ring_rows(config, op)
         plan = fixed or plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args(config),
                                 vmem_rows=limit - ring, acc_rows=acc_limit)
+        if plan is None and not strict:
+            return None
         if plan is None:
             KT, room = ceil_div(op.K, config.rows), config.vmem_rows - ring
             why = (f"one activation row needs {KT} VMEM rows and {room} are free beside the "
@@ -179,24 +175,44 @@ def plan_segments(config, ops, handoffs=None, first=0):
                    f"accumulator rows")
             raise ValueError(f"op {i}: a {op.M}x{op.K} @ {op.K}x{op.N} matmul does not fit the "
                              f"chip: {why}")
-        depends = any(r.overlaps(w) for _, o, *_ in current for w in o.writes for r in op.reads)
-        # A producer whose output buffers a later op reads in place has a
-        # segment of its own (the buffers' layout is its alone).
-        solo = handoffs is not None and (handoffs.out_base(first + i) is not None or any(
-            handoffs.out_base(first + c[0]) is not None for c in current))
         outs = ()
         if handoffs is not None:
             outs = (tuple(handoffs.of(first + i)),
                     tuple(w for w in op.writes if handoffs.keeps(first + i, w)))
         out_base = handoffs.out_base(first + i) if handoffs is not None else None
-        item = (i, op, plan, (limit, acc_limit, out_base), handed, outs, (weights, residual))
+        return (i, op, plan, (limit, acc_limit, out_base), handed, outs, (weights, residual))
+
+    def joins(item):
+        """Whether `item` goes into the current segment."""
+        i, op, weights = item[0], item[1], item[6][0]
+        depends = any(r.overlaps(w) for _, o, *_ in current for w in o.writes for r in op.reads)
+        # A producer whose output buffers a later op reads in place has a
+        # segment of its own (the buffers' layout is its alone).
+        solo = handoffs is not None and (handoffs.out_base(first + i) is not None or any(
+            handoffs.out_base(first + c[0]) is not None for c in current))
         # Ops of one segment share the weight ring's lead (`lead`): their
         # plans space their buffers for it.
-        if current and (depends or solo or (ep is None) != (current[0][1].epilogue is None)
-                        or lead(op.b, config) != lead(current[0][1].b, config)
-                        or not ring_shared(config, [c[1] for c in current if c[6][0] is None]
-                                           + ([op] if weights is None else []))
-                        or not _place(config, current + [item])):
+        return not (depends or solo or (op.epilogue is None) != (current[0][1].epilogue is None)
+                    or lead(op.b, config) != lead(current[0][1].b, config)
+                    or not ring_shared(config, [c[1] for c in current if c[6][0] is None]
+                                       + ([op] if weights is None else []))
+                    or not _place(config, current + [item]))
+
+    for i, op in enumerate(ops):
+        op.check(config)
+        item = build(i, op)
+        if (current and op.epilogue is None and op.quantized
+                and current[-1][1].epilogue is not None and current[-1][1].quantized
+                and (handoffs is None or handoffs.plan(first + i) is None)):
+            # A plain op of quantized weights after a fused one joins its
+            # segment, if it fits, with an epilogue that only copies (the
+            # same STOREs): its loads then run under the fused op's last
+            # epilogue instead of after a barrier (a decode step's V after
+            # K, docs/compiler.md).
+            fused = build(i, replace(op, epilogue=Epilogue("copy")), strict=False)
+            if fused is not None and joins(fused):
+                item = fused
+        if current and not joins(item):
             segments.append(_place(config, current))
             current = []
         current.append(item)

@@ -68,6 +68,13 @@ _QUANT_LOAD_START = 0
 # program's LOADs), of 12 138,161; at batch 16 219,058, 208,362, 207,217,
 # 212,626.
 WIDE_ROUND = 256
+# Where a wide group's loads go when the bus is the bound (`_Segment._units`):
+# at one of this many evenly spaced steps of a t row, so that the row's
+# LOADW/MATMUL pairs loop between them. One Q4_1 layer at batch 1, the output
+# projection and FFN: 135,978 cycles with the loads anywhere (8,910 program
+# beats), 135,587 at 2 places a row (6,708), 135,566 at 3 (7,007), 135,802
+# at 4, 138,077 at 1 (the row's loads at once held up the fetch).
+ROW_PARTS = 3
 # The most instructions of an inner LOOP's body `_compress` makes.
 _WIDEST = 16
 
@@ -437,6 +444,11 @@ class _Segment(FusedGroups):
                 for jj in range(grp.size):
                     units.append(((grp.index, jj, t0, n), grp.start + t0 * grp.size + jj,
                                   grp.start + (t0 + n - 1) * grp.size + jj, pace))
+        # Groups of quantized weights whose bus is the bound (a step shorter
+        # than a tile's beats).
+        bus_bound = {g.index for g in self.groups if self.placed[g.op].op.quantized
+                     and g.mrows < self.placed[g.op].op.b.tile_beats(cfg.rows,
+                                                                     cfg.axi_data_bytes)}
         self.U = 0
         if not units:
             return {}
@@ -452,7 +464,16 @@ class _Segment(FusedGroups):
         free = [0] * (U * most)
         for u, (key, _, last, _) in enumerate(units):
             tile = rows[u] // cfg.rows
-            at[u] = max(at[u], 0, at[u - 1] if u else 0, *free[tile:tile + key[3]])
+            least = max(0, at[u - 1] if u else 0, *free[tile:tile + key[3]])
+            grp = self.groups[key[0]]
+            if grp.size > MAX_GROUP and at[u] > grp.start and grp.index in bus_bound:
+                # A wide group's loads, when the bus is the bound, go at one
+                # of `ROW_PARTS` places of a t row (earlier, as their slots
+                # allow): loads anywhere in a row cut its LOADW/MATMUL pairs
+                # into short runs, spelled out in the program the bus also
+                # carries.
+                at[u] = max(least, at[u] - (at[u] - grp.start) % (grp.size // ROW_PARTS))
+            at[u] = max(at[u], least)
             free[tile:tile + key[3]] = [last + self.W] * key[3]
             if at[u] > units[u][1]:
                 raise AssertionError(f"quantized weight units need more than the {cap} slots "

@@ -34,7 +34,7 @@ program's size grows with the number of M blocks, not with M*K*N.
 import bisect
 import collections
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mxu.hdl.isa import INSTR_BITS, SeedMode
 
@@ -42,7 +42,7 @@ from .operands import MatmulOp
 from .plan import (MAX_GROUP, ceil_div, chunk_tiles, lead, plan_op, ring_rows, ring_shared,
                    strip_chunks, unit_tiles)
 from .program import Program
-from .epilogue import FusedGroups, Pending, epilogue_param_loads, is_vector
+from .epilogue import Epilogue, FusedGroups, Pending, epilogue_param_loads, is_vector
 from .handoff import plan_handoffs
 from .layerops import layer_op
 from .vectorop import VectorOp, emit_vector_op
@@ -68,6 +68,13 @@ _QUANT_LOAD_START = 0
 # program's LOADs), of 12 138,161; at batch 16 219,058, 208,362, 207,217,
 # 212,626.
 WIDE_ROUND = 256
+# Where a wide group's loads go when the bus is the bound (`_Segment._units`):
+# at one of this many evenly spaced steps of a t row, so that the row's
+# LOADW/MATMUL pairs loop between them. One Q4_1 layer at batch 1, the output
+# projection and FFN: 135,978 cycles with the loads anywhere (8,910 program
+# beats), 135,587 at 2 places a row (6,708), 135,566 at 3 (7,007), 135,802
+# at 4, 138,077 at 1 (the row's loads at once held up the fetch).
+ROW_PARTS = 3
 # The most instructions of an inner LOOP's body `_compress` makes.
 _WIDEST = 16
 
@@ -148,8 +155,9 @@ def plan_segments(config, ops, handoffs=None, first=0):
     with an epilogue (fused) and without never share a segment. `handoffs`:
     the program's `Handoffs`, `first` the program index of ``ops[0]``."""
     segments, current = [], []
-    for i, op in enumerate(ops):
-        op.check(config)
+
+    def build(i, op, strict=True):
+        """The segment item of op i, or (not `strict`) None if it does not fit."""
         ep = op.epilogue
         limit, acc_limit = config.vmem_rows, config.acc_rows
         handed = weights = residual = fixed = None
@@ -160,6 +168,8 @@ def plan_segments(config, ops, handoffs=None, first=0):
         ring = ring_rows(config, op)
         plan = fixed or plan_op(config, op.M, op.K, op.N, op.bias_kind, **op.plan_args(config),
                                 vmem_rows=limit - ring, acc_rows=acc_limit)
+        if plan is None and not strict:
+            return None
         if plan is None:
             KT, room = ceil_div(op.K, config.rows), config.vmem_rows - ring
             why = (f"one activation row needs {KT} VMEM rows and {room} are free beside the "
@@ -172,24 +182,44 @@ def plan_segments(config, ops, handoffs=None, first=0):
                    f"accumulator rows")
             raise ValueError(f"op {i}: a {op.M}x{op.K} @ {op.K}x{op.N} matmul does not fit the "
                              f"chip: {why}")
-        depends = any(r.overlaps(w) for _, o, *_ in current for w in o.writes for r in op.reads)
-        # A producer whose output buffers a later op reads in place has a
-        # segment of its own (the buffers' layout is its alone).
-        solo = handoffs is not None and (handoffs.out_base(first + i) is not None or any(
-            handoffs.out_base(first + c[0]) is not None for c in current))
         outs = ()
         if handoffs is not None:
             outs = (tuple(handoffs.of(first + i)),
                     tuple(w for w in op.writes if handoffs.keeps(first + i, w)))
         out_base = handoffs.out_base(first + i) if handoffs is not None else None
-        item = (i, op, plan, (limit, acc_limit, out_base), handed, outs, (weights, residual))
+        return (i, op, plan, (limit, acc_limit, out_base), handed, outs, (weights, residual))
+
+    def joins(item):
+        """Whether `item` goes into the current segment."""
+        i, op, weights = item[0], item[1], item[6][0]
+        depends = any(r.overlaps(w) for _, o, *_ in current for w in o.writes for r in op.reads)
+        # A producer whose output buffers a later op reads in place has a
+        # segment of its own (the buffers' layout is its alone).
+        solo = handoffs is not None and (handoffs.out_base(first + i) is not None or any(
+            handoffs.out_base(first + c[0]) is not None for c in current))
         # Ops of one segment share the weight ring's lead (`lead`): their
         # plans space their buffers for it.
-        if current and (depends or solo or (ep is None) != (current[0][1].epilogue is None)
-                        or lead(op.b, config) != lead(current[0][1].b, config)
-                        or not ring_shared(config, [c[1] for c in current if c[6][0] is None]
-                                           + ([op] if weights is None else []))
-                        or not _place(config, current + [item])):
+        return not (depends or solo or (op.epilogue is None) != (current[0][1].epilogue is None)
+                    or lead(op.b, config) != lead(current[0][1].b, config)
+                    or not ring_shared(config, [c[1] for c in current if c[6][0] is None]
+                                       + ([op] if weights is None else []))
+                    or not _place(config, current + [item]))
+
+    for i, op in enumerate(ops):
+        op.check(config)
+        item = build(i, op)
+        if (current and op.epilogue is None and op.quantized
+                and current[-1][1].epilogue is not None and current[-1][1].quantized
+                and (handoffs is None or handoffs.plan(first + i) is None)):
+            # A plain op of quantized weights after a fused one joins its
+            # segment, if it fits, with an epilogue that only copies (the
+            # same STOREs): its loads then run under the fused op's last
+            # epilogue instead of after a barrier (a decode step's V after
+            # K, docs/compiler.md).
+            fused = build(i, replace(op, epilogue=Epilogue("copy")), strict=False)
+            if fused is not None and joins(fused):
+                item = fused
+        if current and not joins(item):
             segments.append(_place(config, current))
             current = []
         current.append(item)
@@ -375,8 +405,11 @@ class _Segment(FusedGroups):
                 continue
             # The segment's last group ends the loads: what the array does
             # after its last chunk arrives is the segment's tail, so its
-            # chunks are shorter.
-            top = (max(1, most // TAIL_CUT) if grp.index == len(self.groups) - 1 >= 3 else most)
+            # chunks are shorter -- also when it is the segment's only group
+            # (SmolLM2's V projection), not when it is a wide group of two
+            # or three (its own rule below).
+            last = grp.index == len(self.groups) - 1 and (grp.index >= 3 or grp.size <= MAX_GROUP)
+            top = max(1, most // TAIL_CUT) if last else most
             unit = unit_tiles(cfg, p.op.b)
             if grp.size > MAX_GROUP:
                 # A row-wise epilogue's group of every N tile: its first t row
@@ -390,6 +423,11 @@ class _Segment(FusedGroups):
                 c = chunk_tiles(cfg, p.op, grp.size, cap, top)
             self.chunk[grp.index] = c
             chunks = strip_chunks(grp.KT, c, unit)
+            if grp.size > MAX_GROUP and grp.index == len(self.groups) - 1 and len(chunks) > 1:
+                # The array goes through the last round after the bus is
+                # done: in chunks of one unit, that tail is short.
+                t0, n = chunks.pop()
+                chunks += [(t, min(unit, t0 + n - t)) for t in range(t0, t0 + n, unit)]
             self.chunk_of[grp.index] = {t: t0 for t0, n in chunks for t in range(t0, t0 + n)}
             sizes.add(grp.size)
             # The last group's loads, paced by the steps the array takes while
@@ -406,6 +444,11 @@ class _Segment(FusedGroups):
                 for jj in range(grp.size):
                     units.append(((grp.index, jj, t0, n), grp.start + t0 * grp.size + jj,
                                   grp.start + (t0 + n - 1) * grp.size + jj, pace))
+        # Groups of quantized weights whose bus is the bound (a step shorter
+        # than a tile's beats).
+        bus_bound = {g.index for g in self.groups if self.placed[g.op].op.quantized
+                     and g.mrows < self.placed[g.op].op.b.tile_beats(cfg.rows,
+                                                                     cfg.axi_data_bytes)}
         self.U = 0
         if not units:
             return {}
@@ -421,7 +464,16 @@ class _Segment(FusedGroups):
         free = [0] * (U * most)
         for u, (key, _, last, _) in enumerate(units):
             tile = rows[u] // cfg.rows
-            at[u] = max(at[u], 0, at[u - 1] if u else 0, *free[tile:tile + key[3]])
+            least = max(0, at[u - 1] if u else 0, *free[tile:tile + key[3]])
+            grp = self.groups[key[0]]
+            if grp.size > MAX_GROUP and at[u] > grp.start and grp.index in bus_bound:
+                # A wide group's loads, when the bus is the bound, go at one
+                # of `ROW_PARTS` places of a t row (earlier, as their slots
+                # allow): loads anywhere in a row cut its LOADW/MATMUL pairs
+                # into short runs, spelled out in the program the bus also
+                # carries.
+                at[u] = max(least, at[u] - (at[u] - grp.start) % (grp.size // ROW_PARTS))
+            at[u] = max(at[u], least)
             free[tile:tile + key[3]] = [last + self.W] * key[3]
             if at[u] > units[u][1]:
                 raise AssertionError(f"quantized weight units need more than the {cap} slots "

@@ -599,3 +599,23 @@ def test_compress_loops_any_repeating_run_and_issues_the_same_words():
 def test_quantized_groups_divide_their_k_tiles(KT, NT, least, paired, G):
     from mxu.sim.compiler.plan import _quant_group_size
     assert _quant_group_size(KT, NT, least, paired) == G
+
+
+@pytest.mark.parametrize("kind, w_beats, Mb", [
+    ("norm_add_rms_norm", 11, 16),  # Q5_0's tiles: a 16-row step outlasts their beats
+    ("norm_add_rms_norm", 14, 32),  # Q6_K's: not by a fifth
+    ("add_rms_norm", 17, 32),       # Q8_0's
+    ("head_rms_norm_rope", 11, 16),
+    ("add_rms_norm", None, 64),     # bf16 weights: blocks as large as fit
+    ("masked_softmax", 11, 64),     # a softmax: not cut (its passes wait on latency)
+])
+def test_row_wise_epilogues_on_quantized_weights_take_short_blocks(kind, w_beats, Mb):
+    """A row-wise epilogue's last block is the op's tail (docs/compiler.md,
+    "Quantized weights"): with quantized weights whose beats leave the bus
+    room, a 64-token prefill's blocks are cut to 16 or 32 rows."""
+    config = ChipConfig.preset("llm")
+    N = 1024 if kind == "head_rms_norm_rope" else 640
+    extra = {"w_beats": w_beats} if w_beats else {}
+    plan = plan_op(config, 64, 640, N, epilogue=kind, **extra)
+    assert plan.Mb == Mb and plan.blocks == 64 // Mb
+    assert plan_op(config, 16, 640, N, epilogue=kind, **extra).Mb == 16

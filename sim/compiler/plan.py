@@ -346,6 +346,8 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
 
     # Start from the largest block whose activations can fit at all.
     Mb = min(M, _MAX_ROWS, max(1, vmem_rows // KT if M <= vmem_rows // KT else vmem_rows // (2 * KT)))
+    if quantized and desc is not None and desc.row_wise and not desc.chained:
+        Mb = min(Mb, _tail_block(r, w_beats))
     while Mb >= 1:
         # Activation beats per tile against compute cycles per MATMUL: enough N
         # tiles per group that the load engine keeps ahead of the array; a power
@@ -376,6 +378,23 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
                 return plan(even, G) or p
         Mb = Mb // 2 if Mb > 1 else 0
     return None
+
+
+def _tail_block(rows, w_beats):
+    """The most rows per M block of a row-wise epilogue on quantized
+    weights: the fewest (`rows` times a power of two) whose step outlasts a
+    weight tile's `w_beats` by a fifth. A row-wise epilogue starts when its
+    block's last K tile is done, so the last block's epilogue (passes x Mb
+    x NT cycles: 38,400 for a 64-row norm_add_rms_norm over 640 columns) is
+    the op's tail, which nothing overlaps; shorter blocks shorten it, and
+    each block loads the weights again, which a quantized tile's few beats
+    leave the bus room for (a bf16 tile's 32 beats do not: its blocks are
+    left as they are). Softmaxes (`chained`) are not cut: their passes on
+    fewer rows wait on the vector unit's latency."""
+    Mb = rows
+    while Mb * 5 < w_beats * 6:
+        Mb *= 2
+    return Mb
 
 
 def _quant_group_size(KT, NT, least, paired):

@@ -619,3 +619,14 @@ def test_row_wise_epilogues_on_quantized_weights_take_short_blocks(kind, w_beats
     plan = plan_op(config, 64, 640, N, epilogue=kind, **extra)
     assert plan.Mb == Mb and plan.blocks == 64 // Mb
     assert plan_op(config, 16, 640, N, epilogue=kind, **extra).Mb == 16
+
+
+@pytest.mark.parametrize("M, G", [(64, 16), (16, 64), (1, 64)])
+def test_head_wise_epilogues_take_a_head_a_group_in_a_prefill(M, G):
+    """QK-norm with RoPE (`head_wise`) on Gemma 3's Q (four heads of 256): a
+    prefill's groups are one head each, so that the last group's passes
+    cover one head; a decode block keeps the whole row."""
+    config = ChipConfig.preset("llm")
+    plan = plan_op(config, M, 640, 1024, epilogue="head_rms_norm_rope", w_beats=11, head=256)
+    assert plan.G == G
+    assert plan_op(config, M, 640, 1024, epilogue="head_rms_norm_rope", w_beats=11).G == 64

@@ -279,7 +279,7 @@ def _pow2_floor(n):
 
 def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RING_SLOTS,
             epilogue=None, resident=False, transposed=None, pieces=1, paired=False, row_width=None,
-            w_beats=None):
+            w_beats=None, head=None):
     """The largest M block (then the widest group) whose buffers fit in
     `vmem_rows` VMEM rows (after the weight ring) and `acc_rows` accumulator
     rows; None if even one activation row does not fit. `epilogue`: the kind
@@ -291,7 +291,9 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
     (groups of whole pairs of tiles); `row_width`: the columns of the
     epilogue's row operand (default: N for one that has one); `w_beats`: the
     bus beats of one weight tile (default: a bf16 tile's; quantized weights
-    pass theirs, `QuantOperand.tile_beats`)."""
+    pass theirs, `QuantOperand.tile_beats`); `head`: the width of a
+    head-wise epilogue's heads (`LayerOp.head_wise`), whose groups are then
+    one head each when M is more than `rows` (a prefill)."""
     r, c = config.rows, config.cols
     quantized = w_beats is not None
     vmem_rows = config.vmem_rows - ring * r if vmem_rows is None else vmem_rows
@@ -359,6 +361,9 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         want = min(NT, MAX_GROUP, max(hide, ceil_div(act_beats, max(1, Mb - w_beats))))
         if desc is not None and desc.row_wise:
             sizes = [NT]
+            per = head // c if head and head % c == 0 else 0
+            if desc.head_wise and M > r and per and NT % per == 0 and per <= MAX_GROUP:
+                sizes = [per]
         else:
             # Wide groups for the heavier ops: fewer, longer VECTORs (each pays
             # the pipeline's latency once).

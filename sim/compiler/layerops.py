@@ -742,7 +742,7 @@ register(_Rope("rope", "rope", row_wise=False, row_operand="table", passes=3, ma
                may_transpose=True))
 register(_RopeNeox("rope_neox", "rope_neox", row_wise=True, buffers=2, row_operand="table",
                    passes=3, may_transpose=True))
-register(_HeadRmsNormRope("head_rms_norm_rope", "head_rms_norm_rope", row_wise=True, buffers=3,
+register(_HeadRmsNormRope("head_rms_norm_rope", "head_rms_norm_rope", row_wise=True, buffers=2,
                           params=1, row_operand="table", passes=10, may_transpose=True,
                           head_wise=True))
 register(_NormAddRmsNorm("norm_add_rms_norm", "norm_add_rms_norm", row_wise=True, buffers=2,

@@ -109,8 +109,14 @@ class OpPlan:
 
     @property
     def out_buffers(self):
-        """Output buffers (groups) in flight: two, or an epilogue's own count."""
-        return 2 if self.epilogue is None else layer_op(self.epilogue).buffers
+        """Output buffers (groups) in flight: two, or an epilogue's own count;
+        one more for a head-wise epilogue's groups of one head (a prefill's),
+        so that a group does not wait for the stores of the one two before,
+        which are spread to the end of the group between."""
+        if self.epilogue is None:
+            return 2
+        desc = layer_op(self.epilogue)
+        return desc.buffers + int(desc.head_wise and self.G < self.NT)
 
     @property
     def out_rows(self):

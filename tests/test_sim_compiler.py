@@ -629,4 +629,7 @@ def test_head_wise_epilogues_take_a_head_a_group_in_a_prefill(M, G):
     config = ChipConfig.preset("llm")
     plan = plan_op(config, M, 640, 1024, epilogue="head_rms_norm_rope", w_beats=11, head=256)
     assert plan.G == G
+    # A third output buffer only for groups of a head (a decode step's whole
+    # rows keep two: a batch-16 K projection's transposed pieces fit then).
+    assert plan.out_buffers == (3 if G < plan.NT else 2)
     assert plan_op(config, M, 640, 1024, epilogue="head_rms_norm_rope", w_beats=11).G == 64

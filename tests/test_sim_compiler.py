@@ -633,3 +633,5 @@ def test_head_wise_epilogues_take_a_head_a_group_in_a_prefill(M, G):
     # rows keep two: a batch-16 K projection's transposed pieces fit then).
     assert plan.out_buffers == (3 if G < plan.NT else 2)
     assert plan_op(config, M, 640, 1024, epilogue="head_rms_norm_rope", w_beats=11).G == 64
+    # bf16 weights keep the whole row.
+    assert plan_op(config, M, 640, 1024, epilogue="head_rms_norm_rope", head=256).G == 64

@@ -299,7 +299,9 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
     bus beats of one weight tile (default: a bf16 tile's; quantized weights
     pass theirs, `QuantOperand.tile_beats`); `head`: the width of a
     head-wise epilogue's heads (`LayerOp.head_wise`), whose groups are then
-    one head each when M is more than `rows` (a prefill)."""
+    one head each when M is more than `rows` (a prefill) and the weights
+    are quantized (with bf16 weights Gemma 3 270M's prefill was 117 k
+    cycles slower so)."""
     r, c = config.rows, config.cols
     quantized = w_beats is not None
     vmem_rows = config.vmem_rows - ring * r if vmem_rows is None else vmem_rows
@@ -368,7 +370,8 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         if desc is not None and desc.row_wise:
             sizes = [NT]
             per = head // c if head and head % c == 0 else 0
-            if desc.head_wise and M > r and per and NT % per == 0 and per <= MAX_GROUP:
+            if desc.head_wise and quantized and M > r and per and NT % per == 0 \
+                    and per <= MAX_GROUP:
                 sizes = [per]
         else:
             # Wide groups for the heavier ops: fewer, longer VECTORs (each pays

@@ -154,17 +154,42 @@ def fidelity(results, tokens, prompts, new_tokens, model="SmolLM2-135M-Instruct"
           f"at batch {len(prompts)}")
 
 
-def layer_programs(bus, prefill, batches, context):
-    """One layer of SmolLM2's sizes (random weights, a 1024-token vocabulary)
-    on the llm chip: each program's bytes and chip cycles (docs/compiler.md,
-    "Loops")."""
+def file_layer(model, layer=1, vocab=1024):
+    """Decoder `model`'s layer `layer` alone, with its file's weights and
+    blocks, and the first `vocab` rows of its embedding (the tied logits)."""
+    import dataclasses
+
+    from mxu.sim.models.llama import GgufBlocks
+    from mxu.sim.models.registry import find_decoder, read_decoder
+    w = read_decoder(find_decoder(model)[1])[0]
+    c = w.config
+    local = {"local": c.local[layer:layer + 1]} if hasattr(c, "local") else {}
+    w.config = dataclasses.replace(c, layers=1, vocab=vocab, **local)
+    w.layers = w.layers[layer:layer + 1]
+    w.embed = w.embed[:vocab]
+    blocks = w.blocks.get("embed")
+    if blocks is not None:
+        row = blocks.data.size // blocks.shape[0]
+        w.blocks["embed"] = GgufBlocks(blocks.data[:vocab * row], blocks.qtype,
+                                       (vocab, blocks.shape[1]))
+    return w
+
+
+def layer_programs(bus, prefill, batches, context, model="SmolLM2-135M-Instruct"):
+    """One layer on the llm chip: each program's bytes and chip cycles
+    (docs/compiler.md, "Loops"). SmolLM2: its sizes, random weights (bf16),
+    a 1024-token vocabulary; another decoder: its file's layer 1 with the
+    file's blocks (`file_layer`)."""
     from mxu.sim.models.llama import LlamaConfig, LlamaWeights
     from mxu.sim.models.registry import find_decoder, read_decoder
-    cfg = read_decoder(find_decoder("SmolLM2-135M-Instruct")[1])[0].config
-    small = LlamaConfig(**{**cfg.__dict__, "layers": 1, "vocab": 1024})
     config = ChipConfig.preset("llm").replace(axi_data_bits=bus)
-    lm = CausalLM.from_weights(LlamaWeights.random(small, seed=0),
-                               chip=Chip(config, fast_mac=True))
+    if model == "SmolLM2-135M-Instruct":
+        cfg = read_decoder(find_decoder(model)[1])[0].config
+        small = LlamaConfig(**{**cfg.__dict__, "layers": 1, "vocab": 1024})
+        weights = LlamaWeights.random(small, seed=0)
+    else:
+        weights = file_layer(model)
+    lm = CausalLM.from_weights(weights, chip=Chip(config, fast_mac=True))
     log, chip = [], lm.chip
     execute = chip._execute
 
@@ -211,13 +236,16 @@ def main():
                         help="only the fidelity against the float32 reference (48-token text, "
                              "12-token greedy continuations of 8 prompts)")
     parser.add_argument("--layer", action="store_true",
-                        help="only the bytes and cycles of each program of one layer (random "
-                             "weights of the model's sizes, 64 positions in each cache)")
+                        help="only the bytes and cycles of each program of one layer (SmolLM2: "
+                             "random weights of its sizes; another --model: its file's layer 1; "
+                             "64 positions in each cache)")
     args = parser.parse_args()
     if args.layer:
-        results = Results("llm_layer")
-        rows = layer_programs(args.bus[0], 64, [1, 16], 64)
-        results.table(f"One layer of SmolLM2's sizes, {args.bus[0]}-bit bus, 64 cached positions",
+        default = args.model == "SmolLM2-135M-Instruct"
+        results = Results("llm_layer" if default else "llm_layer_" + os.path.basename(args.model))
+        rows = layer_programs(args.bus[0], 64, [1, 16], 64, args.model)
+        what = "One layer of SmolLM2's sizes" if default else f"{args.model}'s layer 1"
+        results.table(f"{what}, {args.bus[0]}-bit bus, 64 cached positions",
                       ["step", "program", "bytes", "chip cycles", "MACs / PEs"], rows)
     elif args.fidelity:
         results = Results("llm_fidelity" if args.model == "SmolLM2-135M-Instruct"

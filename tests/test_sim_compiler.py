@@ -638,3 +638,39 @@ def test_compress_loops_any_repeating_run_and_issues_the_same_words():
 def test_quantized_groups_divide_their_k_tiles(KT, NT, least, paired, G):
     from mxu.sim.compiler.plan import _quant_group_size
     assert _quant_group_size(KT, NT, least, paired) == G
+
+
+@pytest.mark.parametrize("kind, w_beats, Mb", [
+    ("norm_add_rms_norm", 11, 16),  # Q5_0's tiles: a 16-row step outlasts their beats
+    ("norm_add_rms_norm", 14, 32),  # Q6_K's: not by a fifth
+    ("add_rms_norm", 17, 32),       # Q8_0's
+    ("head_rms_norm_rope", 11, 16),
+    ("add_rms_norm", None, 64),     # bf16 weights: blocks as large as fit
+    ("masked_softmax", 11, 64),     # a softmax: not cut (its passes wait on latency)
+])
+def test_row_wise_epilogues_on_quantized_weights_take_short_blocks(kind, w_beats, Mb):
+    """A row-wise epilogue's last block is the op's tail (docs/compiler.md,
+    "Quantized weights"): with quantized weights whose beats leave the bus
+    room, a 64-token prefill's blocks are cut to 16 or 32 rows."""
+    config = ChipConfig.preset("llm")
+    N = 1024 if kind == "head_rms_norm_rope" else 640
+    extra = {"w_beats": w_beats} if w_beats else {}
+    plan = plan_op(config, 64, 640, N, epilogue=kind, **extra)
+    assert plan.Mb == Mb and plan.blocks == 64 // Mb
+    assert plan_op(config, 16, 640, N, epilogue=kind, **extra).Mb == 16
+
+
+@pytest.mark.parametrize("M, G", [(64, 16), (16, 64), (1, 64)])
+def test_head_wise_epilogues_take_a_head_a_group_in_a_prefill(M, G):
+    """QK-norm with RoPE (`head_wise`) on Gemma 3's Q (four heads of 256): a
+    prefill's groups are one head each, so that the last group's passes
+    cover one head; a decode block keeps the whole row."""
+    config = ChipConfig.preset("llm")
+    plan = plan_op(config, M, 640, 1024, epilogue="head_rms_norm_rope", w_beats=11, head=256)
+    assert plan.G == G
+    # A third output buffer only for groups of a head (a decode step's whole
+    # rows keep two: a batch-16 K projection's transposed pieces fit then).
+    assert plan.out_buffers == (3 if G < plan.NT else 2)
+    assert plan_op(config, M, 640, 1024, epilogue="head_rms_norm_rope", w_beats=11).G == 64
+    # bf16 weights keep the whole row.
+    assert plan_op(config, M, 640, 1024, epilogue="head_rms_norm_rope", head=256).G == 64

@@ -335,7 +335,8 @@ class FusedGroups:
         """The group's output buffer as `Tiles` (tile stride Mb: a short last
         block computes its spare rows too, and stores only its own)."""
         p = self.placed[grp.op]
-        n = p.op.out_cols if p.op.epilogue.row_wise else grp.size * self.config.cols
+        whole = p.op.epilogue.row_wise and grp.size >= p.plan.NT
+        n = p.op.out_cols if whole else grp.size * self.config.cols
         return Tiles(self.out_row(grp, 0), p.plan.Mb, n, self.config.cols)
 
     def epilogue_program(self, grp, push_store):

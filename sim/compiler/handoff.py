@@ -363,7 +363,7 @@ def _in_place(config, given, state, k, sources):
     pplan = state.fixed(s.producer) or _op_plan(
         config, prod, state.limits[s.producer] - ring_rows(config, prod),
         state.acc_limits[s.producer])
-    if pplan is None or pplan.blocks > pplan.out_buffers:
+    if pplan is None or pplan.blocks > pplan.out_buffers or pplan.G < pplan.NT:
         return None
     h = Handoff(k, "other", config.acc_rows - pplan.out_rows, None, tuple(sources), config.cols,
                 in_place=True)

@@ -123,6 +123,10 @@ class LayerOp:
         (``out_t``).
     chained : on a few rows a group's passes are one chain of dependent
         passes (a softmax's reductions): the compiler interleaves two groups.
+    head_wise : a row-wise op whose row is heads as wide as its `params`
+        (one gamma per head), each reduced alone: a prefill's groups may be
+        one head (`plan_op`'s `head`), so that the last group's passes, the
+        op's tail, cover one head instead of the whole row.
     """
     name: str
     golden: str
@@ -146,6 +150,7 @@ class LayerOp:
     unfused: bool = False
     vector_transpose: bool = False
     chained: bool = False
+    head_wise: bool = False
 
     # ---- the rows it needs ------------------------------------------------------
     def param_rows(self, count, M):
@@ -738,7 +743,8 @@ register(_Rope("rope", "rope", row_wise=False, row_operand="table", passes=3, ma
 register(_RopeNeox("rope_neox", "rope_neox", row_wise=True, buffers=2, row_operand="table",
                    passes=3, may_transpose=True))
 register(_HeadRmsNormRope("head_rms_norm_rope", "head_rms_norm_rope", row_wise=True, buffers=2,
-                          params=1, row_operand="table", passes=10, may_transpose=True))
+                          params=1, row_operand="table", passes=10, may_transpose=True,
+                          head_wise=True))
 register(_NormAddRmsNorm("norm_add_rms_norm", "norm_add_rms_norm", row_wise=True, buffers=2,
                          params=2, row_operand="same", passes=15, outputs=("x", "norm")))
 register(_Transpose("transpose", "scale", row_wise=False, passes=1, scaled=True, transposes=True,

@@ -320,9 +320,10 @@ class MatmulOp:
         if ep is None:
             return ring
         pieces = len(self.c.pieces) if isinstance(self.c, Scatter) else 1
+        head = {"head": ep.params.cols} if ep.desc.head_wise else {}
         return dict(epilogue=ep.kind, transposed=ep.transposed, pieces=pieces,
                     paired=ep.is_paired, row_width=ep.other.cols if ep.desc.row_operand else 0,
-                    **ring)
+                    **head, **ring)
 
     @property
     def M(self):

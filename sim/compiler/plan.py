@@ -115,8 +115,14 @@ class OpPlan:
 
     @property
     def out_buffers(self):
-        """Output buffers (groups) in flight: two, or an epilogue's own count."""
-        return 2 if self.epilogue is None else layer_op(self.epilogue).buffers
+        """Output buffers (groups) in flight: two, or an epilogue's own count;
+        one more for a head-wise epilogue's groups of one head (a prefill's),
+        so that a group does not wait for the stores of the one two before,
+        which are spread to the end of the group between."""
+        if self.epilogue is None:
+            return 2
+        desc = layer_op(self.epilogue)
+        return desc.buffers + int(desc.head_wise and self.G < self.NT)
 
     @property
     def out_rows(self):
@@ -292,7 +298,7 @@ def _pow2_floor(n):
 
 def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RING_SLOTS,
             epilogue=None, resident=False, transposed=None, pieces=1, paired=False, row_width=None,
-            w_beats=None):
+            w_beats=None, head=None):
     """The largest M block (then the widest group) whose buffers fit in
     `vmem_rows` VMEM rows (after the weight ring) and `acc_rows` accumulator
     rows; None if even one activation row does not fit. `epilogue`: the kind
@@ -304,7 +310,11 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
     (groups of whole pairs of tiles); `row_width`: the columns of the
     epilogue's row operand (default: N for one that has one); `w_beats`: the
     bus beats of one weight tile (default: a bf16 tile's; quantized weights
-    pass theirs, `QuantOperand.tile_beats`)."""
+    pass theirs, `QuantOperand.tile_beats`); `head`: the width of a
+    head-wise epilogue's heads (`LayerOp.head_wise`), whose groups are then
+    one head each when M is more than `rows` (a prefill) and the weights
+    are quantized (with bf16 weights Gemma 3 270M's prefill was 117 k
+    cycles slower so)."""
     r, c = config.rows, config.cols
     quantized = w_beats is not None
     vmem_rows = config.vmem_rows - ring * r if vmem_rows is None else vmem_rows
@@ -359,6 +369,8 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
 
     # Start from the largest block whose activations can fit at all.
     Mb = min(M, _MAX_ROWS, max(1, vmem_rows // KT if M <= vmem_rows // KT else vmem_rows // (2 * KT)))
+    if quantized and desc is not None and desc.row_wise and not desc.chained:
+        Mb = min(Mb, _tail_block(r, w_beats))
     while Mb >= 1:
         # Activation beats per tile against compute cycles per MATMUL: enough N
         # tiles per group that the load engine keeps ahead of the array; a power
@@ -370,6 +382,10 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
         want = min(NT, MAX_GROUP, max(hide, ceil_div(act_beats, max(1, Mb - w_beats))))
         if desc is not None and desc.row_wise:
             sizes = [NT]
+            per = head // c if head and head % c == 0 else 0
+            if desc.head_wise and quantized and M > r and per and NT % per == 0 \
+                    and per <= MAX_GROUP:
+                sizes = [per]
         else:
             # Wide groups for the heavier ops: fewer, longer VECTORs (each pays
             # the pipeline's latency once).
@@ -389,6 +405,23 @@ def plan_op(config, M, K, N, bias="none", vmem_rows=None, acc_rows=None, ring=RI
                 return plan(even, G) or p
         Mb = Mb // 2 if Mb > 1 else 0
     return None
+
+
+def _tail_block(rows, w_beats):
+    """The most rows per M block of a row-wise epilogue on quantized
+    weights: the fewest (`rows` times a power of two) whose step outlasts a
+    weight tile's `w_beats` by a fifth. A row-wise epilogue starts when its
+    block's last K tile is done, so the last block's epilogue (passes x Mb
+    x NT cycles: 38,400 for a 64-row norm_add_rms_norm over 640 columns) is
+    the op's tail, which nothing overlaps; shorter blocks shorten it, and
+    each block loads the weights again, which a quantized tile's few beats
+    leave the bus room for (a bf16 tile's 32 beats do not: its blocks are
+    left as they are). Softmaxes (`chained`) are not cut: their passes on
+    fewer rows wait on the vector unit's latency."""
+    Mb = rows
+    while Mb * 5 < w_beats * 6:
+        Mb *= 2
+    return Mb
 
 
 def _quant_group_size(KT, NT, least, paired):

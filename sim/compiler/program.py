@@ -117,7 +117,19 @@ def _encode(opcode, deps, fields, key=None):
     return word
 
 
-class Program:
+class _Image:
+    """What `Program` and `FrozenProgram` derive from their `to_bytes` and `text`."""
+
+    __slots__ = ()
+
+    def to_array(self):
+        return np.frombuffer(self.to_bytes(), np.uint8)
+
+    def listing(self):
+        return "\n".join(f"{i:5d}  {t}" for i, t in enumerate(self.text))
+
+
+class Program(_Image):
     """A list of encoded instructions; `to_bytes` gives the image the chip fetches."""
 
     def __init__(self):
@@ -267,12 +279,6 @@ class Program:
     def to_bytes(self):
         return b"".join(w.to_bytes(isa.INSTR_BYTES, "little") for w in self.words)
 
-    def to_array(self):
-        return np.frombuffer(self.to_bytes(), np.uint8)
-
-    def listing(self):
-        return "\n".join(f"{i:5d}  {t}" for i, t in enumerate(self.text))
-
     def frozen(self):
         """This program as a `FrozenProgram`: its image alone."""
         return FrozenProgram(self.to_bytes())
@@ -328,10 +334,10 @@ class _WordListing:
         return (self[i] for i in range(len(self)))
 
 
-class FrozenProgram:
+class FrozenProgram(_Image):
     """A compiled program held for reuse (the runtime's program cache,
     docs/runtime.md): its image, 16 bytes an instruction, where a `Program`
-    also holds each instruction's fields for its listing (some 500 bytes an
+    also holds each instruction's fields for its listing (some 400 bytes an
     instruction). `words`, `text`, `listing` and `to_bytes` read as a
     `Program`'s; the listing is rendered from the words (every field of the
     layout, LOOP bodies not indented), so it names the same values."""
@@ -357,12 +363,6 @@ class FrozenProgram:
 
     def to_bytes(self):
         return self._image
-
-    def to_array(self):
-        return np.frombuffer(self._image, np.uint8)
-
-    def listing(self):
-        return "\n".join(f"{i:5d}  {t}" for i, t in enumerate(self.text))
 
 
 class _Words:

@@ -55,17 +55,8 @@ class Fifo(wiring.Component):
     """
 
     def __init__(self, width, depth, *, memory_bits=0):
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"Fifo depth must be an integer of at least 1, not {depth!r}")
-        if not 0 <= memory_bits <= width:
-            raise ValueError(f"Fifo memory_bits must be from 0 to the width {width}, "
-                             f"not {memory_bits!r}")
         self.width, self.depth, self.memory_bits = width, depth, memory_bits
-        super().__init__({
-            "w_en": In(1), "w_data": In(width), "w_rdy": Out(1),
-            "r_en": In(1), "r_data": Out(width), "r_rdy": Out(1),
-            "level": Out(range(depth + 1)),
-        })
+        super().__init__(_members("Fifo", width, depth, memory_bits))
         self.produce = Signal(range(depth), name="produce")
         self.consume = Signal(range(depth), name="consume")
         self.entries = [Signal(width - memory_bits, name=f"entry{i}", reset_less=True)
@@ -134,18 +125,8 @@ class BufferedFifo(wiring.Component):
     """
 
     def __init__(self, width, depth, *, memory_bits=0):
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"BufferedFifo depth must be an integer of at least 1, "
-                             f"not {depth!r}")
-        if not 0 <= memory_bits <= width:
-            raise ValueError(f"BufferedFifo memory_bits must be from 0 to the width {width}, "
-                             f"not {memory_bits!r}")
         self.width, self.depth, self.memory_bits = width, depth, memory_bits
-        super().__init__({
-            "w_en": In(1), "w_data": In(width), "w_rdy": Out(1),
-            "r_en": In(1), "r_data": Out(width), "r_rdy": Out(1),
-            "level": Out(range(depth + 1)),
-        })
+        super().__init__(_members("BufferedFifo", width, depth, memory_bits))
         inner = max(1, depth - 1)
         self.produce = Signal(range(inner), name="produce")
         self.consume = Signal(range(inner), name="consume")
@@ -208,6 +189,21 @@ class BufferedFifo(wiring.Component):
         if i == 0:
             return Mux(self.r_rdy, self.out, behind)
         return Mux(self.r_rdy, entries[(self.consume + i - 1) % inner], behind)
+
+
+def _members(kind, width, depth, memory_bits):
+    """The interface both queues declare, after checking their parameters
+    (messages name `kind`, the class)."""
+    if not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"{kind} depth must be an integer of at least 1, not {depth!r}")
+    if not 0 <= memory_bits <= width:
+        raise ValueError(f"{kind} memory_bits must be from 0 to the width {width}, "
+                         f"not {memory_bits!r}")
+    return {
+        "w_en": In(1), "w_data": In(width), "w_rdy": Out(1),
+        "r_en": In(1), "r_data": Out(width), "r_rdy": Out(1),
+        "level": Out(range(depth + 1)),
+    }
 
 
 def _ring(m, fifo, depth, level, do_write, do_read, read_domain):

@@ -14,7 +14,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from mxu.hdl.isa import Opcode, VpuOp, field_value
+from mxu.hdl.isa import Opcode, VectorFlags, VpuOp, field_value
 
 from .layerops import EPILOGUE_KINDS, LAYER_OPS, Group, layer_op
 from .operands import Operand, Scatter
@@ -207,17 +207,42 @@ def is_vector(word):
     return word & 0xF == Opcode.VECTOR.value
 
 
+# The cost of an epilogue instruction, in about a row a cycle of its
+# engine: a STORE's descriptor costs the store engine about this many cycles
+# beyond its rows (its write responses: stores run one at a time,
+# docs/memory.md), and a transpose writes a VMEM row per element of its
+# rows, `vmem_row_elems` of them whatever its rows (a decode step's K).
+STORE_OVERHEAD = 9
+_TRANSPOSE_BIT = VectorFlags.as_shape()["transpose"].offset
+
+
+def epilogue_cost(word, row_elems):
+    """An epilogue instruction's share of its group's work: a VECTOR's rows
+    (at least `row_elems` for a transpose), a STORE's rows and its
+    overhead, nothing for a SYNC."""
+    if is_vector(word):
+        rows = field_value(word, Opcode.VECTOR, "rows")
+        transposes = field_value(word, Opcode.VECTOR, "flags") >> _TRANSPOSE_BIT & 1
+        return max(rows, row_elems) if transposes else rows
+    if word & 0xF == Opcode.STORE.value:
+        return field_value(word, Opcode.STORE, "rows") + STORE_OVERHEAD
+    return 0
+
+
 class Pending:
     """A group's epilogue instructions on their way into the program: due
-    between steps `first` and `last`, in proportion to their rows."""
+    between steps `first` and `last`, in proportion to their cost
+    (`epilogue_cost`): spread by VECTOR rows alone, a group's STOREs came
+    all at once at the end of the next group, and a decode step's one-row
+    transposes of K (16 sequences' columns) in a burst; either filled its
+    engine's queue and held up the array's instructions behind it."""
 
-    def __init__(self, program, first, last):
+    def __init__(self, program, first, last, row_elems):
         self.words, self.text = program.words, program.text
         self.first, self.last, self.done = first, last, 0
         self.cumulative, total = [], 0
         for word in self.words:
-            if is_vector(word):
-                total += field_value(word, Opcode.VECTOR, "rows")
+            total += epilogue_cost(word, row_elems)
             self.cumulative.append(total)
         self.total = total
 
@@ -461,7 +486,8 @@ class FusedGroups:
     scratch_token = False    # the last epilogue's STOREs push a store->vector token
 
     def due_rows(self, n):
-        """Vector rows of the pending epilogues due by step n."""
+        """Cost (`epilogue_cost`: about vector rows) of the pending
+        epilogues due by step n."""
         due = 0.0
         for e in self.pending:
             span = e.last - e.first + 1

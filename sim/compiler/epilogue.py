@@ -432,8 +432,8 @@ class FusedGroups:
                 for off, rows, row in handoff.pieces(source, grp.m0, grp.mrows, grp.j0 + jj):
                     emit.op(VpuOp.PASS, x.tile(jj) + off, rows, row, to_vmem=handoff.to_vmem,
                             transpose=source.transposed)
-        # Transposed blocks of several pieces (a decode step's K: a block per
-        # sequence and tile) each give the store engine a token, and each
+        # Transposed blocks (a decode step's K: a block per sequence and
+        # tile) each give the store engine a token, and each
         # block's STORE follows its transpose closely: the stores run beside
         # the transposes instead of after all of them.
         each = len(blocks) > 1 and handed == len(ep_prog)

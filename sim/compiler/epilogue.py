@@ -210,19 +210,21 @@ def is_vector(word):
 _TRANSPOSE_BIT = VectorFlags.as_shape()["transpose"].offset
 
 
-def epilogue_cost(word, row_elems):
+def epilogue_cost(word, row_elems, stores=True):
     """An epilogue instruction's share of its group's work, in rows (about
     a cycle each on its engine): a VECTOR's, at least `row_elems` for a
     transpose (it writes a VMEM row per element of its rows: a decode
-    step's K transposes one row per sequence), a STORE's, none for a SYNC.
-    (A STORE's write responses, about 9 cycles more, counted too made a
-    decode step's attention slower: 76,084 -> 76,797 cycles on one Q4_1
-    layer of SmolLM2's sizes at batch 16.)"""
+    step's K transposes one row per sequence), a STORE's unless not
+    `stores`, none for a SYNC. (A STORE's write responses, about 9 cycles
+    more, counted too made a decode step's attention slower: 76,084 ->
+    76,797 cycles on one Q4_1 layer of SmolLM2's sizes at batch 16; and the
+    STOREs of short softmaxes two at a time, spread, made its scores 8 %
+    slower: they go at the end, 76,084 -> 74,855.)"""
     if is_vector(word):
         rows = field_value(word, Opcode.VECTOR, "rows")
         transposes = field_value(word, Opcode.VECTOR, "flags") >> _TRANSPOSE_BIT & 1
         return max(rows, row_elems) if transposes else rows
-    if word & 0xF == Opcode.STORE.value:
+    if stores and word & 0xF == Opcode.STORE.value:
         return field_value(word, Opcode.STORE, "rows")
     return 0
 
@@ -235,12 +237,12 @@ class Pending:
     transposes of K (16 sequences' columns) in a burst; either filled its
     engine's queue and held up the array's instructions behind it."""
 
-    def __init__(self, program, first, last, row_elems):
+    def __init__(self, program, first, last, row_elems, stores=True):
         self.words, self.text = program.words, program.text
         self.first, self.last, self.done = first, last, 0
         self.cumulative, total, self.rows = [], 0, 0
         for word in self.words:
-            total += epilogue_cost(word, row_elems)
+            total += epilogue_cost(word, row_elems, stores)
             self.cumulative.append(total)
             if is_vector(word):
                 self.rows += field_value(word, Opcode.VECTOR, "rows")

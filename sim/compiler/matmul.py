@@ -699,7 +699,8 @@ class _Segment(FusedGroups):
                 ep_prog = (self.waiting[0] if len(self.waiting) == 1
                            else _merge_epilogues(self.waiting))
                 self.waiting = []
-                self.pending.append(Pending(ep_prog, n, nxt.end - 1, cfg.vmem_row_elems))
+                self.pending.append(Pending(ep_prog, n, nxt.end - 1, cfg.vmem_row_elems,
+                                            stores=self.ring.interleave == 1))
         elif last_t and not fused:
             self.drain(prog)
             esize = op.c.elem

@@ -164,9 +164,11 @@ def unit_tiles(config, b):
     return 1 if block is None else max(1, block // config.rows)
 
 
-# bf16 weights of an op of at most this many rows (a decode step's attention
-# heads: a KV group's query rows) have a ring of `SHORT_RING_SLOTS`.
+# bf16 weights of an op of at most this many rows and steps (a decode step's
+# attention heads: a KV group's query rows against its keys) have a ring of
+# `SHORT_RING_SLOTS`.
 SHORT_ROWS = 4
+SHORT_STEPS = 64
 SHORT_RING_SLOTS = 2 * RING_SLOTS
 
 
@@ -181,8 +183,11 @@ def lead(op, config):
     b = getattr(op, "b", op)
     if getattr(b, "block", None) is not None:
         return quant_lead(config)
-    M = getattr(op, "M", None)
-    return SHORT_RING_SLOTS if M is not None and M <= SHORT_ROWS else RING_SLOTS
+    M, K, N = (getattr(op, x, None) for x in "MKN")
+    if M is None or M > SHORT_ROWS:
+        return RING_SLOTS
+    steps = ceil_div(K, config.rows) * ceil_div(N, config.cols)
+    return SHORT_RING_SLOTS if steps <= SHORT_STEPS else RING_SLOTS
 
 
 def _quant_group(config, op):

@@ -3,6 +3,8 @@ every compiled program runs on the ISA functional model and must equal the
 golden model bit for bit; programs with loops must issue exactly the
 instructions of their fully spelled-out twins; programs stay small."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -107,6 +109,37 @@ def test_matmuls_on_the_model(shape, M, K, N):
                                                   ("row", True, True), (None, False, True)])
 def test_bias_relu_and_bf16_output(bias, relu, bf16_out):
     _check(SHAPES["4x4"], 37, 50, 29, bias, relu, bf16_out)
+
+
+@pytest.mark.parametrize("M", [3, 5])
+def test_short_ops_load_further_ahead(M):
+    """bf16 weights of an op of at most `SHORT_ROWS` rows (a decode step's
+    attention heads) have a weight ring of `SHORT_RING_SLOTS` steps, others
+    `RING_SLOTS` (docs/compiler.md, "Tiling"): two ops of each in one
+    program, race-free on the ISA model, bit-exact, the same instructions
+    with loops or spelled out, each step's loads waiting for the MATMUL a
+    lead earlier."""
+    from mxu.sim.compiler.plan import RING_SLOTS, SHORT_RING_SLOTS, SHORT_ROWS, lead
+    config, rng = SHAPES["4x4"], np.random.default_rng(SEED + M)
+    mem, ops, want = Memory(config), [], []
+    for _ in range(2):
+        A = rng.standard_normal((M, 5 * config.rows)).astype(golden.bf16)
+        B = rng.standard_normal((5 * config.rows, 3 * config.cols + 1)).astype(golden.bf16)
+        ops.append(MatmulOp(mem.put(A, "bf16"), mem.put(B, "bf16"),
+                            mem.empty(M, B.shape[1], "fp32"), None, False))
+        want.append(_want(A, B, rows=config.rows))
+    W = SHORT_RING_SLOTS if M <= SHORT_ROWS else RING_SLOTS
+    assert [lead(op, config) for op in ops] == [W, W]
+    compiled, literal = mem.run(ops), compile_matmuls(config, ops, loops=False).program
+    assert _issued(config, compiled.program) == _issued(config, literal)
+    # The weight tiles loaded before the first MATMUL: the ring's lead.
+    first = next(i for i, t in enumerate(literal.text) if t.startswith("MATMUL"))
+    b = ops[0].b
+    ahead = [t for t in literal.text[:first] if t.startswith("LOAD ")
+             and b.addr <= int(re.search(r"ext_addr=(\d+)", t).group(1)) < b.addr + b.rows * b.stride]
+    assert len(ahead) == W, ahead
+    for op, w in zip(ops, want):
+        golden.assert_bits_equal(mem.get(op.c).view(np.uint32), w.view(np.uint32), f"M={M}")
 
 
 def test_the_default_chip_loops_its_tiles():

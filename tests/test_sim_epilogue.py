@@ -485,3 +485,40 @@ def test_norm_add_rms_norm_is_bit_exact(chip):
     golden.assert_bits_equal(out.numpy(), c, "norm_add_rms_norm sum")
     golden.assert_bits_equal(_bits(extra), golden.fp32_to_bf16(golden.f32_bits(norm)),
                              "norm_add_rms_norm norm")
+
+
+def test_transposed_pieces_store_beside_their_transposes():
+    """A decode step's K projection: RoPE'd rows of several sequences, each
+    one transposed into a column of its own K^T cache (a `Scatter` of
+    one-row pieces). Each block's transpose gives the store engine a token
+    and its STORE follows a few transposes later (docs/compiler.md,
+    "Results in pieces"): race-free, every column bit-exact to the golden
+    VPU form, the caches' other columns untouched."""
+    chip = Chip(VPU_SHAPES["4x4"], fast_mac=True)
+    cfg, P, M, pos, width = chip.config, 8, 6, 5, 8
+    N = 4 * P
+    rng = np.random.default_rng(SEED + 29)
+    a = golden.as_bf16(rng.standard_normal((M, 3 * cfg.rows)).astype(np.float32))
+    b = golden.as_bf16(rng.standard_normal((3 * cfg.rows, N)).astype(np.float32))
+    angles = rng.uniform(0, 6.3, (M, P // 2)).astype(np.float32)
+    cos, sin = (np.repeat(f(angles), 2, axis=1).astype(np.float32) for f in (np.cos, np.sin))
+    table = chip.upload(np.concatenate([cos, sin], axis=1))
+    old = golden.as_bf16(rng.standard_normal((M, N, width)).astype(np.float32))
+    caches = [chip.upload(old[r], dtype=bfloat16) for r in range(M)]
+    with chip.record() as rec:
+        chip.matmul(chip.upload(a), chip.upload(b), out_dtype=bfloat16, then="rope",
+                    other=table, transpose=True,
+                    out=[(r, caches[r][:, pos:pos + 1]) for r in range(M)])
+    program = compile_matmuls(cfg, rec.calls[0].ops).program
+    popping = [t for t in program.text if t.startswith("STORE") and "pop_prev" in t]
+    assert len(popping) > 1, popping
+    assert races(cfg, program) == []
+    r = golden.matmul(a, b, rows=cfg.rows)
+    want = golden.fp32_to_bf16(golden.f32_bits(
+        vpu.rope(r, np.tile(cos, (1, N // P)), np.tile(sin, (1, N // P)))))
+    for k, cache in enumerate(caches):
+        got = _bits(cache)
+        golden.assert_bits_equal(got[:, pos], want[k], f"sequence {k}'s column")
+        rest = np.delete(np.arange(width), pos)
+        golden.assert_bits_equal(got[:, rest], golden.fp32_to_bf16(golden.f32_bits(old[k]))[:, rest],
+                                 f"sequence {k}'s other columns")

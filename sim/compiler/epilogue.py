@@ -14,7 +14,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from mxu.hdl.isa import Opcode, VpuOp, field_value
+from mxu.hdl.isa import Opcode, VectorFlags, VpuOp, field_value
 
 from .layerops import EPILOGUE_KINDS, LAYER_OPS, Group, layer_op
 from .operands import Operand, Scatter
@@ -207,19 +207,73 @@ def is_vector(word):
     return word & 0xF == Opcode.VECTOR.value
 
 
+_TRANSPOSE_BIT = VectorFlags.as_shape()["transpose"].offset
+
+
+def epilogue_cost(word, row_elems, stores=True):
+    """An epilogue instruction's share of its group's work, in rows (about
+    a cycle each on its engine): a VECTOR's, at least `row_elems` for a
+    transpose (it writes a VMEM row per element of its rows: a decode
+    step's K transposes one row per sequence), a STORE's unless not
+    `stores`, none for a SYNC. (A STORE's write responses, about 9 cycles
+    more, counted too made a decode step's attention slower: 76,084 ->
+    76,797 cycles on one Q4_1 layer of SmolLM2's sizes at batch 16; and the
+    STOREs of short softmaxes two at a time, spread, made its scores 8 %
+    slower: they go at the end, 76,084 -> 74,855.)"""
+    if is_vector(word):
+        rows = field_value(word, Opcode.VECTOR, "rows")
+        transposes = field_value(word, Opcode.VECTOR, "flags") >> _TRANSPOSE_BIT & 1
+        return max(rows, row_elems) if transposes else rows
+    if stores and word & 0xF == Opcode.STORE.value:
+        return field_value(word, Opcode.STORE, "rows")
+    return 0
+
+
 class Pending:
     """A group's epilogue instructions on their way into the program: due
-    between steps `first` and `last`, in proportion to their rows."""
+    between steps `first` and `last`, in proportion to their cost
+    (`epilogue_cost`): spread by VECTOR rows alone, a group's STOREs came
+    all at once at the end of the next group, and a decode step's one-row
+    transposes of K (16 sequences' columns) in a burst; either filled its
+    engine's queue and held up the array's instructions behind it."""
 
-    def __init__(self, program, first, last):
+    def __init__(self, program, first, last, row_elems, stores=True):
         self.words, self.text = program.words, program.text
         self.first, self.last, self.done = first, last, 0
-        self.cumulative, total = [], 0
+        self.cumulative, total, self.rows = [], 0, 0
         for word in self.words:
-            if is_vector(word):
-                total += field_value(word, Opcode.VECTOR, "rows")
+            total += epilogue_cost(word, row_elems, stores)
             self.cumulative.append(total)
+            if is_vector(word):
+                self.rows += field_value(word, Opcode.VECTOR, "rows")
         self.total = total
+
+
+# Transposes between a transposed block's VECTOR and its STORE in the program
+# (`_follow`): the STORE waits for its token, the vector unit's latency
+# after the transpose issues, so it goes a few transposes later (1, 2, 4
+# and 8 measured; 2 the fastest, by 0.2 %).
+_STORE_LAG = 2
+
+
+def _follow(prog, after, stores, lag):
+    """Put STORE i of `stores` into `prog` after its instruction
+    ``after[i + lag]`` (after the last one when there is none)."""
+    at = {a: i for i, a in enumerate(after)}
+    words, text, queue = [], [], list(zip(stores.words, stores.text))
+    for k, item in enumerate(zip(prog.words, prog.text)):
+        words.append(item[0])
+        text.append(item[1])
+        i = at.get(k)
+        if i is not None and i >= lag and queue:
+            w, t = queue.pop(0)
+            words.append(w)
+            text.append(t)
+        if k == after[-1]:
+            words += [w for w, _ in queue]
+            text += [t for _, t in queue]
+            queue = []
+    prog.words, prog.text = words, text
 
 
 def _interleave(prog, at, stores, depth):
@@ -368,15 +422,26 @@ class FusedGroups:
                                    self.residual_row(grp), j0=grp.j0, m0=grp.m0,
                                    on_sum=store_the_sum, pop_prev=True, pop_next=owed)
         blocks = self.transposed_blocks(grp) if op.transposed and stored else []
+        transposes = []
         for t, k, off, height, slot, *_ in blocks:
             emit.op(VpuOp.PASS, x.tile(t) + off, height, vmem + slot * cfg.cols, to_vmem=True,
                     transpose=True)
+            transposes.append(len(ep_prog) - 1)
+        handed = len(ep_prog)
         for handoff, source in p.handoffs:
             for jj in range(grp.size):
                 for off, rows, row in handoff.pieces(source, grp.m0, grp.mrows, grp.j0 + jj):
                     emit.op(VpuOp.PASS, x.tile(jj) + off, rows, row, to_vmem=handoff.to_vmem,
                             transpose=source.transposed)
-        if emit.emitted:
+        # Transposed blocks (a decode step's K: a block per sequence and
+        # tile) each give the store engine a token, and each
+        # block's STORE follows its transpose closely: the stores run beside
+        # the transposes instead of after all of them.
+        each = len(blocks) > 1 and handed == len(ep_prog)
+        if each:
+            for i in transposes:
+                flag_instruction(ep_prog, i, push_next=True)
+        elif emit.emitted:
             flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
             if early:
                 stores = Program()
@@ -386,7 +451,11 @@ class FusedGroups:
             # A copy epilogue with nothing to hand off in this group: the
             # vector engine passes the tokens on.
             ep_prog.sync("vector", pop_prev=True, push_next=True, pop_next=owed)
-        if blocks:
+        if each:
+            stores = Program()
+            self.transposed_stores(stores, grp, blocks, vmem, each=True)
+            _follow(ep_prog, transposes, stores, _STORE_LAG)
+        elif blocks:
             self.transposed_stores(ep_prog, grp, blocks, vmem)
         elif op.transposed or not self.result_stores(ep_prog, grp, outs,
                                                      tuple(p.unstored) + early):
@@ -444,9 +513,10 @@ class FusedGroups:
                     slot += 1
         return blocks
 
-    def transposed_stores(self, prog, grp, blocks, vmem):
+    def transposed_stores(self, prog, grp, blocks, vmem, each=False):
         """The transposed blocks in VMEM to rows j*cols.. of the op's c (or
-        of a piece of it), their columns."""
+        of a piece of it), their columns; the first pops the vector
+        engine's token, or with `each` every one pops its block's."""
         op, c = self.placed[grp.op].op, self.config.cols
         ep, N = op.epilogue, op.out_cols
         first = dict(pop_prev=True, vector=True)
@@ -455,7 +525,7 @@ class FusedGroups:
             prog.store(vmem_row=vmem + slot * c, rows=min(c, N - j * c), row_bytes=2 * height,
                        ext_addr=target.addr + j * c * target.stride + 2 * col,
                        ext_stride=target.stride, **first)
-            first = {}
+            first = dict(pop_prev=True, vector=True) if each else {}
 
     hold = False
     scratch_token = False    # the last epilogue's STOREs push a store->vector token
@@ -465,7 +535,7 @@ class FusedGroups:
         due = 0.0
         for e in self.pending:
             span = e.last - e.first + 1
-            due += e.total if n >= e.last else e.total * max(0, n - e.first + 1) / span
+            due += e.rows if n >= e.last else e.rows * max(0, n - e.first + 1) / span
         return due
 
     def drain(self, prog, n=None):

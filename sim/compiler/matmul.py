@@ -175,9 +175,9 @@ def plan_segments(config, ops, handoffs=None, first=0):
             why = (f"one activation row needs {KT} VMEM rows and {room} are free beside the "
                    f"weight ring; split K" if KT > room else
                    f"a {ep.kind} epilogue (a row operand per group) needs more than "
-                   f"{lead(op.b, config)} steps (K tiles x N tiles) per group"
+                   f"{lead(op, config)} steps (K tiles x N tiles) per group"
                    if ep and ep.desc.row_operand is not None
-                   and KT * ceil_div(op.N, config.cols) <= lead(op.b, config) else
+                   and KT * ceil_div(op.N, config.cols) <= lead(op, config) else
                    f"its output, bias and epilogue buffers need more than the {config.acc_rows} "
                    f"accumulator rows")
             raise ValueError(f"op {i}: a {op.M}x{op.K} @ {op.K}x{op.N} matmul does not fit the "
@@ -200,7 +200,7 @@ def plan_segments(config, ops, handoffs=None, first=0):
         # Ops of one segment share the weight ring's lead (`lead`): their
         # plans space their buffers for it.
         return not (depends or solo or (op.epilogue is None) != (current[0][1].epilogue is None)
-                    or lead(op.b, config) != lead(current[0][1].b, config)
+                    or lead(op, config) != lead(current[0][1], config)
                     or not ring_shared(config, [c[1] for c in current if c[6][0] is None]
                                        + ([op] if weights is None else []))
                     or not _place(config, current + [item]))
@@ -367,7 +367,7 @@ class _Segment(FusedGroups):
                     g += 1
         self.starts = [grp.start for grp in self.groups]
         self.steps = self.groups[-1].end
-        self.W = min(lead(placed[0].op.b, config), self.steps)
+        self.W = min(lead(placed[0].op, config), self.steps)
         self.units = self._units()
         self.ring = placed[0].ring
         self.fused = self.ring is not None
@@ -699,7 +699,8 @@ class _Segment(FusedGroups):
                 ep_prog = (self.waiting[0] if len(self.waiting) == 1
                            else _merge_epilogues(self.waiting))
                 self.waiting = []
-                self.pending.append(Pending(ep_prog, n, nxt.end - 1))
+                self.pending.append(Pending(ep_prog, n, nxt.end - 1, cfg.vmem_row_elems,
+                                            stores=self.ring.interleave == 1))
         elif last_t and not fused:
             self.drain(prog)
             esize = op.c.elem

@@ -314,9 +314,10 @@ class MatmulOp:
 
     def plan_args(self, config):
         """The keyword arguments of `plan_op` that describe this op on `config`."""
+        from .plan import lead      # plan imports this module
         ep = self.epilogue
         ring = ({"ring": quant_lead(config), "w_beats": self.b.tile_beats(config.rows, config.axi_data_bytes)}
-                if self.quantized else {})
+                if self.quantized else {"ring": lead(self, config)})
         if ep is None:
             return ring
         pieces = len(self.c.pieces) if isinstance(self.c, Scatter) else 1

@@ -164,10 +164,30 @@ def unit_tiles(config, b):
     return 1 if block is None else max(1, block // config.rows)
 
 
-def lead(b, config):
-    """Steps the loads run ahead of the array (the weight ring's `W`):
-    `RING_SLOTS`, or `quant_lead` for quantized weights `b`."""
-    return quant_lead(config) if getattr(b, "block", None) is not None else RING_SLOTS
+# bf16 weights of an op of at most this many rows and steps (a decode step's
+# attention heads: a KV group's query rows against its keys) have a ring of
+# `SHORT_RING_SLOTS`.
+SHORT_ROWS = 4
+SHORT_STEPS = 64
+SHORT_RING_SLOTS = 2 * RING_SLOTS
+
+
+def lead(op, config):
+    """Steps the loads run ahead of the array (the weight ring's `W`) for
+    `op` (a `MatmulOp`, or its weights operand): `quant_lead` for quantized
+    weights; `SHORT_RING_SLOTS` for an op of at most `SHORT_ROWS` rows,
+    whose MATMULs last about the array's latency (some 64 cycles on 3 rows
+    of the 16x16 array) against a weight tile's 33 to 38 cycles of loading:
+    with `RING_SLOTS` a head's last tiles waited for its first MATMULs to
+    free their slots; else `RING_SLOTS`."""
+    b = getattr(op, "b", op)
+    if getattr(b, "block", None) is not None:
+        return quant_lead(config)
+    M, K, N = (getattr(op, x, None) for x in "MKN")
+    if M is None or M > SHORT_ROWS:
+        return RING_SLOTS
+    steps = ceil_div(K, config.rows) * ceil_div(N, config.cols)
+    return SHORT_RING_SLOTS if steps <= SHORT_STEPS else RING_SLOTS
 
 
 def _quant_group(config, op):
@@ -288,7 +308,7 @@ def ring_rows(config, op=None):
     rows."""
     b = getattr(op, "b", op)
     if getattr(b, "block", None) is None:
-        return RING_SLOTS * config.rows
+        return lead(op, config) * config.rows
     return quant_units(config, op) * chunk_tiles(config, op) * config.rows
 
 

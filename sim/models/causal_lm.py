@@ -464,12 +464,15 @@ class ChipLlama:
         sequence's cache), the heads' scores and P.V into `ctx`."""
         bf, fold = bfloat16, self.rope == "fold"
         rope_q, rope_k = ropes
-        lw.q(xn, out=q, then="rope", other=rope_q, paired=fold)
+        # K and V first: their epilogues (a decode step's transposes and
+        # stores into each sequence's cache, one per sequence and tile) then
+        # spread over Q's steps instead of a tail after V.
         lw.k(xn, out=[(r, s.kt[i][:, s.length:s.length + n])
                       for r, s, n in zip(starts, seqs, counts)],
              out_dtype=bf, then="rope", other=rope_k, transpose=True, paired=fold)
         lw.v(xn, out=[(r, s.v[i][s.length:s.length + n])
                       for r, s, n in zip(starts, seqs, counts)], out_dtype=bf)
+        lw.q(xn, out=q, then="rope", other=rope_q, paired=fold)
         heads = []
         for r, s, n, mask in zip(starts, seqs, counts, masks):
             heads += self._heads(i, q, ctx, r, s, n, mask, temp, temps)

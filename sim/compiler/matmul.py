@@ -61,6 +61,12 @@ TAIL_CUT = 4
 # 29 (a LOAD alone, before the overlap) gave Q4_1 576x1536 at M = 1 39,472
 # cycles against 39,398, Q8_0 65,443 against 64,490 (bench/quant.py).
 _QUANT_LOAD_START = 0
+# Cycles a step of a decode block takes besides its weight port's beats: a
+# LOADW/MATMUL pair issues every `weight_load_cycles` + 1 (9 on the 16x16
+# presets). The pace of a bus-bound group's loads counts it: at 8 cycles a
+# step a Q4_1 unit of 6 tiles (60 beats) came every 8 steps, 72 cycles, and
+# the bus idled (docs/compiler.md, "Paced loads").
+_STEP_GAP = 1
 # K tiles of a round of chunks (one chunk of each strip) of a quantized group
 # wider than `MAX_GROUP` (`_Segment._units`): 6-tile chunks for SmolLM2's 36
 # N tiles. At batch 1 chunks of 18 (24 for K = 1536) cost its output
@@ -437,7 +443,7 @@ class _Segment(FusedGroups):
             # enough to keep the bus busy. (The other groups' loads queue on
             # a busy bus anyway; paced so, their LOOPs lost their regularity.)
             beats = p.op.b.tile_beats(cfg.rows, cfg.axi_data_bytes)
-            step = max(grp.mrows, cfg.weight_load_cycles)
+            step = max(grp.mrows, cfg.weight_load_cycles) + _STEP_GAP
             for t0, n in chunks:
                 pace = (max(n, math.ceil((n * beats + _QUANT_LOAD_START) / step))
                         if top < most else n)
@@ -466,6 +472,14 @@ class _Segment(FusedGroups):
             tile = rows[u] // cfg.rows
             least = max(0, at[u - 1] if u else 0, *free[tile:tile + key[3]])
             grp = self.groups[key[0]]
+            if u and grp.index == len(self.groups) - 1 and grp.size <= MAX_GROUP \
+                    and grp.index in bus_bound:
+                # The segment's last group, when the bus is the bound: its
+                # loads follow the ones before at their pace as soon as their
+                # slots are free, not counted back from its last chunk (at a
+                # pace of more steps than the bus takes, that left the bus
+                # idle for ~2,300 cycles before the FFN's last group at M = 1).
+                at[u] = min(at[u], max(least, at[u - 1] + units[u - 1][3]))
             if grp.size > MAX_GROUP and at[u] > grp.start and grp.index in bus_bound:
                 # A wide group's loads, when the bus is the bound, go at one
                 # of `ROW_PARTS` places of a t row (earlier, as their slots
@@ -632,10 +646,16 @@ class _Segment(FusedGroups):
             loads += epilogue_param_loads(ep, p.ep_base, c)
         if ep is not None and ep.desc.row_operand is not None:
             loads += self.residual_loads(n)
-        if grp.first_of_block and jj == 0 and not p.handed:
+        whole = _one_row(p, r)
+        if grp.first_of_block and jj == 0 and not p.handed and (t == 0 or not whole):
+            # A one-row block of quantized weights loads its whole row with
+            # its first step: a small LOAD between a t row's weight chunks
+            # held the stream of quantized LOADs up.
             loads.append(dict(vmem_row=self.a_row(grp, t),
                               ext_addr=op.a.addr + grp.m0 * op.a.stride + 2 * t * r,
-                              rows=grp.mrows, row_bytes=2 * k_rows, ext_stride=op.a.stride))
+                              rows=op.K // r if whole else grp.mrows,
+                              row_bytes=2 * (r if whole else k_rows),
+                              ext_stride=2 * r if whole else op.a.stride))
         if op.bias_kind == "matrix" and t == 0:
             loads.append(dict(acc_row=self.bias_block_row(grp, jj),
                               ext_addr=op.bias.addr + grp.m0 * op.bias.stride + 4 * j * c,
@@ -839,6 +859,14 @@ class _Segment(FusedGroups):
         if not self.last:
             prog.sync("compute", pop_next=True, push_prev=True)
             prog.sync("load", pop_next=True)
+
+
+def _one_row(p, rows):
+    """Whether placed op `p` has quantized weights and blocks of one row
+    (a batch-1 decode step) of whole K tiles: its activation row is one LOAD
+    (VMEM rows ``a_base + t``), its row operand one LOAD
+    (`FusedGroups.residual_loads`)."""
+    return p.op.quantized and p.plan.Mb == 1 and p.op.K % rows == 0
 
 
 def _compress(prog, widest):

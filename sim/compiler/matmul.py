@@ -383,6 +383,10 @@ class _Segment(FusedGroups):
         # ones still to come).
         self.pending = collections.deque()
         self.waiting = []
+        # The next segment's first batches this one loads (`prefetch`):
+        # (after MATMUL x, that segment, its batches 0 .. k-1), or None.
+        self.prefetch_into = None
+        self.hoisted = 0           # this segment's first batches the one before loaded
 
     def _units(self):
         """Quantized weights: {(group, jj, first K tile): VMEM row} of each
@@ -595,7 +599,7 @@ class _Segment(FusedGroups):
         fill the load engine's queue behind a long LOAD and stop the
         instructions of the array behind it (docs/compiler.md, "Quantized
         weights")."""
-        loads = self._batch_loads(n)
+        loads = self._batch_loads(n) if n >= self.hoisted else self.batch_rest(n)
         for i, load in enumerate(loads):
             prog.load(**load, pop_next=(i == 0 and n >= self.W), push_next=(i == len(loads) - 1))
         if n >= self.W and self.units:
@@ -612,11 +616,28 @@ class _Segment(FusedGroups):
         return not self.units or bool(self._batch_loads(n))
 
     def _loadw_pops(self, n):
-        """Whether LOADW n pops a load->compute token."""
+        """Whether LOADW n pops a load->compute token (of the first
+        batches the segment before loaded, `prefetch`, only LOADW 0: their
+        loads push once, after the last)."""
+        if 0 < n < self.hoisted:
+            return False
         return self._tokens(n) or n in self._early_targets
+
+    def hoisted_loads(self):
+        """The weight unit loads of the first `hoisted` batches, which the
+        segment before issues (`prefetch`)."""
+        return [load for n in range(self.hoisted) for load in self._batch_loads(n)
+                if "format" in load]
+
+    def batch_rest(self, n):
+        """The loads of batch n < `hoisted` issued after the barrier (batch
+        0's other loads: its activations; the last pushes LOADW 0's token)."""
+        return [load for load in self._batch_loads(n) if "format" not in load] if n == 0 else []
 
     def _matmul_pushes(self, n):
         """Whether MATMUL n pushes a compute->load token."""
+        if self.prefetch_into is not None and n == self.prefetch_into[0]:
+            return True
         return n + self.W < self.steps and (self._tokens(n + self.W) or n in self._early)
 
     def _batch_loads(self, n):
@@ -642,7 +663,7 @@ class _Segment(FusedGroups):
                 loads.append(dict(acc_row=p.bias_base + full, ext_addr=op.bias.addr + 4 * c * full,
                                   rows=1, row_bytes=4 * (op.N % c)))
         ep = op.epilogue
-        if ep is not None and grp.first_of_op and t == 0 and jj == 0:
+        if ep is not None and grp.first_of_op and n == self._param_step(p, grp):
             loads += epilogue_param_loads(ep, p.ep_base, c)
         if ep is not None and ep.desc.row_operand is not None:
             loads += self.residual_loads(n)
@@ -667,6 +688,16 @@ class _Segment(FusedGroups):
                               ext_addr=op.b.addr + t * r * op.b.stride + 2 * j * c,
                               rows=k_rows, row_bytes=2 * ncols, ext_stride=op.b.stride))
         return loads
+
+    def _param_step(self, p, grp):
+        """The step whose batch loads op `p`'s epilogue parameters: its
+        first; W steps later for a one-row op of one group (its epilogue
+        runs at its end), so that its first batches hold weight units only
+        (`prefetch`)."""
+        late = grp.start + self.W
+        if _one_row(p, self.config.rows) and p.plan.G >= p.plan.NT and late < grp.end:
+            return late
+        return grp.start
 
     def _unit_load(self, g, uj, t0, tiles):
         """The quantized LOAD of unit (group g, its N tile uj, K tiles t0 ..)."""
@@ -736,6 +767,13 @@ class _Segment(FusedGroups):
                                                       < len(self.groups)) or barrier))
         if n + self.W < self.steps:
             self.batch(prog, n + self.W)
+        if self.prefetch_into is not None and n == self.prefetch_into[0]:
+            nxt = self.prefetch_into[1]
+            prog.sync("load", pop_next=True)
+            loads = nxt.hoisted_loads()
+            last = not nxt.batch_rest(0)
+            for i, load in enumerate(loads):
+                prog.load(**load, push_next=last and i == len(loads) - 1)
         self.drain(prog, n)
 
     # ---- emission with loops ---------------------------------------------------------
@@ -844,6 +882,55 @@ class _Segment(FusedGroups):
         rows = self.due_rows(n_a + count * period - 1) - self.due_rows(n_a - 1)
         limit = _DRAIN_QUEUES * self.config.cmd_queue_depth * self.config.rows
         return count // max(1, math.ceil(rows / limit))
+
+    def prefetch(self, nxt):
+        """Let this segment load the first batches of the next one, `nxt`,
+        while the array goes through its last steps and the vector unit
+        through its epilogue (the bus idled there, about 2,500 cycles before
+        the down projection of a batch-1 decode step): the batches of
+        quantized weight units only (nothing the barrier orders: activations,
+        row operands and parameters come later), from `nxt`'s first, issued
+        after MATMUL x -- the first that pushes no token of its own, after
+        the last step that reads any VMEM row those units fill and after
+        this segment's own loads (the load->compute tokens are counts: the
+        pushes must reach the LOADWs in program order). Only between two
+        segments of quantized weights in blocks of one row (a batch-1 decode
+        step), when this one's epilogues write no VMEM scratch."""
+        if not (self.units and nxt.units and self.fused and not self.ring.t_slot
+                and all(_one_row(p, self.config.rows) for p in self.placed + nxt.placed)):
+            return
+        k = 1
+        while k < nxt.W and all("format" in load for load in nxt._batch_loads(k)):
+            k += 1
+        rows = [(nxt.units[key[:3]], nxt.units[key[:3]] + key[3] * self.config.rows)
+                for m in range(k) for key in nxt.placed_units.get(m, ())]
+        if not rows:
+            return
+        ring_end = self.U * max(chunk_tiles(self.config, p.op) for p in self.placed
+                                if p.op.quantized) * self.config.rows
+        if max(hi for _, hi in rows) > ring_end:
+            x = self.steps - 1          # rows past this ring: every read done
+        else:
+            x = max([0] + [last for key, last in self._unit_reads()
+                           if any(lo < self.units[key[:3]] + key[3] * self.config.rows
+                                  and self.units[key[:3]] < hi for lo, hi in rows)])
+        loaded = [n for n in range(self.W, self.steps) if self._batch_loads(n)]
+        loaded += [e + self.W for e in self._early_plan()]
+        x = max(x, max(loaded, default=0) - self.W)
+        while self._matmul_pushes(x):
+            x += 1
+        self.prefetch_into = (x, nxt, k)
+        nxt.hoisted = k
+
+    def _unit_reads(self):
+        """[(unit key, the last step that reads it)] of this segment's
+        quantized weight units."""
+        out = []
+        for grp in self.groups:
+            for key, t0 in ((k, k[2]) for k in self.units if k[0] == grp.index):
+                tiles = sum(1 for t, first in self.chunk_of[grp.index].items() if first == t0)
+                out.append(((*key, tiles), grp.start + (t0 + tiles - 1) * grp.size + key[1]))
+        return out
 
     def emit(self, prog, loops):
         self._early_plan()
@@ -971,11 +1058,16 @@ def compile_matmuls(config, ops, *, loops=True, handoffs=True):
                          for placed in plan_segments(config, run, handoffs, first)]
     prog = Program()
     steps = 0
-    for k, placed in enumerate(segments):
-        if isinstance(placed[0][1], VectorOp):
+    segs = [None if isinstance(placed[0][1], VectorOp)
+            else _Segment(config, [p for _, p in placed], last=k == len(segments) - 1)
+            for k, placed in enumerate(segments)]
+    for seg, nxt in zip(segs, segs[1:]):
+        if seg is not None and nxt is not None:
+            seg.prefetch(nxt)
+    for seg, placed in zip(segs, segments):
+        if seg is None:
             emit_vector_op(config, placed[0][1], prog)
             continue
-        seg = _Segment(config, [p for _, p in placed], last=k == len(segments) - 1)
         seg.emit(prog, loops)
         steps += seg.steps
     prog.halt()

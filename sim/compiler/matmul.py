@@ -81,6 +81,9 @@ WIDE_ROUND = 256
 # beats), 135,587 at 2 places a row (6,708), 135,566 at 3 (7,007), 135,802
 # at 4, 138,077 at 1 (the row's loads at once held up the fetch).
 ROW_PARTS = 3
+# Loads of the next segment's weights (`_Segment.prefetch`) that may wait in
+# the load engine's queue for the bus after this segment's last step.
+_PREFETCH_QUEUED = 6
 # The most instructions of an inner LOOP's body `_compress` makes.
 _WIDEST = 16
 
@@ -384,9 +387,10 @@ class _Segment(FusedGroups):
         self.pending = collections.deque()
         self.waiting = []
         # The next segment's first batches this one loads (`prefetch`):
-        # (after MATMUL x, that segment, its batches 0 .. k-1), or None.
+        # (MATMUL x whose token the first waits for, that segment,
+        # {step: the loads issued after its MATMUL}), or None.
         self.prefetch_into = None
-        self.hoisted = 0           # this segment's first batches the one before loaded
+        self.hoisted = {}          # {batch: its first units the segment before loads}
 
     def _units(self):
         """Quantized weights: {(group, jj, first K tile): VMEM row} of each
@@ -599,7 +603,7 @@ class _Segment(FusedGroups):
         fill the load engine's queue behind a long LOAD and stop the
         instructions of the array behind it (docs/compiler.md, "Quantized
         weights")."""
-        loads = self._batch_loads(n) if n >= self.hoisted else self.batch_rest(n)
+        loads = self.batch_rest(n)
         for i, load in enumerate(loads):
             prog.load(**load, pop_next=(i == 0 and n >= self.W), push_next=(i == len(loads) - 1))
         if n >= self.W and self.units:
@@ -616,23 +620,33 @@ class _Segment(FusedGroups):
         return not self.units or bool(self._batch_loads(n))
 
     def _loadw_pops(self, n):
-        """Whether LOADW n pops a load->compute token (of the first
-        batches the segment before loaded, `prefetch`, only LOADW 0: their
-        loads push once, after the last)."""
-        if 0 < n < self.hoisted:
+        """Whether LOADW n pops a load->compute token. Of the batches whose
+        weight units the segment before loaded (`prefetch`), LOADW 0 pops
+        (batch 0's other loads push, or else the last of those units), the
+        others only when their batch has loads left."""
+        if 0 < n and n in self.hoisted and not self.batch_rest(n):
             return False
         return self._tokens(n) or n in self._early_targets
 
     def hoisted_loads(self):
-        """The weight unit loads of the first `hoisted` batches, which the
-        segment before issues (`prefetch`)."""
-        return [load for n in range(self.hoisted) for load in self._batch_loads(n)
-                if "format" in load]
+        """[(load, its bus beats)] of the weight units the segment before
+        loads (`hoisted`: {batch: how many of its units, the first})."""
+        cfg, out = self.config, []
+        for n, count in sorted(self.hoisted.items()):
+            for key in self.placed_units[n][:count]:
+                b = self.placed[self.groups[key[0]].op].op.b
+                out.append((self._unit_load(*key), key[3] * b.tile_beats(cfg.rows,
+                                                                          cfg.axi_data_bytes)))
+        return out
 
     def batch_rest(self, n):
-        """The loads of batch n < `hoisted` issued after the barrier (batch
-        0's other loads: its activations; the last pushes LOADW 0's token)."""
-        return [load for load in self._batch_loads(n) if "format" not in load] if n == 0 else []
+        """Batch n's loads without the weight units the segment before
+        loaded (its units come last in a batch)."""
+        loads = self._batch_loads(n)
+        if n not in self.hoisted:
+            return loads
+        first = len(loads) - len(self.placed_units[n])
+        return loads[:first] + loads[first + self.hoisted[n]:]
 
     def _matmul_pushes(self, n):
         """Whether MATMUL n pushes a compute->load token."""
@@ -767,13 +781,14 @@ class _Segment(FusedGroups):
                                                       < len(self.groups)) or barrier))
         if n + self.W < self.steps:
             self.batch(prog, n + self.W)
-        if self.prefetch_into is not None and n == self.prefetch_into[0]:
-            nxt = self.prefetch_into[1]
-            prog.sync("load", pop_next=True)
-            loads = nxt.hoisted_loads()
-            last = not nxt.batch_rest(0)
-            for i, load in enumerate(loads):
-                prog.load(**load, push_next=last and i == len(loads) - 1)
+        if self.prefetch_into is not None and n in self.prefetch_into[2]:
+            x, nxt, at = self.prefetch_into
+            if n == x:
+                prog.sync("load", pop_next=True)
+            # The last pushes LOADW 0's token when batch 0 loads nothing else.
+            push = n == max(at) and not nxt.batch_rest(0)
+            for i, load in enumerate(at[n]):
+                prog.load(**load, push_next=push and i == len(at[n]) - 1)
         self.drain(prog, n)
 
     # ---- emission with loops ---------------------------------------------------------
@@ -899,28 +914,53 @@ class _Segment(FusedGroups):
         if not (self.units and nxt.units and self.fused and not self.ring.t_slot
                 and all(_one_row(p, self.config.rows) for p in self.placed + nxt.placed)):
             return
-        k = 1
-        while k < nxt.W and all("format" in load for load in nxt._batch_loads(k)):
-            k += 1
-        rows = [(nxt.units[key[:3]], nxt.units[key[:3]] + key[3] * self.config.rows)
-                for m in range(k) for key in nxt.placed_units.get(m, ())]
-        if not rows:
+        units, most = [], 0
+        while most < nxt.W and (most == 0 or all("format" in load
+                                                 for load in nxt._batch_loads(most))):
+            units += [most] * len(nxt.placed_units.get(most, ()))
+            most += 1
+        if not nxt._batch_loads(0):
             return
-        ring_end = self.U * max(chunk_tiles(self.config, p.op) for p in self.placed
-                                if p.op.quantized) * self.config.rows
+        for h in range(len(units), 0, -1):
+            nxt.hoisted = {m: units[:h].count(m) for m in sorted(set(units[:h]))}
+            at = self._prefetch_steps(nxt)
+            if at is not None:
+                self.prefetch_into = (min(at), nxt, at)
+                return
+        nxt.hoisted = {}
+
+    def _prefetch_steps(self, nxt):
+        """{step: loads} of `nxt`'s first `hoisted` batches' weight units in
+        this segment (`prefetch`): from MATMUL x on, one each as many steps
+        as the bus takes to bring it, so that the load engine's queue never
+        holds up the array's instructions; at most `_PREFETCH_QUEUED` left
+        for the last step (they wait in the queue through the epilogue).
+        None if more would be left."""
+        cfg, loads = self.config, nxt.hoisted_loads()
+        if not loads:
+            return None
+        rows = [(load["vmem_row"], load["vmem_row"] + load["rows"]) for load, _ in loads]
+        ring_end = self.U * max(chunk_tiles(cfg, p.op) for p in self.placed
+                                if p.op.quantized) * cfg.rows
         if max(hi for _, hi in rows) > ring_end:
             x = self.steps - 1          # rows past this ring: every read done
         else:
             x = max([0] + [last for key, last in self._unit_reads()
-                           if any(lo < self.units[key[:3]] + key[3] * self.config.rows
+                           if any(lo < self.units[key[:3]] + key[3] * cfg.rows
                                   and self.units[key[:3]] < hi for lo, hi in rows)])
         loaded = [n for n in range(self.W, self.steps) if self._batch_loads(n)]
         loaded += [e + self.W for e in self._early_plan()]
         x = max(x, max(loaded, default=0) - self.W)
         while self._matmul_pushes(x):
             x += 1
-        self.prefetch_into = (x, nxt, k)
-        nxt.hoisted = k
+        step = max(1, cfg.weight_load_cycles) + _STEP_GAP
+        at, n = {}, x
+        for load, beats in loads:
+            at.setdefault(min(n, self.steps - 1), []).append(load)
+            n += max(1, math.ceil(beats / step))
+        if len(at.get(self.steps - 1, ())) > _PREFETCH_QUEUED:
+            return None
+        return at
 
     def _unit_reads(self):
         """[(unit key, the last step that reads it)] of this segment's

@@ -61,11 +61,13 @@ TAIL_CUT = 4
 # 29 (a LOAD alone, before the overlap) gave Q4_1 576x1536 at M = 1 39,472
 # cycles against 39,398, Q8_0 65,443 against 64,490 (bench/quant.py).
 _QUANT_LOAD_START = 0
-# Cycles a step of a decode block takes besides its weight port's beats: a
-# LOADW/MATMUL pair issues every `weight_load_cycles` + 1 (9 on the 16x16
-# presets). The pace of a bus-bound group's loads counts it: at 8 cycles a
-# step a Q4_1 unit of 6 tiles (60 beats) came every 8 steps, 72 cycles, and
-# the bus idled (docs/compiler.md, "Paced loads").
+# Cycles a step of a block of few rows takes besides its weight port's
+# beats: at M = 1 a LOADW/MATMUL pair issues every `weight_load_cycles` + 1
+# (9 on the 16x16 presets). The pace of a bus-bound group's loads counts it:
+# at 8 cycles a step a Q4_1 unit of 6 tiles (60 beats) came every 8 steps,
+# 72 cycles, and the bus idled (docs/compiler.md, "Paced loads"). (At M = 16
+# a step is the block's 16 rows: the logits at batch 16, Q8_0, lost 127
+# cycles with 17.)
 _STEP_GAP = 1
 # K tiles of a round of chunks (one chunk of each strip) of a quantized group
 # wider than `MAX_GROUP` (`_Segment._units`): 6-tile chunks for SmolLM2's 36
@@ -451,7 +453,7 @@ class _Segment(FusedGroups):
             # enough to keep the bus busy. (The other groups' loads queue on
             # a busy bus anyway; paced so, their LOOPs lost their regularity.)
             beats = p.op.b.tile_beats(cfg.rows, cfg.axi_data_bytes)
-            step = max(grp.mrows, cfg.weight_load_cycles) + _STEP_GAP
+            step = max(grp.mrows, cfg.weight_load_cycles + _STEP_GAP)
             for t0, n in chunks:
                 pace = (max(n, math.ceil((n * beats + _QUANT_LOAD_START) / step))
                         if top < most else n)

@@ -455,8 +455,15 @@ class _Segment(FusedGroups):
             beats = p.op.b.tile_beats(cfg.rows, cfg.axi_data_bytes)
             step = max(grp.mrows, cfg.weight_load_cycles + _STEP_GAP)
             for t0, n in chunks:
-                pace = (max(n, math.ceil((n * beats + _QUANT_LOAD_START) / step))
+                # (Steps, not whole: a Q4_1 unit of 2 tiles takes 20 beats,
+                # 2.2 steps; at 3 the bus idled a third of the time. A wide
+                # group's take whole steps: the output projection and FFN
+                # were 311 cycles slower at batch 1 with fractions, the
+                # attention 519 faster, one Q4_1 layer of SmolLM2's sizes.)
+                pace = (max(n, (n * beats + _QUANT_LOAD_START) / step)
                         if top < most else n)
+                if grp.size > MAX_GROUP:
+                    pace = math.ceil(pace)
                 for jj in range(grp.size):
                     units.append(((grp.index, jj, t0, n), grp.start + t0 * grp.size + jj,
                                   grp.start + (t0 + n - 1) * grp.size + jj, pace))
@@ -475,6 +482,7 @@ class _Segment(FusedGroups):
         at[-1] = units[-1][1]
         for u in range(len(units) - 2, -1, -1):
             at[u] = min(units[u][1], at[u + 1] - units[u][3])
+        at = [math.floor(a) for a in at]
         # The steps after which each tile of the ring is free: W after the
         # last step that read the unit there before.
         free = [0] * (U * most)
@@ -489,7 +497,7 @@ class _Segment(FusedGroups):
                 # slots are free, not counted back from its last chunk (at a
                 # pace of more steps than the bus takes, that left the bus
                 # idle for ~2,300 cycles before the FFN's last group at M = 1).
-                at[u] = min(at[u], max(least, at[u - 1] + units[u - 1][3]))
+                at[u] = min(at[u], max(least, at[u - 1] + math.ceil(units[u - 1][3])))
             if grp.size > MAX_GROUP and at[u] > grp.start and grp.index in bus_bound:
                 # A wide group's loads, when the bus is the bound, go at one
                 # of `ROW_PARTS` places of a t row (earlier, as their slots

@@ -909,18 +909,17 @@ class _Segment(FusedGroups):
         return count // max(1, math.ceil(rows / limit))
 
     def prefetch(self, nxt):
-        """Let this segment load the first batches of the next one, `nxt`,
-        while the array goes through its last steps and the vector unit
-        through its epilogue (the bus idled there, about 2,500 cycles before
-        the down projection of a batch-1 decode step): the batches of
-        quantized weight units only (nothing the barrier orders: activations,
-        row operands and parameters come later), from `nxt`'s first, issued
-        after MATMUL x -- the first that pushes no token of its own, after
-        the last step that reads any VMEM row those units fill and after
-        this segment's own loads (the load->compute tokens are counts: the
-        pushes must reach the LOADWs in program order). Only between two
-        segments of quantized weights in blocks of one row (a batch-1 decode
-        step), when this one's epilogues write no VMEM scratch."""
+        """Let this segment load the weight units of the next one's (`nxt`)
+        first batches while the array goes through its last steps and the
+        vector unit through its epilogue (the bus idled there, about 2,500
+        cycles before the down projection of a batch-1 decode step; docs/
+        compiler.md, "The next segment's first weights"): batch 0's and
+        those of the batches after it that load units only (activations,
+        row operands and parameters stay behind the barrier), as many as
+        `_prefetch_steps` spreads before this segment's end, the first
+        after MATMUL x. Sets ``nxt.hoisted``. Only between two segments of
+        quantized weights in blocks of one row (a batch-1 decode step),
+        when this one's epilogues write no VMEM scratch."""
         if not (self.units and nxt.units and self.fused and not self.ring.t_slot
                 and all(_one_row(p, self.config.rows) for p in self.placed + nxt.placed)):
             return
@@ -940,12 +939,15 @@ class _Segment(FusedGroups):
         nxt.hoisted = {}
 
     def _prefetch_steps(self, nxt):
-        """{step: loads} of `nxt`'s first `hoisted` batches' weight units in
-        this segment (`prefetch`): from MATMUL x on, one each as many steps
-        as the bus takes to bring it, so that the load engine's queue never
-        holds up the array's instructions; at most `_PREFETCH_QUEUED` left
-        for the last step (they wait in the queue through the epilogue).
-        None if more would be left."""
+        """{step: loads} of `nxt`'s `hoisted` weight units in this segment
+        (`prefetch`): from MATMUL x -- the first that pushes no token of its
+        own, after the last step that reads a VMEM row they fill and after
+        this segment's last load (the load->compute tokens are counts: the
+        pushes must reach the LOADWs in program order) -- one each as many
+        steps as the bus takes to bring it, so that the load engine's queue
+        does not hold up the array's instructions; at most
+        `_PREFETCH_QUEUED` left for the last step (they wait in the queue
+        through the epilogue). None if more would be left."""
         cfg, loads = self.config, nxt.hoisted_loads()
         if not loads:
             return None

@@ -491,12 +491,14 @@ class _Segment(FusedGroups):
             least = max(0, at[u - 1] if u else 0, *free[tile:tile + key[3]])
             grp = self.groups[key[0]]
             if u and grp.index == len(self.groups) - 1 and grp.size <= MAX_GROUP \
-                    and grp.index in bus_bound:
-                # The segment's last group, when the bus is the bound: its
-                # loads follow the ones before at their pace as soon as their
-                # slots are free, not counted back from its last chunk (at a
-                # pace of more steps than the bus takes, that left the bus
-                # idle for ~2,300 cycles before the FFN's last group at M = 1).
+                    and grp.index in bus_bound and grp.mrows <= cfg.weight_load_cycles:
+                # The segment's last group, when the bus is the bound and a
+                # step is the weight port's: its loads follow the ones before
+                # at their pace as soon as their slots are free, not counted
+                # back from its last chunk (at a pace of more steps than the
+                # bus takes, that left the bus idle for ~2,300 cycles before
+                # the FFN's last group at M = 1; at M = 16 the Q8_0 logits
+                # were 104 cycles slower so).
                 at[u] = min(at[u], max(least, at[u - 1] + math.ceil(units[u - 1][3])))
             if grp.size > MAX_GROUP and at[u] > grp.start and grp.index in bus_bound:
                 # A wide group's loads, when the bus is the bound, go at one

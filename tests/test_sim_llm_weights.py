@@ -48,7 +48,8 @@ def models():
 
 def _steps(lm):
     """A prefill's logits at every position (and a second sequence's), then
-    a decode step of the batch of both: every logit."""
+    a decode step of the batch of both, then one of the first alone (blocks
+    of one row: docs/compiler.md, "Quantized weights"): every logit."""
     model, out = lm.model, []
     seqs = [model.new_sequence(16) for _ in range(2)]
     try:
@@ -57,6 +58,8 @@ def _steps(lm):
             out.append(logits[0])
         token = [[int(np.argmax(out[0][-1]))], [int(np.argmax(out[1][-1]))]]
         logits, _ = model.step(seqs, token)
+        out += list(logits)
+        logits, _ = model.step(seqs[:1], [[int(np.argmax(logits[0]))]])
         out += list(logits)
     finally:
         for s in seqs:

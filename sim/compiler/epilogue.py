@@ -328,6 +328,14 @@ class FusedGroups:
                   for move in tile_moves(ep.other, grp.m0, grp.mrows, tiles)
                   for r in range(0, grp.mrows, size)]
         steps = self.residual_steps(grp, tiles.count, -(-grp.mrows // size))
+        if p.op.quantized and p.plan.Mb == 1 and ep.other.cols % self.config.cols == 0:
+            # A one-row block of quantized weights (a batch-1 decode step):
+            # its tiles are consecutive rows here and in external memory, one
+            # LOAD at the last step. Tile by tile, each small LOAD between
+            # the weight chunks held up the stream of quantized LOADs.
+            first = pieces[0]
+            schedule[steps[-1]] = [dict(first, rows=len(pieces), ext_stride=first["row_bytes"])]
+            return schedule
         for piece, step in zip(pieces, steps):
             schedule.setdefault(step, []).append(piece)
         return schedule

@@ -61,6 +61,14 @@ TAIL_CUT = 4
 # 29 (a LOAD alone, before the overlap) gave Q4_1 576x1536 at M = 1 39,472
 # cycles against 39,398, Q8_0 65,443 against 64,490 (bench/quant.py).
 _QUANT_LOAD_START = 0
+# Cycles a step of a block of few rows takes besides its weight port's
+# beats: at M = 1 a LOADW/MATMUL pair issues every `weight_load_cycles` + 1
+# (9 on the 16x16 presets). The pace of a bus-bound group's loads counts it:
+# at 8 cycles a step a Q4_1 unit of 6 tiles (60 beats) came every 8 steps,
+# 72 cycles, and the bus idled (docs/compiler.md, "Paced loads"). (At M = 16
+# a step is the block's 16 rows: the logits at batch 16, Q8_0, lost 127
+# cycles with 17.)
+_STEP_GAP = 1
 # K tiles of a round of chunks (one chunk of each strip) of a quantized group
 # wider than `MAX_GROUP` (`_Segment._units`): 6-tile chunks for SmolLM2's 36
 # N tiles. At batch 1 chunks of 18 (24 for K = 1536) cost its output
@@ -75,6 +83,9 @@ WIDE_ROUND = 256
 # beats), 135,587 at 2 places a row (6,708), 135,566 at 3 (7,007), 135,802
 # at 4, 138,077 at 1 (the row's loads at once held up the fetch).
 ROW_PARTS = 3
+# Loads of the next segment's weights (`_Segment.prefetch`) that may wait in
+# the load engine's queue for the bus after this segment's last step.
+_PREFETCH_QUEUED = 6
 # The most instructions of an inner LOOP's body `_compress` makes.
 _WIDEST = 16
 
@@ -377,6 +388,11 @@ class _Segment(FusedGroups):
         # ones still to come).
         self.pending = collections.deque()
         self.waiting = []
+        # The next segment's first batches this one loads (`prefetch`):
+        # (MATMUL x whose token the first waits for, that segment,
+        # {step: the loads issued after its MATMUL}), or None.
+        self.prefetch_into = None
+        self.hoisted = {}          # {batch: its first units the segment before loads}
 
     def _units(self):
         """Quantized weights: {(group, jj, first K tile): VMEM row} of each
@@ -437,10 +453,17 @@ class _Segment(FusedGroups):
             # enough to keep the bus busy. (The other groups' loads queue on
             # a busy bus anyway; paced so, their LOOPs lost their regularity.)
             beats = p.op.b.tile_beats(cfg.rows, cfg.axi_data_bytes)
-            step = max(grp.mrows, cfg.weight_load_cycles)
+            step = max(grp.mrows, cfg.weight_load_cycles + _STEP_GAP)
             for t0, n in chunks:
-                pace = (max(n, math.ceil((n * beats + _QUANT_LOAD_START) / step))
+                # (Steps, not whole: a Q4_1 unit of 2 tiles takes 20 beats,
+                # 2.2 steps; at 3 the bus idled a third of the time. A wide
+                # group's take whole steps: the output projection and FFN
+                # were 311 cycles slower at batch 1 with fractions, the
+                # attention 519 faster, one Q4_1 layer of SmolLM2's sizes.)
+                pace = (max(n, (n * beats + _QUANT_LOAD_START) / step)
                         if top < most else n)
+                if grp.size > MAX_GROUP:
+                    pace = math.ceil(pace)
                 for jj in range(grp.size):
                     units.append(((grp.index, jj, t0, n), grp.start + t0 * grp.size + jj,
                                   grp.start + (t0 + n - 1) * grp.size + jj, pace))
@@ -459,6 +482,7 @@ class _Segment(FusedGroups):
         at[-1] = units[-1][1]
         for u in range(len(units) - 2, -1, -1):
             at[u] = min(units[u][1], at[u + 1] - units[u][3])
+        at = [math.floor(a) for a in at]
         # The steps after which each tile of the ring is free: W after the
         # last step that read the unit there before.
         free = [0] * (U * most)
@@ -466,6 +490,16 @@ class _Segment(FusedGroups):
             tile = rows[u] // cfg.rows
             least = max(0, at[u - 1] if u else 0, *free[tile:tile + key[3]])
             grp = self.groups[key[0]]
+            if u and grp.index == len(self.groups) - 1 and grp.size <= MAX_GROUP \
+                    and grp.index in bus_bound and grp.mrows <= cfg.weight_load_cycles:
+                # The segment's last group, when the bus is the bound and a
+                # step is the weight port's: its loads follow the ones before
+                # at their pace as soon as their slots are free, not counted
+                # back from its last chunk (at a pace of more steps than the
+                # bus takes, that left the bus idle for ~2,300 cycles before
+                # the FFN's last group at M = 1; at M = 16 the Q8_0 logits
+                # were 104 cycles slower so).
+                at[u] = min(at[u], max(least, at[u - 1] + math.ceil(units[u - 1][3])))
             if grp.size > MAX_GROUP and at[u] > grp.start and grp.index in bus_bound:
                 # A wide group's loads, when the bus is the bound, go at one
                 # of `ROW_PARTS` places of a t row (earlier, as their slots
@@ -581,7 +615,7 @@ class _Segment(FusedGroups):
         fill the load engine's queue behind a long LOAD and stop the
         instructions of the array behind it (docs/compiler.md, "Quantized
         weights")."""
-        loads = self._batch_loads(n)
+        loads = self.batch_rest(n)
         for i, load in enumerate(loads):
             prog.load(**load, pop_next=(i == 0 and n >= self.W), push_next=(i == len(loads) - 1))
         if n >= self.W and self.units:
@@ -598,11 +632,38 @@ class _Segment(FusedGroups):
         return not self.units or bool(self._batch_loads(n))
 
     def _loadw_pops(self, n):
-        """Whether LOADW n pops a load->compute token."""
+        """Whether LOADW n pops a load->compute token. Of the batches whose
+        weight units the segment before loaded (`prefetch`), LOADW 0 pops
+        (batch 0's other loads push, or else the last of those units), the
+        others only when their batch has loads left."""
+        if 0 < n and n in self.hoisted and not self.batch_rest(n):
+            return False
         return self._tokens(n) or n in self._early_targets
+
+    def hoisted_loads(self):
+        """[(load, its bus beats)] of the weight units the segment before
+        loads (`hoisted`: {batch: how many of its units, the first})."""
+        cfg, out = self.config, []
+        for n, count in sorted(self.hoisted.items()):
+            for key in self.placed_units[n][:count]:
+                b = self.placed[self.groups[key[0]].op].op.b
+                out.append((self._unit_load(*key), key[3] * b.tile_beats(cfg.rows,
+                                                                          cfg.axi_data_bytes)))
+        return out
+
+    def batch_rest(self, n):
+        """Batch n's loads without the weight units the segment before
+        loaded (its units come last in a batch)."""
+        loads = self._batch_loads(n)
+        if n not in self.hoisted:
+            return loads
+        first = len(loads) - len(self.placed_units[n])
+        return loads[:first] + loads[first + self.hoisted[n]:]
 
     def _matmul_pushes(self, n):
         """Whether MATMUL n pushes a compute->load token."""
+        if self.prefetch_into is not None and n == self.prefetch_into[0]:
+            return True
         return n + self.W < self.steps and (self._tokens(n + self.W) or n in self._early)
 
     def _batch_loads(self, n):
@@ -628,14 +689,20 @@ class _Segment(FusedGroups):
                 loads.append(dict(acc_row=p.bias_base + full, ext_addr=op.bias.addr + 4 * c * full,
                                   rows=1, row_bytes=4 * (op.N % c)))
         ep = op.epilogue
-        if ep is not None and grp.first_of_op and t == 0 and jj == 0:
+        if ep is not None and grp.first_of_op and n == self._param_step(p, grp):
             loads += epilogue_param_loads(ep, p.ep_base, c)
         if ep is not None and ep.desc.row_operand is not None:
             loads += self.residual_loads(n)
-        if grp.first_of_block and jj == 0 and not p.handed:
+        whole = _one_row(p, r)
+        if grp.first_of_block and jj == 0 and not p.handed and (t == 0 or not whole):
+            # A one-row block of quantized weights loads its whole row with
+            # its first step: a small LOAD between a t row's weight chunks
+            # held the stream of quantized LOADs up.
             loads.append(dict(vmem_row=self.a_row(grp, t),
                               ext_addr=op.a.addr + grp.m0 * op.a.stride + 2 * t * r,
-                              rows=grp.mrows, row_bytes=2 * k_rows, ext_stride=op.a.stride))
+                              rows=op.K // r if whole else grp.mrows,
+                              row_bytes=2 * (r if whole else k_rows),
+                              ext_stride=2 * r if whole else op.a.stride))
         if op.bias_kind == "matrix" and t == 0:
             loads.append(dict(acc_row=self.bias_block_row(grp, jj),
                               ext_addr=op.bias.addr + grp.m0 * op.bias.stride + 4 * j * c,
@@ -647,6 +714,16 @@ class _Segment(FusedGroups):
                               ext_addr=op.b.addr + t * r * op.b.stride + 2 * j * c,
                               rows=k_rows, row_bytes=2 * ncols, ext_stride=op.b.stride))
         return loads
+
+    def _param_step(self, p, grp):
+        """The step whose batch loads op `p`'s epilogue parameters: its
+        first; W steps later for a one-row op of one group (its epilogue
+        runs at its end), so that its first batches hold weight units only
+        (`prefetch`)."""
+        late = grp.start + self.W
+        if _one_row(p, self.config.rows) and p.plan.G >= p.plan.NT and late < grp.end:
+            return late
+        return grp.start
 
     def _unit_load(self, g, uj, t0, tiles):
         """The quantized LOAD of unit (group g, its N tile uj, K tiles t0 ..)."""
@@ -717,6 +794,14 @@ class _Segment(FusedGroups):
                                                       < len(self.groups)) or barrier))
         if n + self.W < self.steps:
             self.batch(prog, n + self.W)
+        if self.prefetch_into is not None and n in self.prefetch_into[2]:
+            x, nxt, at = self.prefetch_into
+            if n == x:
+                prog.sync("load", pop_next=True)
+            # The last pushes LOADW 0's token when batch 0 loads nothing else.
+            push = n == max(at) and not nxt.batch_rest(0)
+            for i, load in enumerate(at[n]):
+                prog.load(**load, push_next=push and i == len(at[n]) - 1)
         self.drain(prog, n)
 
     # ---- emission with loops ---------------------------------------------------------
@@ -826,6 +911,82 @@ class _Segment(FusedGroups):
         limit = _DRAIN_QUEUES * self.config.cmd_queue_depth * self.config.rows
         return count // max(1, math.ceil(rows / limit))
 
+    def prefetch(self, nxt):
+        """Let this segment load the weight units of the next one's (`nxt`)
+        first batches while the array goes through its last steps and the
+        vector unit through its epilogue (the bus idled there, about 2,500
+        cycles before the down projection of a batch-1 decode step; docs/
+        compiler.md, "The next segment's first weights"): batch 0's and
+        those of the batches after it that load units only (activations,
+        row operands and parameters stay behind the barrier), as many as
+        `_prefetch_steps` spreads before this segment's end, the first
+        after MATMUL x. Sets ``nxt.hoisted``. Only between two segments of
+        quantized weights in blocks of one row (a batch-1 decode step),
+        when this one's epilogues write no VMEM scratch."""
+        if not (self.units and nxt.units and self.fused and not self.ring.t_slot
+                and all(_one_row(p, self.config.rows) for p in self.placed + nxt.placed)):
+            return
+        units, most = [], 0
+        while most < nxt.W and (most == 0 or all("format" in load
+                                                 for load in nxt._batch_loads(most))):
+            units += [most] * len(nxt.placed_units.get(most, ()))
+            most += 1
+        if not nxt._batch_loads(0):
+            return
+        for h in range(len(units), 0, -1):
+            nxt.hoisted = {m: units[:h].count(m) for m in sorted(set(units[:h]))}
+            at = self._prefetch_steps(nxt)
+            if at is not None:
+                self.prefetch_into = (min(at), nxt, at)
+                return
+        nxt.hoisted = {}
+
+    def _prefetch_steps(self, nxt):
+        """{step: loads} of `nxt`'s `hoisted` weight units in this segment
+        (`prefetch`): from MATMUL x -- the first that pushes no token of its
+        own, after the last step that reads a VMEM row they fill and after
+        this segment's last load (the load->compute tokens are counts: the
+        pushes must reach the LOADWs in program order) -- one each as many
+        steps as the bus takes to bring it, so that the load engine's queue
+        does not hold up the array's instructions; at most
+        `_PREFETCH_QUEUED` left for the last step (they wait in the queue
+        through the epilogue). None if more would be left."""
+        cfg, loads = self.config, nxt.hoisted_loads()
+        if not loads:
+            return None
+        rows = [(load["vmem_row"], load["vmem_row"] + load["rows"]) for load, _ in loads]
+        ring_end = self.U * max(chunk_tiles(cfg, p.op) for p in self.placed
+                                if p.op.quantized) * cfg.rows
+        if max(hi for _, hi in rows) > ring_end:
+            x = self.steps - 1          # rows past this ring: every read done
+        else:
+            x = max([0] + [last for key, last in self._unit_reads()
+                           if any(lo < self.units[key[:3]] + key[3] * cfg.rows
+                                  and self.units[key[:3]] < hi for lo, hi in rows)])
+        loaded = [n for n in range(self.W, self.steps) if self._batch_loads(n)]
+        loaded += [e + self.W for e in self._early_plan()]
+        x = max(x, max(loaded, default=0) - self.W)
+        while self._matmul_pushes(x):
+            x += 1
+        step = max(1, cfg.weight_load_cycles) + _STEP_GAP
+        at, n = {}, x
+        for load, beats in loads:
+            at.setdefault(min(n, self.steps - 1), []).append(load)
+            n += max(1, math.ceil(beats / step))
+        if len(at.get(self.steps - 1, ())) > _PREFETCH_QUEUED:
+            return None
+        return at
+
+    def _unit_reads(self):
+        """[(unit key, the last step that reads it)] of this segment's
+        quantized weight units."""
+        out = []
+        for grp in self.groups:
+            for key, t0 in ((k, k[2]) for k in self.units if k[0] == grp.index):
+                tiles = sum(1 for t, first in self.chunk_of[grp.index].items() if first == t0)
+                out.append(((*key, tiles), grp.start + (t0 + tiles - 1) * grp.size + key[1]))
+        return out
+
     def emit(self, prog, loops):
         self._early_plan()
         for n in range(self.W):
@@ -840,6 +1001,14 @@ class _Segment(FusedGroups):
         if not self.last:
             prog.sync("compute", pop_next=True, push_prev=True)
             prog.sync("load", pop_next=True)
+
+
+def _one_row(p, rows):
+    """Whether placed op `p` has quantized weights and blocks of one row
+    (a batch-1 decode step) of whole K tiles: its activation row is one LOAD
+    (VMEM rows ``a_base + t``), its row operand one LOAD
+    (`FusedGroups.residual_loads`)."""
+    return p.op.quantized and p.plan.Mb == 1 and p.op.K % rows == 0
 
 
 def _compress(prog, widest):
@@ -944,11 +1113,16 @@ def compile_matmuls(config, ops, *, loops=True, handoffs=True):
                          for placed in plan_segments(config, run, handoffs, first)]
     prog = Program()
     steps = 0
-    for k, placed in enumerate(segments):
-        if isinstance(placed[0][1], VectorOp):
+    segs = [None if isinstance(placed[0][1], VectorOp)
+            else _Segment(config, [p for _, p in placed], last=k == len(segments) - 1)
+            for k, placed in enumerate(segments)]
+    for seg, nxt in zip(segs, segs[1:]):
+        if seg is not None and nxt is not None:
+            seg.prefetch(nxt)
+    for seg, placed in zip(segs, segments):
+        if seg is None:
             emit_vector_op(config, placed[0][1], prog)
             continue
-        seg = _Segment(config, [p for _, p in placed], last=k == len(segments) - 1)
         seg.emit(prog, loops)
         steps += seg.steps
     prog.halt()

@@ -921,10 +921,10 @@ class _Segment(FusedGroups):
         row operands and parameters stay behind the barrier), as many as
         `_prefetch_steps` spreads before this segment's end, the first
         after MATMUL x. Sets ``nxt.hoisted``. Only between two segments of
-        quantized weights in blocks of one row (a batch-1 decode step),
-        when this one's epilogues write no VMEM scratch."""
+        quantized weights of whole K tiles (`_whole_k`: a decode step's,
+        a prefill's), when this one's epilogues write no VMEM scratch."""
         if not (self.units and nxt.units and self.fused and not self.ring.t_slot
-                and all(_one_row(p, self.config.rows) for p in self.placed + nxt.placed)):
+                and all(_whole_k(p, self.config.rows) for p in self.placed + nxt.placed)):
             return
         units, most = [], 0
         while most < nxt.W and (most == 0 or all("format" in load
@@ -1001,6 +1001,14 @@ class _Segment(FusedGroups):
         if not self.last:
             prog.sync("compute", pop_next=True, push_prev=True)
             prog.sync("load", pop_next=True)
+
+
+def _whole_k(p, rows):
+    """Whether placed op `p` has quantized weights of whole K tiles, whose
+    segment may load the next one's first weight units (`prefetch`): at
+    batch 16 too the bus idles through the output projection's
+    add_rms_norm tail, which nothing else overlaps."""
+    return p.op.quantized and p.op.K % rows == 0
 
 
 def _one_row(p, rows):

@@ -179,15 +179,25 @@ def lead(op, config):
     whose MATMULs last about the array's latency (some 64 cycles on 3 rows
     of the 16x16 array) against a weight tile's 33 to 38 cycles of loading:
     with `RING_SLOTS` a head's last tiles waited for its first MATMULs to
-    free their slots; else `RING_SLOTS`."""
+    free their slots (not for an epilogue with a row operand,
+    `_has_row_operand`); else `RING_SLOTS`."""
     b = getattr(op, "b", op)
     if getattr(b, "block", None) is not None:
         return quant_lead(config)
     M, K, N = (getattr(op, x, None) for x in "MKN")
-    if M is None or M > SHORT_ROWS:
+    if M is None or M > SHORT_ROWS or _has_row_operand(op):
         return RING_SLOTS
     steps = ceil_div(K, config.rows) * ceil_div(N, config.cols)
     return SHORT_RING_SLOTS if steps <= SHORT_STEPS else RING_SLOTS
+
+
+def _has_row_operand(op):
+    """Whether `op`'s epilogue reads a row operand (RoPE's table, a residual):
+    its buffer is refilled by the loads `ring` steps on, so a short op's K
+    tiles times its group must outnumber the ring (`plan_op`'s `short`); a
+    deeper ring would leave a small chip's RoPE projection no plan."""
+    ep = getattr(op, "epilogue", None)
+    return ep is not None and ep.desc.row_operand is not None
 
 
 def _quant_group(config, op):

@@ -323,6 +323,21 @@ def test_fused_segments_loop_their_middle_k_tiles(chip, M):
         golden.assert_bits_equal(out.numpy(), case.golden(kind), f"{kind}, M={M}")
 
 
+def _rope_problem(chip, rng, M, N, P):
+    """A RoPE'd matmul on `chip`: bf16 a (M x 3 tiles of K) and b (.. x N),
+    the cos|sin table of P-wide heads on the chip, and the golden fp32
+    result."""
+    cfg = chip.config
+    a = golden.as_bf16(rng.standard_normal((M, 3 * cfg.rows)).astype(np.float32))
+    b = golden.as_bf16(rng.standard_normal((3 * cfg.rows, N)).astype(np.float32))
+    angles = rng.uniform(0, 6.3, (M, P // 2)).astype(np.float32)
+    cos, sin = (np.repeat(f(angles), 2, axis=1).astype(np.float32) for f in (np.cos, np.sin))
+    table = chip.upload(np.concatenate([cos, sin], axis=1))
+    want = vpu.rope(golden.matmul(a, b, rows=cfg.rows), np.tile(cos, (1, N // P)),
+                    np.tile(sin, (1, N // P)))
+    return a, b, table, want
+
+
 def test_rope_loads_its_table_once():
     """RoPE's cos|sin table is the same for every group of an M block: an
     op of one block loads it once, into rows of its own (docs/compiler.md),
@@ -330,11 +345,7 @@ def test_rope_loads_its_table_once():
     chip = Chip(VPU_SHAPES["4x4"], fast_mac=True)
     cfg, P, M, N = chip.config, 8, 7, 80 * VPU_SHAPES["4x4"].cols
     rng = np.random.default_rng(SEED + 11)
-    a = golden.as_bf16(rng.standard_normal((M, 3 * cfg.rows)).astype(np.float32))
-    b = golden.as_bf16(rng.standard_normal((3 * cfg.rows, N)).astype(np.float32))
-    angles = rng.uniform(0, 6.3, (M, P // 2)).astype(np.float32)
-    cos, sin = (np.repeat(f(angles), 2, axis=1).astype(np.float32) for f in (np.cos, np.sin))
-    table = chip.upload(np.concatenate([cos, sin], axis=1))
+    a, b, table, want = _rope_problem(chip, rng, M, N, P)
     out = chip.empty((M, N))
     with chip.record() as rec:
         chip.matmul(chip.upload(a), chip.upload(b), out=out, then="rope", other=table)
@@ -344,8 +355,6 @@ def test_rope_loads_its_table_once():
     table_loads = sum(f"ext_addr={table.addr}," in text for text in compiled.program.text)
     assert groups > 3 and table_loads == 1, (groups, table_loads)
     assert races(cfg, compiled.program) == []
-    r = golden.matmul(a, b, rows=cfg.rows)
-    want = vpu.rope(r, np.tile(cos, (1, N // P)), np.tile(sin, (1, N // P)))
     golden.assert_bits_equal(out.numpy(), want, "rope")
 
 
@@ -498,11 +507,7 @@ def test_transposed_pieces_store_beside_their_transposes():
     cfg, P, M, pos, width = chip.config, 8, 6, 5, 8
     N = 4 * P
     rng = np.random.default_rng(SEED + 29)
-    a = golden.as_bf16(rng.standard_normal((M, 3 * cfg.rows)).astype(np.float32))
-    b = golden.as_bf16(rng.standard_normal((3 * cfg.rows, N)).astype(np.float32))
-    angles = rng.uniform(0, 6.3, (M, P // 2)).astype(np.float32)
-    cos, sin = (np.repeat(f(angles), 2, axis=1).astype(np.float32) for f in (np.cos, np.sin))
-    table = chip.upload(np.concatenate([cos, sin], axis=1))
+    a, b, table, want = _rope_problem(chip, rng, M, N, P)
     old = golden.as_bf16(rng.standard_normal((M, N, width)).astype(np.float32))
     caches = [chip.upload(old[r], dtype=bfloat16) for r in range(M)]
     with chip.record() as rec:
@@ -513,9 +518,7 @@ def test_transposed_pieces_store_beside_their_transposes():
     popping = [t for t in program.text if t.startswith("STORE") and "pop_prev" in t]
     assert len(popping) > 1, popping
     assert races(cfg, program) == []
-    r = golden.matmul(a, b, rows=cfg.rows)
-    want = golden.fp32_to_bf16(golden.f32_bits(
-        vpu.rope(r, np.tile(cos, (1, N // P)), np.tile(sin, (1, N // P)))))
+    want = golden.fp32_to_bf16(golden.f32_bits(want))
     for k, cache in enumerate(caches):
         got = _bits(cache)
         golden.assert_bits_equal(got[:, pos], want[k], f"sequence {k}'s column")

@@ -379,6 +379,8 @@ class _Segment(FusedGroups):
         self.starts = [grp.start for grp in self.groups]
         self.steps = self.groups[-1].end
         self.W = min(lead(placed[0].op, config), self.steps)
+        # The slot of the weight ring its first unit takes (`rotate`).
+        self.ring_start = 0
         self.units = self._units()
         self.ring = placed[0].ring
         self.fused = self.ring is not None
@@ -413,7 +415,7 @@ class _Segment(FusedGroups):
         quantized = [p for p in self.placed if p.op.quantized and p.weights is None]
         if quantized:
             most = max(chunk_tiles(cfg, p.op) for p in quantized)
-            size = most * cfg.rows
+            size = self.slot_rows = most * cfg.rows
             cap = max(ring_rows(cfg, p.op) for p in quantized) // size
         for grp in self.groups:
             p = self.placed[grp.op]
@@ -477,7 +479,7 @@ class _Segment(FusedGroups):
             return {}
         whole = math.lcm(*sizes)
         self.U = U = cap // whole * whole or cap
-        rows = self._ring_places(units, U, most)
+        rows = self._ring_places(units, U, most, self.ring_start)
         at = [0] * len(units)
         at[-1] = units[-1][1]
         for u in range(len(units) - 2, -1, -1):
@@ -520,14 +522,14 @@ class _Segment(FusedGroups):
                 self._early_raw.append((at[u] - self.W, units[u][0], units[u][1]))
         return {key[:3]: rows[u] for u, (key, *_) in enumerate(units)}
 
-    def _ring_places(self, units, U, most):
+    def _ring_places(self, units, U, most, start=0):
         """The VMEM row of each unit: each takes the next of the U slots of
         `most` tiles, but a unit of at most half a slot (the segment's last
         group's short chunks) shares its slot with the next ones that fit:
         the last group's chunks then wait for as many slots as a group of
         whole chunks, not four times as many (the ones the group before is
-        still reading)."""
-        rows, slot, used = [], -1, most
+        still reading). The first unit takes slot `start` (`rotate`)."""
+        rows, slot, used = [], start - 1, most
         for key, *_ in units:
             n = key[3]
             if not (2 * n <= most and used + n <= most):
@@ -535,6 +537,21 @@ class _Segment(FusedGroups):
             rows.append((slot * most + used) * self.config.rows)
             used = used + n if 2 * n <= most else most
         return rows
+
+    def turned(self, row, turn):
+        """VMEM row `row` of the weight ring with the ring turned by `turn`
+        more slots (`rotate`)."""
+        span = self.slot_rows
+        return ((row // span + turn) % self.U) * span + row % span
+
+    def rotate(self, turn):
+        """Let the weight ring's first unit take slot `turn` (the others
+        follow it round the ring), so that the units the segment before
+        loads for this one (`prefetch`) can land in rows it has done with."""
+        self.ring_start = turn
+        for cache in ("_loads", "_reads", "_last", "_read_of"):
+            self.__dict__.pop(cache, None)
+        self.units = self._units()
 
     def _early_plan(self):
         """{MATMUL e: [[unit, LOADW it pushes to, or None]]} of the units
@@ -933,15 +950,37 @@ class _Segment(FusedGroups):
             most += 1
         if not nxt._batch_loads(0):
             return
-        for h in range(len(units), 0, -1):
+        def fits(h, turn):
             nxt.hoisted = {m: units[:h].count(m) for m in sorted(set(units[:h]))}
-            at = self._prefetch_steps(nxt)
-            if at is not None:
-                self.prefetch_into = (min(at), nxt, at)
-                return
-        nxt.hoisted = {}
+            return self._prefetch_steps(nxt, turn)
 
-    def _prefetch_steps(self, nxt):
+        # The most units, the earliest, over the turns of the next ring (with
+        # more units the first goes no earlier and more are left for the
+        # last step: a turn that cannot take the most so far takes fewer).
+        best = None
+        for turn in range(nxt.U):
+            h = len(units) if best is None else best[0]
+            at = fits(h, turn)
+            while at is None and best is None and h > 1:
+                h -= 1
+                at = fits(h, turn)
+            if at is None:
+                continue
+            while h < len(units) and (more := fits(h + 1, turn)) is not None:
+                h, at = h + 1, more
+            if best is None or (h, -min(at)) > best[:2]:
+                best = (h, -min(at), turn)
+        if best is None:
+            nxt.hoisted = {}
+            return
+        h, _, turn = best
+        if turn:
+            nxt.rotate(turn)
+        nxt.hoisted = {m: units[:h].count(m) for m in sorted(set(units[:h]))}
+        at = self._prefetch_steps(nxt)
+        self.prefetch_into = (min(at), nxt, at)
+
+    def _prefetch_steps(self, nxt, turn=0):
         """{step: loads} of `nxt`'s `hoisted` weight units in this segment
         (`prefetch`): from MATMUL x -- the first that pushes no token of its
         own, after the last step that reads a VMEM row they fill and after
@@ -950,25 +989,17 @@ class _Segment(FusedGroups):
         steps as the bus takes to bring it, so that the load engine's queue
         does not hold up the array's instructions; at most
         `_PREFETCH_QUEUED` left for the last step (they wait in the queue
-        through the epilogue). None if more would be left."""
+        through the epilogue). None if more would be left. `turn`: with
+        `nxt`'s ring turned by that many slots (`rotate`)."""
         cfg, loads = self.config, nxt.hoisted_loads()
         if not loads:
             return None
-        rows = [(load["vmem_row"], load["vmem_row"] + load["rows"]) for load, _ in loads]
-        ring_end = self.U * max(chunk_tiles(cfg, p.op) for p in self.placed
-                                if p.op.quantized) * cfg.rows
-        if max(hi for _, hi in rows) > ring_end:
-            x = self.steps - 1          # rows past this ring: every read done
-        else:
-            x = max([0] + [last for key, last in self._unit_reads()
-                           if any(lo < self.units[key[:3]] + key[3] * cfg.rows
-                                  and self.units[key[:3]] < hi for lo, hi in rows)])
-        loaded = [n for n in range(self.W, self.steps) if self._batch_loads(n)]
-        loaded += [e + self.W for e in self._early_plan()]
-        x = max(x, max(loaded, default=0) - self.W)
+        rows = [(nxt.turned(load["vmem_row"], turn), nxt.turned(load["vmem_row"], turn)
+                 + load["rows"]) for load, _ in loads]
+        x = max([self._last_load()] + [self._last_read(lo, hi) for lo, hi in rows])
         while self._matmul_pushes(x):
             x += 1
-        step = max(1, cfg.weight_load_cycles) + _STEP_GAP
+        step = max(self.groups[-1].mrows, cfg.weight_load_cycles + _STEP_GAP)
         at, n = {}, x
         for load, beats in loads:
             at.setdefault(min(n, self.steps - 1), []).append(load)
@@ -978,14 +1009,38 @@ class _Segment(FusedGroups):
         return at
 
     def _unit_reads(self):
-        """[(unit key, the last step that reads it)] of this segment's
-        quantized weight units."""
-        out = []
-        for grp in self.groups:
-            for key, t0 in ((k, k[2]) for k in self.units if k[0] == grp.index):
-                tiles = sum(1 for t, first in self.chunk_of[grp.index].items() if first == t0)
-                out.append(((*key, tiles), grp.start + (t0 + tiles - 1) * grp.size + key[1]))
-        return out
+        """[(first VMEM row, row past it, the last step that reads them)] of
+        this segment's quantized weight units (worked out once)."""
+        if "_reads" not in self.__dict__:
+            out, rows = [], self.config.rows
+            for grp in self.groups:
+                for key, t0 in ((k, k[2]) for k in self.units if k[0] == grp.index):
+                    tiles = sum(1 for t, first in self.chunk_of[grp.index].items() if first == t0)
+                    out.append((self.units[key], self.units[key] + tiles * rows,
+                                grp.start + (t0 + tiles - 1) * grp.size + key[1]))
+            self._reads = out
+        return self._reads
+
+    def _last_read(self, lo, hi):
+        """The last step that reads VMEM rows lo .. hi - 1 of this segment's
+        weight ring (the last step when they reach past the ring: every read
+        is done)."""
+        cache = self.__dict__.setdefault("_read_of", {})
+        if (lo, hi) not in cache:
+            cfg = self.config
+            ring_end = self.U * max(chunk_tiles(cfg, p.op) for p in self.placed
+                                    if p.op.quantized) * cfg.rows
+            cache[lo, hi] = self.steps - 1 if hi > ring_end else max(
+                [0] + [last for lo_u, hi_u, last in self._unit_reads() if lo < hi_u and lo_u < hi])
+        return cache[lo, hi]
+
+    def _last_load(self):
+        """The MATMUL after which this segment's last load is issued."""
+        if "_last" not in self.__dict__:
+            loaded = [n for n in range(self.W, self.steps) if self._batch_loads(n)]
+            loaded += [e + self.W for e in self._early_plan()]
+            self._last = max(loaded, default=0) - self.W
+        return self._last
 
     def emit(self, prog, loops):
         self._early_plan()

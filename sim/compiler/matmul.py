@@ -734,11 +734,12 @@ class _Segment(FusedGroups):
 
     def _param_step(self, p, grp):
         """The step whose batch loads op `p`'s epilogue parameters: its
-        first; W steps later for a one-row op of one group (its epilogue
-        runs at its end), so that its first batches hold weight units only
-        (`prefetch`)."""
+        first; W steps later for a quantized op of one group a block (its
+        epilogue runs at its end), so that its first batches hold weight
+        units only (`prefetch`): at batch 16 the down projection's first
+        MATMUL waited for its gamma's LOAD behind the barrier."""
         late = grp.start + self.W
-        if _one_row(p, self.config.rows) and p.plan.G >= p.plan.NT and late < grp.end:
+        if p.op.quantized and p.plan.G >= p.plan.NT and late < grp.end:
             return late
         return grp.start
 

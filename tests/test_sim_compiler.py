@@ -408,6 +408,45 @@ def test_a_layer_norm_hands_its_bf16_copy_and_keeps_the_fp32_result():
                              "from the bf16 copy")
 
 
+@pytest.mark.parametrize("consumer", [True, False])
+def test_an_add_rms_norm_hands_its_norm_or_stores_it_tile_by_tile(consumer):
+    """add_rms_norm (a decoder's output projection): its fp32 sum is stored;
+    its transient bf16 norm, read by the next matmul, stays in VMEM (never
+    written); without a reader it is stored, each tile's STORE after that
+    tile's last VECTOR. Race-free, and the bits of the golden VPU form."""
+    from dataclasses import replace
+    from mxu.sim.compiler.epilogue import Epilogue
+    from mxu.verif import vpu
+    config, rng = SHAPES["4x4"].replace(vpu=True), np.random.default_rng(SEED + 12)
+    M, K, N, F = 8, 8, 16, 8
+    mem = Memory(config)
+    A = rng.standard_normal((M, K)).astype(golden.bf16)
+    W1 = rng.standard_normal((K, N)).astype(golden.bf16)
+    R = rng.standard_normal((M, N)).astype(np.float32)
+    gamma = (1 + 0.1 * rng.standard_normal((1, N))).astype(np.float32)
+    a, w1, res, params = (mem.put(A, "bf16"), mem.put(W1, "bf16"), mem.put(R, "fp32"),
+                          mem.put(gamma, "fp32"))
+    x1 = mem.empty(M, N, "fp32")
+    x1b = replace(mem.put(np.full((M, N), np.nan), "bf16"), transient=consumer)
+    ep = Epilogue("add_rms_norm", extra=x1b, other=res, params=params, eps=1e-5)
+    ops = [MatmulOp(a, w1, x1, epilogue=ep)]
+    if consumer:
+        W2 = rng.standard_normal((N, F)).astype(golden.bf16)
+        ops.append(MatmulOp(x1b, mem.put(W2, "bf16"), mem.empty(M, F, "fp32")))
+    compiled = mem.run(ops)
+    x = golden.matmul(A, W1, rows=config.rows) + R
+    golden.assert_bits_equal(mem.get(x1), x, "the sum")
+    norm = golden.fp32_to_bf16(golden.f32_bits(vpu.rms_norm(x, gamma[0], 1e-5, lanes=config.cols)))
+    if consumer:
+        assert _dma_count(config, compiled.program, x1b) == 0
+        assert np.isnan(mem.get(x1b).astype(np.float32)).all()
+        golden.assert_bits_equal(mem.get(ops[1].c),
+                                 golden.matmul(norm.view(golden.bf16), W2, rows=config.rows),
+                                 "from the norm in VMEM")
+    else:
+        golden.assert_bits_equal(mem.get(x1b).view(np.uint16), norm, "the stored norm")
+
+
 def test_a_transient_result_another_op_reads_is_still_stored():
     from mxu.sim.compiler.handoff import plan_handoffs
     config, rng = SHAPES["4x4"].replace(vpu=True), np.random.default_rng(SEED + 11)

@@ -276,6 +276,17 @@ def _follow(prog, after, stores, lag):
     prog.words, prog.text = words, text
 
 
+def _last_pass(prog, tiles):
+    """The indices of `prog`'s last VECTORs when they write `tiles` one
+    tile each, in order (a norm's last pass), else None."""
+    vectors = [i for i, word in enumerate(prog.words) if is_vector(word)][-tiles.count:]
+    if len(vectors) < tiles.count or any(
+            field_value(prog.words[i], Opcode.VECTOR, "dst_row") != tiles.tile(t)
+            for t, i in enumerate(vectors)):
+        return None
+    return vectors
+
+
 def _interleave(prog, at, stores, depth):
     """Put `stores` into `prog` from instruction `at` on: `depth` of them
     (a queue's worth) there, then one after each later instruction. The chip
@@ -437,24 +448,40 @@ class FusedGroups:
             transposes.append(len(ep_prog) - 1)
         handed = len(ep_prog)
         for handoff, source in p.handoffs:
+            # The output handed off: c from the group's tiles, or the extra
+            # output (add_rms_norm's norm) from its own.
+            tiles = outs[1] if source.operand is op.outputs[1] else x
             for jj in range(grp.size):
                 for off, rows, row in handoff.pieces(source, grp.m0, grp.mrows, grp.j0 + jj):
-                    emit.op(VpuOp.PASS, x.tile(jj) + off, rows, row, to_vmem=handoff.to_vmem,
+                    emit.op(VpuOp.PASS, tiles.tile(jj) + off, rows, row, to_vmem=handoff.to_vmem,
                             transpose=source.transposed)
         # Transposed blocks (a decode step's K: a block per sequence and
         # tile) each give the store engine a token, and each
         # block's STORE follows its transpose closely: the stores run beside
         # the transposes instead of after all of them.
         each = len(blocks) > 1 and handed == len(ep_prog)
+        norm = op.outputs[1]
+        # A norm whose sum is stored early and that is stored alone after
+        # its last pass (add_rms_norm): each tile's STORE follows that
+        # tile's last VECTOR, as the transposed blocks' do, instead of all
+        # after the pass (36 tiles of 16 rows at the end of a batch-16
+        # decode step's down projection).
+        by_tile = (not each and not blocks and handed == len(ep_prog) and emit.emitted
+                   and op.epilogue.desc.outputs[1] == "norm" and norm is not None
+                   and norm not in p.unstored and (early or op.c in p.unstored)
+                   and _last_pass(ep_prog, outs[1]) is not None)
         if each:
             for i in transposes:
                 flag_instruction(ep_prog, i, push_next=True)
         elif emit.emitted:
-            flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
+            if not by_tile:
+                flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
             if early:
                 stores = Program()
                 self.result_stores(stores, grp, (x, None), p.unstored, only=early)
                 _interleave(ep_prog, at, stores, cfg.cmd_queue_depth)
+            if by_tile:
+                self._norm_by_tile(ep_prog, grp, outs[1])
         else:
             # A copy epilogue with nothing to hand off in this group: the
             # vector engine passes the tokens on.
@@ -465,6 +492,8 @@ class FusedGroups:
             _follow(ep_prog, transposes, stores, _STORE_LAG)
         elif blocks:
             self.transposed_stores(ep_prog, grp, blocks, vmem)
+        elif by_tile:
+            pass
         elif op.transposed or not self.result_stores(ep_prog, grp, outs,
                                                      tuple(p.unstored) + early):
             # Nothing left to store: the store engine takes the vector
@@ -477,6 +506,26 @@ class FusedGroups:
         if push_store:
             ep_prog.sync("store", push_prev=True)
         return ep_prog
+
+    def _norm_by_tile(self, ep_prog, grp, tiles):
+        """The norm's STOREs (from `tiles`), each after the last VECTOR of
+        its tile (the pass into `tiles` is the epilogue's last, tile by
+        tile), each VECTOR pushing the store engine a token and each STORE
+        taking one (`_follow`)."""
+        op, c = self.placed[grp.op].op, self.config.cols
+        norm, vectors = op.outputs[1], _last_pass(ep_prog, tiles)
+        stores = Program()
+        for t, i in enumerate(vectors):
+            flag_instruction(ep_prog, i, push_next=True)
+            first = dict(pop_prev=True, vector=True)
+            j = grp.j0 + t
+            for off, rows, target, r in self._pieces(norm, grp):
+                stores.store(acc_row=tiles.tile(t) + off,
+                             ext_addr=target.addr + r * target.stride + target.elem * j * c,
+                             rows=rows, row_bytes=target.elem * min(c, op.out_cols - j * c),
+                             ext_stride=target.stride, to_bf16=target.dtype == "bf16", **first)
+                first = {}
+        _follow(ep_prog, vectors, stores, _STORE_LAG)
 
     def _pieces(self, out, grp):
         """(row offset in the group, rows, operand, first row in the operand)

@@ -738,7 +738,7 @@ register(_LayerNorm("add_layer_norm", "layer_norm", row_wise=True, buffers=2, pa
 register(_RmsNorm("rms_norm", "rms_norm", row_wise=True, buffers=2, params=1, passes=7,
                   vector_regions=2, unfused=True))
 register(_RmsNorm("add_rms_norm", "rms_norm", row_wise=True, buffers=2, params=1,
-                  row_operand="same", passes=8, outputs=("x", "norm")))
+                  row_operand="same", passes=8, outputs=("x", "norm"), producer=True))
 register(_HeadRmsNorm("head_rms_norm", "head_rms_norm", row_wise=True, buffers=2, params=1,
                       passes=7))
 register(_Gelu("gelu", "gelu", row_wise=False, passes=23, min_group=4, producer=True,

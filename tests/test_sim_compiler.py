@@ -412,8 +412,9 @@ def test_a_layer_norm_hands_its_bf16_copy_and_keeps_the_fp32_result():
 def test_an_add_rms_norm_hands_its_norm_or_stores_it_tile_by_tile(consumer):
     """add_rms_norm (a decoder's output projection): its fp32 sum is stored;
     its transient bf16 norm, read by the next matmul, stays in VMEM (never
-    written); without a reader it is stored, each tile's STORE after that
-    tile's last VECTOR. Race-free, and the bits of the golden VPU form."""
+    written; the norm's last pass writes it there itself); without a reader
+    it is stored, each tile's STORE after that tile's last VECTOR. Race-free,
+    and the bits of the golden VPU form."""
     from dataclasses import replace
     from mxu.sim.compiler.epilogue import Epilogue
     from mxu.verif import vpu

@@ -12,9 +12,11 @@ instructions into the program (`Pending`).
 
 import bisect
 import math
+import re
 from dataclasses import dataclass
 
-from mxu.hdl.isa import Opcode, VectorFlags, VpuOp, field_value
+from mxu.hdl.fields import field_plan
+from mxu.hdl.isa import Opcode, VectorFlags, VectorInstr, VpuOp, field_value
 
 from .layerops import EPILOGUE_KINDS, LAYER_OPS, Group, layer_op
 from .operands import Operand, Scatter
@@ -276,6 +278,19 @@ def _follow(prog, after, stores, lag):
     prog.words, prog.text = words, text
 
 
+_DST = field_plan(VectorInstr.as_shape())["dst_row"]
+_TO_VMEM = field_plan(VectorInstr.as_shape())["flags"][0] + VectorFlags.as_shape()["to_vmem"].offset
+
+
+def _retarget(prog, i, row):
+    """Make VECTOR i of `prog` write VMEM rows from `row` (``to_vmem``)."""
+    offset, width, _ = _DST
+    word = prog.words[i] & ~(((1 << width) - 1) << offset)
+    prog.words[i] = word | row << offset | 1 << _TO_VMEM
+    text = re.sub(r"dst_row=\d+", f"dst_row={row}", prog.text[i])
+    prog.text[i] = text.replace("'to_vmem': 0", "'to_vmem': 1")
+
+
 def _last_pass(prog, tiles):
     """The indices of `prog`'s last VECTORs when they write `tiles` one
     tile each, in order (a norm's last pass), else None."""
@@ -451,6 +466,8 @@ class FusedGroups:
             # The output handed off: c from the group's tiles, or the extra
             # output (add_rms_norm's norm) from its own.
             tiles = outs[1] if source.operand is op.outputs[1] else x
+            if tiles is not x and self._last_pass_to_vmem(ep_prog, grp, tiles, handoff, source):
+                continue
             for jj in range(grp.size):
                 for off, rows, row in handoff.pieces(source, grp.m0, grp.mrows, grp.j0 + jj):
                     emit.op(VpuOp.PASS, tiles.tile(jj) + off, rows, row, to_vmem=handoff.to_vmem,
@@ -506,6 +523,30 @@ class FusedGroups:
         if push_store:
             ep_prog.sync("store", push_prev=True)
         return ep_prog
+
+    def _last_pass_to_vmem(self, ep_prog, grp, tiles, handoff, source):
+        """Let the last pass into the extra output's `tiles` (a norm's,
+        tile by tile) write the hand-off's VMEM rows itself, rounded to bf16
+        as a PASS would (docs/isa.md: any VECTOR may write VMEM), instead of
+        a PASS per tile after it: when that output is not stored, goes to
+        this hand-off alone, and each tile is one piece of it. Whether it
+        did (the batch-16 output projection's add_rms_norm: 36 PASSes fewer
+        in its tail)."""
+        p = self.placed[grp.op]
+        vectors = _last_pass(ep_prog, tiles)
+        if (vectors is None or source.operand not in p.unstored or source.transposed
+                or not handoff.to_vmem
+                or sum(s.operand is source.operand for _, s in p.handoffs) != 1):
+            return False
+        rows = []
+        for jj in range(grp.size):
+            pieces = handoff.pieces(source, grp.m0, grp.mrows, grp.j0 + jj)
+            if len(pieces) != 1 or pieces[0][:2] != (0, tiles.m):
+                return False
+            rows.append(pieces[0][2])
+        for i, row in zip(vectors, rows):
+            _retarget(ep_prog, i, row)
+        return True
 
     def _norm_by_tile(self, ep_prog, grp, tiles):
         """The norm's STOREs (from `tiles`), each after the last VECTOR of

@@ -407,7 +407,7 @@ def emit_rms_norm(emit, x, gamma, eps, dst, sq, row):
     spare rows; `gamma`: a one-row matrix."""
     r = Tiles(row, x.m, x.cols, x.cols)
     emit.map(VpuOp.MUL, x, sq, b_row=x.base)
-    emit.reduce("sum", sq, row, sq)
+    emit.reduce("sum", sq, row, sq, squares=True)
     emit.op(VpuOp.MUL, row, x.m, row, scalar=float(np.float32(1 / x.n)))
     emit.op(VpuOp.ADD, row, x.m, row, scalar=float(np.float32(eps)))
     emit.op(VpuOp.RSQRT, row, x.m, row)

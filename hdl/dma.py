@@ -41,6 +41,7 @@ from .fields import pack_fields as _pack_dict
 from .numerics import Fp32ToBf16
 from .expander import Expander
 from .fifo import Fifo
+from .slice import RegisterSlice
 from .quant import QUANT_INFO, QuantFormat, tile_block_bytes
 from .vmem import (ReadPortSignature, RowWrite, Vmem, WritePortSignature, _addr_shape,
                    lane_port_names, vmem_row_layout)
@@ -1015,6 +1016,15 @@ class Dma(wiring.Component):
         drained = status.abort & ~rx0.valid     # no context left after an error response
         with m.If(clear | drained):
             m.d.sync += [at.eq(0), taken.eq(0)]
+        # The expander's rows reach the write lanes through a register slice,
+        # so that its stall (`rows.ready`) is a register and not the lanes'
+        # acceptance and rx[0]'s state (docs/synth.md, "The weight expander
+        # on the `fpga` chip"). Emptied with the expander.
+        empty = Signal()
+        m.d.comb += empty.eq(clear | drained)
+        m.submodules.expander_slice = rows = ResetInserter(empty)(
+            RegisterSlice(ex.rows.payload.shape()))
+        wiring.connect(m, ex.rows, rows.i)
         # `full`: rx[0]'s rows are all written (a register, not a compare:
         # `more` holds the expander's every stage).
         # `waiting`: a group offered and refused by a lane stays offered, also
@@ -1024,22 +1034,22 @@ class Dma(wiring.Component):
         waiting = Signal()
         more = self._qmode & ~full & (~status.abort | waiting)
         accepted = Cat(*(lane.ready for lane in lanes)).all()
-        m.d.sync += waiting.eq(more & ex.rows.valid & ~accepted)
+        m.d.sync += waiting.eq(more & rows.o.valid & ~accepted)
         m.d.comb += [
-            ex.format.eq(Mux(at == 0, rx0.format, rx1.format)), ex.clear.eq(clear | drained),
+            ex.format.eq(Mux(at == 0, rx0.format, rx1.format)), ex.clear.eq(empty),
             ex.beats.valid.eq(axi.rvalid & self._qmode), ex.beats.payload.eq(axi.rdata),
             q.beats_ready.eq(ex.beats.ready),
             # Lane 0 is `vmem_write`, shared with the plain load path.
-            q.valid.eq(ex.rows.valid & more), q.addr.eq(rx0.chip_row + written),
-            q.data.eq(ex.rows.payload[0].as_value()),
-            ex.rows.ready.eq((status.abort & ~waiting) | (more & accepted)),
+            q.valid.eq(rows.o.valid & more), q.addr.eq(rx0.chip_row + written),
+            q.data.eq(rows.o.payload[0].as_value()),
+            rows.o.ready.eq((status.abort & ~waiting) | (more & accepted)),
             q.idle.eq(full | (status.abort & ~waiting)),
         ]
         for i, lane in enumerate(lanes[1:], 1):
-            m.d.comb += [lane.valid.eq(more & ex.rows.valid),
+            m.d.comb += [lane.valid.eq(more & rows.o.valid),
                          lane.payload.addr.eq(rx0.chip_row + written + i),
-                         lane.payload.data.eq(ex.rows.payload[i].as_value())]
-        with m.If(more & ex.rows.valid & ex.rows.ready):
+                         lane.payload.data.eq(rows.o.payload[i].as_value())]
+        with m.If(more & rows.o.valid & rows.o.ready):
             m.d.sync += [written.eq(written + len(lanes)),
                          full.eq(written + len(lanes) == rx0.rows)]
         with m.If(rc.shift | clear):

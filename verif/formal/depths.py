@@ -54,19 +54,20 @@ def dma_depth(config, load):
 def quant_load_depth(config):
     """A quantized load's first rows out of the expander: the pipeline, a
     tile-block's header beats and the code beats of its first group of rows
-    (the longest of the chip's formats), the expander's latency, and a
-    stall; at least the plain load's depth (`dma_depth`)."""
+    (the longest of the chip's formats), the expander's latency, its
+    output slice, and a stall; at least the plain load's depth (`dma_depth`)."""
     from mxu.hdl.expander import Expander
     from mxu.hdl.quant import QUANT_INFO, QuantFormat
     bits = config.axi_data_bits
     infos = [QUANT_INFO[QuantFormat[f]] for f in config.quant_formats]
     header = max(-(-config.cols * i.header_bytes * 8 // bits) for i in infos)
     group = max(-(-config.quant_rows * config.cols * i.bits // bits) for i in infos)
-    rows = DMA_PIPELINE + header + group + Expander.LATENCY + STALL
+    # The expander's rows reach VMEM through a register slice (one cycle).
+    rows = DMA_PIPELINE + header + group + Expander.LATENCY + 1 + STALL
     plain = dma_depth(config, True)
     cycles = max(rows, plain.cycles)
     return Depth(cycles, f"max(pipeline ({DMA_PIPELINE}) + header beats ({header}) + a group's "
-                         f"code beats ({group}) + expander ({Expander.LATENCY}) + stall "
+                         f"code beats ({group}) + expander ({Expander.LATENCY}) + slice (1) + stall "
                          f"({STALL}), the plain load's {plain.cycles}) = {cycles}")
 
 

@@ -359,11 +359,11 @@ _PRESETS = {
     # cycles, what a narrow port takes, and a second lane's delay lines would
     # add flip-flops to a chip that fills the part (docs/array.md, section 4).
     # No weight expander yet: every format fits its 4 columns and 64-bit bus,
-    # but the load DMA with the expander in it reaches 55.8 MHz alone, under
-    # the guard's floor of 57.5, its worst path from the receive contexts
-    # through the expander's stall into its header words
-    # (`contexts.rx0.valid` -> `expander.header`; docs/synth.md, "The weight
-    # expander on the `fpga` chip"). `quant_formats=None` on a copy gives that chip.
+    # and the load DMA with it passes the guard's floor alone (64.5 MHz), but
+    # the whole chip with it routed at 47.6 MHz (seed 1), its worst path the
+    # array's tile switch from the skid queue's head into row 0's multipliers
+    # (docs/synth.md, "The weight expander on the `fpga` chip").
+    # `quant_formats=None` on a copy gives that chip.
     "fpga": ChipConfig(rows=4, cols=4, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
                        acc_bytes=48 << 10, axi_data_bits=64, ext_mem_bytes=1 << 20,
                        weight_rows_per_cycle=1, quant_formats=()),

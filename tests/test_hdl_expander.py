@@ -24,7 +24,7 @@ def test_expander(preset, rows, tmp_path):
     of them back to back. (The testbench's bus-rate case runs without stalls
     whatever `pause` is.)"""
     pause = 40
-    config = ChipConfig.preset(preset).replace(quant_formats=None)   # the fpga chip has none yet
+    config = ChipConfig.preset(preset)
     assert config.quant_rows == rows
     build = cocotb_build(to_verilog(Expander(config)), "top", "verilator",
                          name=f"expander_{preset}")

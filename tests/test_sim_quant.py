@@ -124,11 +124,11 @@ def test_upload_quantized_matmul(chip, name, n, k, m):
 
 def test_fpga_chip_quantized_matmuls():
     """The `fpga` preset's chip (RTL MACs, one weight row a cycle, a 64-bit
-    bus) with the expander (the preset has none yet: docs/synth.md): every
+    bus) with its expander (docs/synth.md): every
     format's quantized matmul equals the golden one and the bf16 path, bit
     for bit; the strips of one matmul are quantized LOADs back to back."""
     from mxu.hdl import ChipConfig
-    config = ChipConfig.preset("fpga").replace(quant_formats=None)
+    config = ChipConfig.preset("fpga")
     assert set(config.quant_formats) == {f.name for f in QUANT_INFO}
     chip = Chip(config)
     rng = np.random.default_rng(17)

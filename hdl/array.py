@@ -21,6 +21,7 @@ from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from .blackbox import black_box
+from .delay import delayed, memory_rings
 from .hooks import BuildHooks
 from .mac import MAC_STAGES
 from .numerics import BF16, FP32
@@ -297,8 +298,11 @@ class SystolicArray(wiring.Component):
                 m.d.comb += pes[r][c].en.eq(en)
 
         # ---- Activation skew: row r is delayed r*stages cycles -----------------
+        # The long skews are memory rings (`delayed`): at the fpga-llm chip's
+        # 16 rows of 7 stages, registers were 13.2k flip-flops (docs/synth.md).
+        rings = []
         for r in range(rows):
-            a = _chain(m, en, act.payload.data[r].as_value(), r * stages, f"act_skew_{r}")[-1]
+            a = delayed(m, en, act.payload.data[r].as_value(), r * stages, f"act_skew_{r}", rings)
             m.d.comb += [
                 pes[r][0].west.data.eq(a),
                 pes[r][0].west.switch.eq(switch_taps[r * stages]),
@@ -310,7 +314,7 @@ class SystolicArray(wiring.Component):
         # ---- Seed skew: column c is delayed c cycles ---------------------------
         valid_taps = _chain(m, en, take, cols - 1, "seed_valid_skew")
         for c in range(cols):
-            s = _chain(m, en, seed.payload[c].as_value(), c, f"seed_skew_{c}")[-1]
+            s = delayed(m, en, seed.payload[c].as_value(), c, f"seed_skew_{c}", rings)
             m.d.comb += [
                 pes[0][c].north.data.eq(s),
                 pes[0][c].north.valid.eq(valid_taps[c]),
@@ -321,10 +325,11 @@ class SystolicArray(wiring.Component):
 
         # ---- Output de-skew: column c is delayed cols-1-c cycles ---------------
         for c in range(cols):
-            out = _chain(m, en, pes[rows - 1][c].south.data.as_value(), cols - 1 - c,
-                         f"out_deskew_{c}")[-1]
+            out = delayed(m, en, pes[rows - 1][c].south.data.as_value(), cols - 1 - c,
+                          f"out_deskew_{c}", rings)
             m.d.comb += self.result.payload[c].eq(out)
         m.d.comb += self.result.valid.eq(pes[rows - 1][cols - 1].south.valid)
+        memory_rings(m, en, rings, "skew_")
 
         # ---- Weights: the shadow-register write ports ------------------------
         for r in range(rows):

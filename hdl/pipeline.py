@@ -16,21 +16,14 @@ from collections import Counter
 
 from amaranth.hdl import C, Mux, Signal
 from amaranth.lib import wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .blackbox import black_box, signature_of
+from .delay import MEMORY_DELAY_MIN, memory_rings
 from .numerics import FP32_QNAN, Fp32Adder, Fp32Multiplier, leading_zeros
 
 __all__ = ["Value", "PipelineOps", "SharedPipelineOps", "LatencyOps", "UsageOps",
            "min_max_signature", "MEMORY_DELAY_MIN"]
-
-# A value carried this many stages or more between two of its uses is a memory
-# ring (written and read every enabled cycle), not a chain of registers: in
-# the fpga-llm chip's 4-stage lane, the words carried across its 96 stages
-# were 25.6k of its 32.2k flip-flops (docs/vpu.md, "Pipeline depth").
-MEMORY_DELAY_MIN = 16
-
 
 class _FpOps:
     """The fp32 operations of the `mxu.hdl.vecmath` interface, each a call of
@@ -139,29 +132,7 @@ class PipelineOps(_FpOps):
                         prev = reg
                     self.registers.append((taps[stage], prev))
                 prev, at = taps[stage], stage
-        if rings:
-            self._build_rings(rings)
-
-    def _build_rings(self, rings):
-        """A ring of ``2**n >= length`` words per (value, output, length): one
-        write pointer for all, stepped under `enable`; each ring's synchronous
-        read, also under `enable`, of the word written ``length - 1`` enabled
-        cycles before gives the value `length` enabled cycles late, as a chain
-        of that many registers would (the reset leaves the words; no valid
-        element reads one written before it)."""
-        bits = max((length - 1).bit_length() for _, _, length in rings)
-        ptr = Signal(bits, name=f"{self.prefix}ring_ptr")
-        with self.m.If(self.enable):
-            self.m.d.sync += ptr.eq(ptr + 1)
-        for value, out, length in rings:
-            n = (length - 1).bit_length()
-            self._count += 1
-            ring = Memory(shape=len(value), depth=1 << n, init=[])
-            self.m.submodules[f"{self.prefix}ring_{self._count}"] = ring
-            w, r = ring.write_port(), ring.read_port()
-            self.m.d.comb += [w.addr.eq(ptr[:n]), w.data.eq(value), w.en.eq(self.enable),
-                              r.addr.eq(ptr[:n] - (length - 1)), r.en.eq(self.enable),
-                              out.eq(r.data)]
+        memory_rings(self.m, self.enable, rings, self.prefix)
 
     def _signal(self, name):
         self._count += 1

@@ -24,14 +24,18 @@ MEMORY_DELAY_MIN = 16
 
 def memory_rings(m, enable, rings, prefix=""):
     """A ring of ``2**n >= length`` words per ``(value, out, length)`` of
-    `rings` (each length at least 2): one write pointer for all, stepped under
+    `rings` (each length at least 3): one write pointer for all, stepped under
     `enable`; each ring's synchronous read, also under `enable`, of the word
-    written ``length - 1`` enabled cycles before gives `out` the value `length`
-    enabled cycles late, as a chain of that many registers would."""
+    written ``length - 2`` enabled cycles before, and a register after it
+    (`out`), give the value `length` enabled cycles late, as a chain of that
+    many registers would. The register is there for timing: a block RAM's
+    read data comes late in the cycle (on the ECP5 some 4 ns after the clock
+    without its output register), and the words a ring carries feed deep
+    logic (a lane's result select, a PE's multiplier)."""
     if not rings:
         return
-    if min(length for _, _, length in rings) < 2:
-        raise ValueError("a memory ring delays by 2 cycles or more")
+    if min(length for _, _, length in rings) < 3:
+        raise ValueError("a memory ring delays by 3 cycles or more")
     bits = max((length - 1).bit_length() for _, _, length in rings)
     ptr = Signal(bits, name=f"{prefix}ring_ptr")
     with m.If(enable):
@@ -42,8 +46,9 @@ def memory_rings(m, enable, rings, prefix=""):
         m.submodules[f"{prefix}ring_{i}"] = ring
         w, r = ring.write_port(), ring.read_port()
         m.d.comb += [w.addr.eq(ptr[:n]), w.data.eq(value), w.en.eq(enable),
-                     r.addr.eq(ptr[:n] - (length - 1)), r.en.eq(enable),
-                     out.eq(r.data)]
+                     r.addr.eq(ptr[:n] - (length - 2)), r.en.eq(enable)]
+        with m.If(enable):
+            m.d.sync += out.eq(r.data)
 
 
 def delayed(m, enable, value, length, name, rings):

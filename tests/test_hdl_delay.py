@@ -70,8 +70,8 @@ def test_every_line_delays_by_its_length_in_enabled_cycles(seed):
         assert checked > 100
 
 
-def test_a_ring_of_one_cycle_is_refused():
+def test_a_ring_of_two_cycles_is_refused():
     m = Module()
     m._MustUse__silence = True       # built only to be refused
-    with pytest.raises(ValueError, match="a memory ring delays by 2 cycles or more"):
-        memory_rings(m, Signal(), [(Signal(4), Signal(4), 1)])
+    with pytest.raises(ValueError, match="a memory ring delays by 3 cycles or more"):
+        memory_rings(m, Signal(), [(Signal(4), Signal(4), 2)])

@@ -842,9 +842,12 @@ class VectorUnit(wiring.Component):
     cmd : In(stream.Signature(VectorInstr))
         VECTOR or SYNC, tokens already popped; a SYNC is taken once the engine is idle.
     complete : Out(stream.Signature(Pushes), always ready)
+        A register: the cycle after the instruction's last row is written
+        (a SYNC: after it is taken).
     error : Out(ErrorCode)
         Always NONE (for uniformity with the other engines).
     idle : Out(1)
+        Nothing in flight, the last completion out.
     read_a, read_b : Out(ReadPortSignature(acc addr, acc row))
     acc_write : Out(WritePortSignature(acc addr, acc row))
     vmem_write : Out(WritePortSignature(vmem addr, vmem row))
@@ -906,13 +909,21 @@ class VectorUnit(wiring.Component):
                      beside.r_en.eq(writer.meta.ready)]
         sync = self._intake(m, ranges, reader)
         self._feed(m, alu, reader, beside)
-        m.d.comb += [
-            ranges.retire.eq(writer.retire),
+        # The completion reaches the controller through a register: its
+        # token counters and error record are deep logic, and the writer's
+        # retire comes from the rows' meta, late out of a block RAM (in the
+        # fpga-llm netlist, 16 LUT levels from the meta queue's memory to the
+        # controller's error pc). The engine is idle once it is out.
+        m.d.sync += [
             self.complete.valid.eq(writer.retire | sync),
             self.complete.payload.eq(Mux(writer.retire, writer.push,
                                          self.cmd.payload.deps.as_value())),
+        ]
+        m.d.comb += [
+            ranges.retire.eq(writer.retire),
             self.error.eq(ErrorCode.NONE),
-            self.idle.eq(~reader.busy & (beside.level == 0) & ~writer.draining),
+            self.idle.eq(~reader.busy & (beside.level == 0) & ~writer.draining
+                         & ~self.complete.valid),
         ]
         return m
 

@@ -21,7 +21,7 @@ from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from .blackbox import black_box
-from .delay import delayed, memory_rings
+from .delay import chain, delayed, memory_rings
 from .hooks import BuildHooks
 from .mac import MAC_STAGES
 from .numerics import BF16, FP32
@@ -250,7 +250,7 @@ class SystolicArray(wiring.Component):
         switch_in = Signal()
         m.d.comb += switch_in.eq(take & first)
         # The switch marker reaches PE row r r*stages cycles after it entered.
-        switch_taps = _chain(m, en, switch_in, (rows - 1) * stages, "switch_skew")
+        switch_taps = chain(m, en, switch_in, (rows - 1) * stages, "switch_skew")
         switch_at_row = [switch_taps[r * stages] for r in range(rows)]
 
         weights = self._weight_scheme()(self, m, en, switch_in, switch_at_row)
@@ -312,7 +312,7 @@ class SystolicArray(wiring.Component):
                 wiring.connect(m, pes[r][c - 1].east, pes[r][c].west)
 
         # ---- Seed skew: column c is delayed c cycles ---------------------------
-        valid_taps = _chain(m, en, take, cols - 1, "seed_valid_skew")
+        valid_taps = chain(m, en, take, cols - 1, "seed_valid_skew")
         for c in range(cols):
             s = delayed(m, en, seed.payload[c].as_value(), c, f"seed_skew_{c}", rings)
             m.d.comb += [
@@ -336,18 +336,6 @@ class SystolicArray(wiring.Component):
             for c in range(cols):
                 data, load = weights.port(r, c)
                 m.d.comb += [pes[r][c].weight.data.eq(data), pes[r][c].weight.load.eq(load)]
-
-
-def _chain(m, en, value, length, name):
-    """Taps ``[value, value delayed 1, ..., delayed length]`` of a shift register
-    that advances with the clock enable `en`."""
-    taps = [value]
-    for i in range(length):
-        reg = Signal(len(value), name=f"{name}_{i + 1}")
-        with m.If(en):
-            m.d.sync += reg.eq(taps[-1])
-        taps.append(reg)
-    return taps
 
 
 # From this MAC depth on, and with more than one weight row a beat at every
@@ -415,9 +403,9 @@ class _RowFreeWeights(_WeightQueue):
         self.ready = (staged >= rows) & pending[0]
         self.pending, self.staged, self.drain_row = pending, staged, drain_row
 
-        self._row = _chain(m, en, drain_row, self.cols - 1, "wbus_row")
-        self._valid = _chain(m, en, drain, self.cols - 1, "wbus_valid")
-        self._data = [_chain(m, en, queue.r_data[16 * c:16 * (c + 1)], c, f"wbus_data_{c}")[-1]
+        self._row = chain(m, en, drain_row, self.cols - 1, "wbus_row")
+        self._valid = chain(m, en, drain, self.cols - 1, "wbus_valid")
+        self._data = [chain(m, en, queue.r_data[16 * c:16 * (c + 1)], c, f"wbus_data_{c}")[-1]
                       for c in range(self.cols)]
 
     def port(self, r, c):
@@ -475,10 +463,10 @@ class _StaggeredWeights(_WeightQueue):
         # One delay line per lane and column: column c is skewed by c like the
         # activations, row k taps its lane's line d_k cycles further down.
         length = cols - 1 + max(longest)
-        self._beat = _chain(m, en, beat, length, "wbus_row" if lanes == 1 else "wbus_beat")
-        self._valid = _chain(m, en, drain, length, "wbus_valid")
+        self._beat = chain(m, en, beat, length, "wbus_row" if lanes == 1 else "wbus_beat")
+        self._valid = chain(m, en, drain, length, "wbus_valid")
         width = 16 * cols
-        self._data = [[_chain(m, en, queue.r_data[width * lane + 16 * c:width * lane + 16 * (c + 1)],
+        self._data = [[chain(m, en, queue.r_data[width * lane + 16 * c:width * lane + 16 * (c + 1)],
                               c + longest[lane],
                               f"wbus_data_{c}" if lanes == 1 else f"wbus_data_{lane}_{c}")
                        for c in range(cols)] for lane in range(len(longest))]

@@ -12,7 +12,7 @@ registers zeros, the ring the words it held), which no valid element reads.
 from amaranth.hdl import Signal
 from amaranth.lib.memory import Memory
 
-__all__ = ["MEMORY_DELAY_MIN", "memory_rings", "delayed"]
+__all__ = ["MEMORY_DELAY_MIN", "memory_rings", "delayed", "chain"]
 
 # A value carried this many enabled cycles or more is a memory ring, not a
 # chain of registers: in the fpga-llm chip's 4-stage lane, the words carried
@@ -59,9 +59,16 @@ def delayed(m, enable, value, length, name, rings):
         out = Signal(len(value), name=name)
         rings.append((value, out, length))
         return out
+    return chain(m, enable, value, length, name)[-1]
+
+
+def chain(m, enable, value, length, name):
+    """Taps ``[value, value delayed 1, ..., delayed length]`` of a shift
+    register ``{name}_1 ..`` that advances under `enable`."""
+    taps = [value]
     for i in range(length):
         reg = Signal(len(value), name=f"{name}_{i + 1}")
         with m.If(enable):
-            m.d.sync += reg.eq(value)
-        value = reg
-    return value
+            m.d.sync += reg.eq(taps[-1])
+        taps.append(reg)
+    return taps

@@ -573,15 +573,27 @@ class _Gearbox(wiring.Component):
                          strb1.eq(gb_strb >> BB)]
             with m.If(BB >= gb_n):
                 m.d.comb += flush1.eq(0)
-        pos = Signal(range(CAP + 1))
-        m.d.comb += pos.eq(Mux(rows.payload.first, rows.payload.off, n1))
-        m.d.comb += rows.ready.eq(self.enable & ~flush1 & (CAP >= pos + row_bytes))
+        # Where the row goes, and whether it fits, for either outcome of this
+        # cycle's beat (kept: gb_n; sent: gb_n - BB): both from registers and
+        # the queued row, so that W's handshake only selects between them at
+        # the end (the `fpga` chip's worst path ran from the handshake through
+        # the subtract, the sum and the compare into the row queue's level;
+        # docs/synth.md).
+        first, off = rows.payload.first, rows.payload.off
+        sent_n = Mux(BB < gb_n, gb_n - BB, 0)
+        pos_kept, pos_sent = Signal(range(CAP + 1)), Signal(range(CAP + 1))
+        m.d.comb += [pos_kept.eq(Mux(first, off, gb_n)), pos_sent.eq(Mux(first, off, sent_n))]
+        end_kept, end_sent = pos_kept + row_bytes, pos_sent + row_bytes
+        fits = Mux(w_fire, CAP >= end_sent, CAP >= end_kept)
+        m.d.comb += rows.ready.eq(self.enable & ~flush1 & fits)
         accept = rows.valid & rows.ready
         row = rows.payload.data & _byte_mask(RBX, row_bytes, 8)
+        strb = _byte_mask(RBX, row_bytes, 1)
+        placed = Mux(w_fire, row << Cat(C(0, 3), pos_sent), row << Cat(C(0, 3), pos_kept))
+        placed_strb = Mux(w_fire, strb << pos_sent, strb << pos_kept)
         with m.If(accept):
-            m.d.sync += [gb_data.eq(data1 | (row << Cat(C(0, 3), pos))),
-                         gb_strb.eq(strb1 | (_byte_mask(RBX, row_bytes, 1) << pos)),
-                         gb_n.eq(pos + row_bytes), gb_flush.eq(rows.payload.last)]
+            m.d.sync += [gb_data.eq(data1 | placed), gb_strb.eq(strb1 | placed_strb),
+                         gb_n.eq(Mux(w_fire, end_sent, end_kept)), gb_flush.eq(rows.payload.last)]
         with m.Else():
             m.d.sync += [gb_data.eq(data1), gb_strb.eq(strb1), gb_n.eq(n1), gb_flush.eq(flush1)]
         with m.If(self.clear):
@@ -787,6 +799,9 @@ class Dma(wiring.Component):
         self._quant_rows = Signal(data.StructLayout({
             "valid": 1, "beats_ready": 1, "addr": range(c.vmem_rows), "data": 8 * c.vmem_row_bytes,
             "idle": 1}))
+        # RUN with a store, as a register of its own: it enables the row reader
+        # and the gearbox, whose handshakes are the `fpga` chip's longest paths.
+        self._store_run = Signal(name="store_run")
         self._q_at = Signal(range(3))           # `_quant_path`
         self._q_written = Signal(len(d.rows))   # rows of rx[0] written
         if c.quant_formats:
@@ -797,8 +812,8 @@ class Dma(wiring.Component):
             bursts.stride.eq(d.ext_stride), bursts.enable.eq(run),
             bursts.abort.eq(status.abort | self.drain), self.quiet.eq(bursts.inflight == 0),
             rr.desc.eq(d), rr.coalesced.eq(derived.coalesced),
-            rr.enable.eq(run & ~is_load), rr.clear.eq(clear),
-            gb.row_bytes.eq(d.row_bytes), gb.enable.eq(run & ~is_load), gb.clear.eq(clear),
+            rr.enable.eq(self._store_run), rr.clear.eq(clear),
+            gb.row_bytes.eq(d.row_bytes), gb.enable.eq(self._store_run), gb.clear.eq(clear),
             rc.burst_issued.eq(bursts.burst.valid & bursts.burst.ready & is_load),
             rc.abort.eq(status.abort), rc.abort_err.eq(status.abort_err),
             self.load_path.clear.eq(clear),
@@ -1131,6 +1146,7 @@ class Dma(wiring.Component):
                         m.d.comb += [rc.issued.eq(1), bursts.stop.eq(1)]
                         m.next = "IDLE"
                 with m.Elif(out & (bursts.inflight == 0) & ~self.row_reader.waiting):
+                    m.d.sync += self._store_run.eq(0)
                     m.next = "COMPLETE"
             with m.State("COMPLETE"):
                 m.d.comb += [self.busy.eq(1), fsm_done.eq(1), clear.eq(1), bursts.stop.eq(1)]
@@ -1184,7 +1200,8 @@ class Dma(wiring.Component):
                 bursts.setup.segments.eq(Mux(derived.coalesced, 1, self._units.n)),
             ]
             m.d.sync += [status.abort.eq(keep),
-                         status.abort_err.eq(Mux(keep, status.abort_err, DmaError.OK))]
+                         status.abort_err.eq(Mux(keep, status.abort_err, DmaError.OK)),
+                         self._store_run.eq(~is_load)]
             m.next = "RUN"
 
 

@@ -1218,6 +1218,7 @@ def _load_lemmas(m, dut, axi, open_):
 
     lemma("open", open_ == rx0.valid + rx1.valid + (~idle & ~run))
     lemma("load", idle | (d.dir == DmaDir.LOAD))
+    lemma("no_store_run", ~top["store_run"])
     # CHECK and DECIDE work from the units taken with the descriptor, and
     # DECIDE starts a load from CHECK's registers: one that passed the
     # checks moves bytes.
@@ -1314,6 +1315,7 @@ def _store_lemmas(m, dut, axi, open_, past, after=None):
 
     lemma("open", (open_ == 1) == ~idle)
     lemma("store", idle | (d.dir == DmaDir.STORE))
+    lemma("store_run", top["store_run"] == run)
     lemma("no_loads", ~dut.contexts.rx0.valid & ~dut.contexts.rx1.valid & ~top["ar_valid"])
     lemma("quiet_outside_run", (run | complete)
           | ((inflight == 0) & ~dut.bursts.active & (rdq.level == 0) & ~rr["rd_pending"]

@@ -253,6 +253,11 @@ class PipelineOps(_FpOps):
     def select(self, c, a, b):
         return self._comb(lambda s, x, y: Mux(s != 0, x, y), c, a, b)
 
+    def cut(self, a):
+        if self.stages == 1 or a.stage is None:
+            return a
+        return Value(self.at(a, a.stage + 1), a.stage + 1)
+
 
 class SharedPipelineOps(PipelineOps):
     """`PipelineOps` for several sequences of which one runs per element (the ops
@@ -341,6 +346,9 @@ class LatencyOps(_FpOps):
 
     def _shift(self, a, k):
         return a
+
+    def cut(self, a):
+        return a if self.stages == 1 or a is None else a + 1
 
     iadd = isub = band = bor = bxor = shlv = ieq = select = clz = _int
     shl = shr = sar = _shift

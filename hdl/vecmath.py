@@ -25,7 +25,11 @@ binary32, integer operations as two's complement, wrapping:
 * ``shlv(a, b)``: logical left shift by the value ``b`` (0..31);
 * ``clz(a)``: leading zero bits (32 for 0);
 * ``ieq(a, b)``: 1 if the words are equal, else 0;
-* ``select(c, a, b)``: ``a`` where ``c`` is non-zero, else ``b``.
+* ``select(c, a, b)``: ``a`` where ``c`` is non-zero, else ``b``;
+* ``cut(a)``: the same word. In a pipeline of fp32 units deeper than one
+  stage it is a register: integer steps before it and the fp32 unit after it
+  take a cycle each (a seed's integer steps and a multiplier's first stage
+  did not fit one cycle at 50 MHz on the ECP5, docs/synth.md).
 """
 
 import struct
@@ -111,6 +115,7 @@ def reciprocal(ops, x):
     sign = ops.band(x, ops.const(SIGN))
     a = ops.band(x, ops.const(MAGNITUDE))
     m, e = _frexp(ops, a)
+    m = ops.cut(m)
     neg_m = ops.bor(m, ops.const(SIGN))
     y = ops.fadd(ops.fmul(m, ops.const(f32(-8 / 17))), ops.const(f32(24 / 17)))
     for _ in range(RECIP_STEPS):
@@ -133,7 +138,7 @@ def rsqrt(ops, x):
     m = ops.iadd(m, ops.shl(odd, 23))               # m * 2 when e is odd: exact
     e = ops.isub(e, odd)
     neg_half_m = ops.bor(ops.isub(m, ops.const(1 << 23)), ops.const(SIGN))   # -m/2, exact
-    y = ops.isub(ops.const(RSQRT_MAGIC), ops.shr(m, 1))
+    y = ops.cut(ops.isub(ops.const(RSQRT_MAGIC), ops.shr(m, 1)))
     for _ in range(RSQRT_STEPS):
         u = ops.fadd(ops.fmul(neg_half_m, ops.fmul(y, y)), ops.const(f32(0.5)))
         y = ops.fadd(ops.fmul(y, u), y)

@@ -43,7 +43,7 @@ from .vmem import ReadPortSignature, WritePortSignature, _addr_shape, vmem_row_l
 
 __all__ = ["VpuOp", "VectorUnit", "VectorLane", "VectorAlu", "ReductionTree", "LaneInput",
            "RowTranspose", "lane_latency", "lane_row_signature", "tree_signature",
-           "alu_latency", "tree_latency", "function_offsets", "tree_levels"]
+           "alu_latency", "tree_latency", "function_offsets", "function_start", "tree_levels"]
 
 
 _REDUCTIONS = {VpuOp.RSUM: ("fadd", 0x00000000), VpuOp.RMAX: ("fmax", 0xFF800000)}
@@ -83,11 +83,24 @@ def _build_lane(ops, op, a, b):
         ops.begin(owner(code))
         results[code] = alu(ops, av, bv)
     for code, name in _FUNCTION_OF.items():
-        offset = offsets[name]
+        start = function_start(name, ops.stages)
         ops.begin(owner(code))
-        start = Value(ops.at(av, offset), offset) if offset else av
-        results[code] = vecmath.FUNCTIONS[name](ops, start)
+        results[code] = vecmath.FUNCTIONS[name](ops, Value(ops.at(av, start), start)
+                                                if start else av)
     return results
+
+
+def function_start(name, stages=1):
+    """The stage at which function `name` takes its input: its offset
+    (`function_offsets`), less the stages of its ``cut``s (`mxu.hdl.vecmath`),
+    so that its fp32 operations fall in the stages the offsets chose."""
+    fn = vecmath.FUNCTIONS[name]
+    lead = fn(LatencyOps(stages), 0) - stages * fn(LatencyOps(), 0)
+    start = function_offsets(stages)[name] - lead
+    if start < 0:
+        raise ValueError(f"{name} starts at stage {function_offsets(stages)[name]}, before "
+                         f"the {lead} stages of its cuts")
+    return start
 
 
 # Relative cost of the units, for choosing the offsets (generic cells, docs/vpu.md).
@@ -136,7 +149,7 @@ def lane_latency(stages=1):
     ops = LatencyOps(stages)
     ends = [ops.fadd(0, 0)]
     for name in _FUNCTION_OF.values():
-        ends.append(vecmath.FUNCTIONS[name](ops, 0) + function_offsets(stages)[name])
+        ends.append(vecmath.FUNCTIONS[name](ops, function_start(name, stages)))
     return max(ends)
 
 

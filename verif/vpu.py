@@ -114,6 +114,10 @@ class NumpyOps:
         return (np.asarray(a, _U32) << b).astype(_U32)
 
     @staticmethod
+    def cut(a):
+        return a
+
+    @staticmethod
     def clz(a):
         a = np.asarray(a, _U32)
         # float64 represents every uint32 exactly; frexp's exponent is bit_length.

@@ -93,6 +93,9 @@ class CppOps:
     def select(self, c, a, b):
         return self._emit(f"({c} ? {a} : {b})")
 
+    def cut(self, a):
+        return a
+
 
 class CppVectorOps(CppOps):
     """`CppOps` on four lanes at once: every word is a ``v4u`` (a GCC/clang

@@ -1282,7 +1282,7 @@ def _store_lemmas(m, dut, axi, open_, past, after=None):
       of the AW queue and ``lens``. The gearbox's beat count is the
       checker's, within its burst.
     * The burst generator's next burst is legal (a beat-aligned address, a
-      segment of at least a beat).
+      segment of at least a beat). The store's run register is RUN.
     * The rows (`_row_lemmas`): each marked first and last as its index
       says, so that a gearbox holding part of a beat without a flush never
       takes a first row (written from byte ``off``, into the beat that

@@ -69,8 +69,8 @@ _ALU_OPS = {
 def _build_lane(ops, op, a, b):
     """Every `VpuOp` result of one lane as `Value`s, by op, on the units of a
     `SharedPipelineOps` (not yet finished): each function starts at its offset
-    (`function_offsets`, `function_start`), so that the three share most of their multipliers and
-    adders."""
+    (`function_offsets`, `function_start`), so that the three share most of
+    their multipliers and adders."""
     av, bv = ops.lift(a), ops.lift(b)
 
     def owner(code):

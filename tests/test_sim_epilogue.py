@@ -14,7 +14,9 @@ import pytest
 from chip_configs import TINY, VPU_SHAPES
 from mxu.hdl.dtypes import bfloat16
 from mxu.sim import Chip
-from mxu.sim.compiler.matmul import _interleave, compile_matmuls
+from mxu.sim.compiler.handoff import plan_handoffs
+from mxu.sim.compiler.matmul import (_SOFTMAX_BUNDLE, _Segment, _interleave, compile_matmuls,
+                                     plan_segments)
 from mxu.sim.runtime.vector import layer_norm_params, softmax_bias
 from mxu.verif import golden, vpu
 from mxu.verif.hazards import races
@@ -189,15 +191,18 @@ def test_several_fused_heads_in_one_program(chip):
         golden.assert_bits_equal(_bits(probs[h * L:(h + 1) * L]), want, f"head {h}")
 
 
-def test_short_softmax_heads_interleave_their_epilogues(chip):
+@pytest.mark.parametrize("spread", [3, 0], ids=["lengths", "one_length"])
+def test_short_softmax_heads_interleave_their_epilogues(chip, spread):
     """A decode step's scores: heads of 3 query rows, each with its own keys
-    and length. Their softmaxes are latency-bound, so the compiler runs two
-    heads' epilogues interleaved (an odd head alone at the end): each head's
-    rows bit-exact, the program race-free."""
+    and length (or all of one length, as a batch's sequences). Their
+    softmaxes are latency-bound, so the compiler runs `_SOFTMAX_BUNDLE`
+    heads' epilogues interleaved, and the steps of heads of one shape t row
+    by t row (`_Segment._bundle`): each head's rows bit-exact, the program
+    race-free."""
     cfg = chip.config
     rng = np.random.default_rng(SEED + 11)
     rows, d, heads = 3, cfg.rows + 2, 5
-    lengths = [cfg.cols + 1 + 3 * h for h in range(heads)]
+    lengths = [cfg.cols + 1 + spread * h for h in range(heads)]
     q = golden.as_bf16(rng.standard_normal((heads * rows, d)).astype(np.float32))
     kts = [golden.as_bf16(rng.standard_normal((d, L)).astype(np.float32)) for L in lengths]
     masks = [rng.random((1, L)) < 0.8 for L in lengths]
@@ -213,7 +218,11 @@ def test_short_softmax_heads_interleave_their_epilogues(chip):
         ops = [op for call in rec.calls for op in call.ops]
     assert rec.stats.programs == 1
     plans = [plan for segment in compile_matmuls(cfg, ops).segments for _, plan in segment]
-    assert _interleave(plans) == 2
+    assert _interleave(plans) == _SOFTMAX_BUNDLE
+    (placed,) = plan_segments(cfg, ops, plan_handoffs(cfg, ops))
+    bundles = _Segment(cfg, [p for _, p in placed], last=True).bundles
+    if spread == 0:         # one group a head, in bundles of _SOFTMAX_BUNDLE
+        assert sorted(bundles) == [0, _SOFTMAX_BUNDLE]
     assert races(cfg, compile_matmuls(cfg, ops).program) == []
     for h, (kt, mask) in enumerate(zip(kts, masks)):
         s = golden.matmul(q[h * rows:(h + 1) * rows], kt, rows=cfg.rows)

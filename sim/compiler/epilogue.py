@@ -331,8 +331,13 @@ class FusedGroups:
         epilogue loads with step n's batch: one tile at a time, spread over
         its group's steps (`residual_steps`), so that a wide residual does not
         hold up the weight loads behind it in the load engine's queue."""
-        grp, _, _ = self.locate(n)
-        return self._residual_schedule(grp).get(n, [])
+        if "_residuals" not in self.__dict__:
+            # A group's loads may come with another's steps (`_Segment._bundle`).
+            self._residuals = {}
+            for grp in self.groups:
+                for step, loads in self._residual_schedule(grp).items():
+                    self._residuals.setdefault(step, []).extend(loads)
+        return self._residuals.get(n, [])
 
     def _residual_schedule(self, grp):
         """{step: the row-operand pieces its batch loads} of group `grp`,

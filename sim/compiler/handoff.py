@@ -30,10 +30,10 @@ import functools
 from dataclasses import dataclass, replace
 
 from .epilogue import Epilogue
-from .operands import MatmulOp, Scatter
+from .operands import MatmulOp, Operand, Scatter
 from .plan import OpPlan, ceil_div, plan_op, ring_rows
 
-__all__ = ["Source", "Handoff", "Handoffs", "plan_handoffs"]
+__all__ = ["Source", "Handoff", "Handoffs", "Preload", "plan_handoffs"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,12 @@ class Handoff:
     sources: tuple
     tile: int           # rows = cols of the chip
     in_place: bool = False   # a residual left in its producer's output buffers (at base)
+
+    whole = True        # every tile of the operand (`Preload`: some)
+
+    def has(self, t, j):
+        """Whether tile (t, j) of the consumer's weights is in the region."""
+        return True
 
     @functools.cached_property
     def rows(self):
@@ -127,6 +133,48 @@ class Handoff:
 
 
 @dataclass(frozen=True)
+class Preload:
+    """Weight tiles of op `consumer` that the segment of op `first` loads into
+    VMEM rows from `base`, one tile after another as its steps leave the bus
+    room: whole tiles of external memory that no op of the program before
+    the consumer writes (a decode step's cached keys and values; docs/
+    compiler.md, "Preloaded weights"). The consumer loads its other tiles
+    itself, through its ring."""
+    consumer: int
+    first: int
+    base: int
+    tiles: tuple        # ((t, j), ...) in the order they are loaded
+    tile: int           # rows = cols of the chip
+    operand = "b"
+    in_acc = False
+    to_vmem = True
+    in_place = False
+    sources = ()
+    whole = False
+
+    @functools.cached_property
+    def _index(self):
+        return {tj: i for i, tj in enumerate(self.tiles)}
+
+    @property
+    def rows(self):
+        return len(self.tiles) * self.tile
+
+    def has(self, t, j):
+        return (t, j) in self._index
+
+    def weight_row(self, t, j):
+        """The VMEM row of weight tile (t, j)."""
+        return self.base + self._index[t, j] * self.tile
+
+    def loads(self, op):
+        """The LOADs (`Program.load` keywords) of the tiles of `op`'s weights."""
+        b, T = op.b, self.tile
+        return [dict(vmem_row=self.weight_row(t, j), ext_addr=b.addr + t * T * b.stride + 2 * j * T,
+                     rows=T, row_bytes=2 * T, ext_stride=b.stride) for t, j in self.tiles]
+
+
+@dataclass(frozen=True)
 class Handoffs:
     """The hand-offs of a program's ops; ``ops``: the ops as compiled (plain
     producers with a copy epilogue); ``limits[i]``: the VMEM rows op i may use
@@ -156,6 +204,10 @@ class Handoffs:
     def of(self, producer):
         """[(Handoff, Source)] that op `producer` writes."""
         return [(h, s) for h in self.items for s in h.sources if s.producer == producer]
+
+    def preloads(self, first):
+        """The `Preload`s the segment of op `first` loads, in program order."""
+        return [h for h in self.items if isinstance(h, Preload) and h.first == first]
 
     def keeps(self, producer, operand):
         """Whether `producer` need not store `operand` (every reader has it in VMEM)."""
@@ -510,8 +562,105 @@ def plan_handoffs(config, ops):
                 sources = _sources(config, state.ops, k, operand)
                 new = sources and _take(config, given, state, k, operand, sources)
                 state = new or state
+        state = _preloaded(config, given, state)
     return Handoffs(tuple(state.items), tuple(state.ops), tuple(state.limits),
                     tuple(state.acc_limits), _stored(state.ops, state.items))
+
+
+# Cycles a LOAD of a preloaded tile takes besides its beats (a 16-row K^T
+# tile of the 128-bit bus: 32 beats in 38 cycles, docs/llm.md).
+_PRELOAD_START = 6
+
+
+def _bus_room(config, ops, first):
+    """Bus beats that the quantized matmuls from op `first` on (those that
+    follow each other) leave free: at each step the array takes a block's
+    rows or its weight port's cycles, the bus a weight tile's beats
+    (at batch 16, 16 cycles against Q4_1's 10 beats; at batch 1, 9
+    against 10: none)."""
+    room = 0
+    for op in ops[first:]:
+        if not (isinstance(op, MatmulOp) and op.quantized):
+            break
+        step = max(min(op.M, config.rows), config.weight_load_cycles + 1)
+        beats = op.b.tile_beats(config.rows, config.axi_data_bytes)
+        steps = _full_steps(config, op)
+        room += (steps or 0) * max(0, step - beats)
+    return room
+
+
+def _written_before(ops, k, tile):
+    return any(tile.shares_bytes(o) for op in ops[:k] for w in _writes(op)
+               for o in getattr(w, "operands", (w,)))
+
+
+def _preload_tiles(config, ops, k):
+    """The whole tiles of op k's bf16 weights in external memory that no op
+    before it writes, in (t, j) order."""
+    b, T = ops[k].b, config.rows
+    out = []
+    for t in range(b.rows // T):
+        for j in range(b.cols // T):
+            tile = Operand(b.addr + t * T * b.stride + 2 * j * T, T, T, b.stride, "bf16")
+            if not _written_before(ops, k, tile):
+                out.append((t, j))
+    return out
+
+
+def _preloaded(config, given, state):
+    """`state` with `Preload`s: when a program starts with quantized matmuls
+    whose steps leave the bus room (a decode step's K, V and Q projections
+    at batch 16), the later plain matmuls' weight tiles that nothing in the
+    program writes (the heads' cached keys and values) load in that room,
+    into regions stacked below the others, as many as the room takes and
+    the ops in between still plan in no more steps."""
+    ops = state.ops
+    first = next((i for i, op in enumerate(ops) if isinstance(op, MatmulOp)), None)
+    if first is None or not ops[first].quantized:
+        return state
+    T = config.rows
+    budget = _bus_room(config, ops, first) // (
+        T * ceil_div(2 * config.cols, config.axi_data_bytes) + _PRELOAD_START)
+    items = list(state.items)
+    for k in range(first + 1, len(ops)):
+        op = ops[k]
+        if not isinstance(op, MatmulOp) or budget <= 0:
+            break
+        if op.quantized or state.to(k, "b") is not None or op.b.dtype != "bf16":
+            continue
+        chosen = _preload_tiles(config, ops, k)[:budget]
+        if not chosen:
+            continue
+        h = Preload(k, first, 0, tuple(chosen), config.cols)
+        base = _fit(items, h, config.vmem_rows)
+        if base is None:
+            break
+        items.append(replace(h, base=base))
+        budget -= len(chosen)
+    added = items[len(state.items):]
+    # The most of them (in program order) under which every op in their
+    # range still plans in no more steps.
+    lo, hi = 0, len(added)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _with_preloads(config, given, state, added[:mid]) is not None:
+            lo = mid
+        else:
+            hi = mid - 1
+    return _with_preloads(config, given, state, added[:lo]) if lo else state
+
+
+def _with_preloads(config, given, state, added):
+    """`state` with the `Preload`s `added` and their ops' limits, or None if
+    an op in their range would then take more steps."""
+    new = state.copy()
+    new.items = new.items + list(added)
+    for h in added:
+        new.limits[h.first:h.consumer + 1] = [min(x, h.base)
+                                              for x in new.limits[h.first:h.consumer + 1]]
+    last = max(h.consumer for h in added)
+    ok = all(_no_worse(config, new, given, j) for j in range(added[0].first, last + 1))
+    return new if ok else None
 
 
 def _stored(ops, items):

@@ -141,10 +141,11 @@ class _Group:
     first_of_block: bool
     first_of_op: bool
     KT: int
+    row: int = 0         # steps from one of its t rows to the next (a bundle's: more than size)
 
     @property
     def end(self):
-        return self.start + self.size * self.KT
+        return self.start + (self.KT - 1) * (self.row or self.size) + self.size
 
 
 @dataclass(frozen=True)
@@ -316,16 +317,24 @@ def _held_table(op, plan, operands):
 # A softmax on at most this many rows per group is latency-bound: each of its
 # dependent passes waits for the vector unit's whole pipeline (docs/compiler.md).
 _SHORT_SOFTMAX_ROWS = 4
+# Groups of such softmaxes interleaved. One layer of SmolLM2's file at batch
+# 16 on 16 cached positions (KV cache tiles preloaded, `Preload`), the
+# attention program: 69,617 cycles with 2, 68,872 with 3, 67,907 with 4,
+# 69,333 with 8.
+_SOFTMAX_BUNDLE = 4
 
 
 def _interleave(plans):
-    """Groups of a fused segment whose epilogues run interleaved, pass by pass:
-    2 for a softmax over a few rows (a decode step's attention scores), where
-    one group's chain of dependent passes leaves the vector unit's pipeline
-    mostly empty; else 1."""
+    """Groups of a fused segment whose epilogues run interleaved, pass by pass,
+    and whose steps interleave t row by t row (`_Segment._bundle`):
+    `_SOFTMAX_BUNDLE` for a softmax over a few rows (a decode step's
+    attention scores), where one group's chain of dependent passes leaves
+    the vector unit's pipeline mostly empty, and its chain of K tiles the
+    array; else 1."""
     short = all(p.epilogue is not None and layer_op(p.epilogue).chained
                 and p.Mb <= _SHORT_SOFTMAX_ROWS for p in plans)
-    return 2 if short and sum(p.blocks * p.groups_per_block for p in plans) > 1 else 1
+    return (_SOFTMAX_BUNDLE if short and sum(p.blocks * p.groups_per_block for p in plans) > 1
+            else 1)
 
 
 def _merge_epilogues(programs):
@@ -376,8 +385,13 @@ class _Segment(FusedGroups):
                                  size, start, j0 == 0, g == 0, plan.KT)
                     self.groups.append(grp)
                     g += 1
+        self.bundles = self._bundle(placed[0].ring)
         self.starts = [grp.start for grp in self.groups]
-        self.steps = self.groups[-1].end
+        # Step -> (group, t, jj) of bundled groups, whose steps interleave.
+        self.where = {grp.start + t * grp.row + jj: (grp, t, jj)
+                      for grp in self.groups if grp.row for t in range(grp.KT)
+                      for jj in range(grp.size)}
+        self.steps = max(grp.end for grp in self.groups)
         self.W = min(lead(placed[0].op, config), self.steps)
         # The slot of the weight ring its first unit takes (`rotate`).
         self.ring_start = 0
@@ -395,6 +409,31 @@ class _Segment(FusedGroups):
         # {step: the loads issued after its MATMUL}), or None.
         self.prefetch_into = None
         self.hoisted = {}          # {batch: its first units the segment before loads}
+        self.preload_at = {}       # {step: the `Preload` LOADs issued after its MATMUL}
+
+    def _bundle(self, ring):
+        """Interleave the steps of each `_Ring.interleave` groups whose
+        epilogues run interleaved (a decode step's heads: `_interleave`), t
+        row by t row: a group's t rows are chains (MATMUL t + 1 of an N tile
+        seeds from MATMUL t's rows, which the array issues only once those
+        are written), and one head's 2 N tiles of 3 rows left the array
+        waiting for its own results. {index of a bundle's first group:
+        (its first step, the step past its last)}."""
+        k = ring.interleave if ring is not None else 1
+        if k < 2 or any(p.op.quantized for p in self.placed):
+            return {}
+        out, groups, n, i = {}, self.groups, 0, 0
+        while i < len(groups):
+            size, KT = groups[i].size, groups[i].KT
+            m = 1
+            while m < k and i + m < len(groups) and (groups[i + m].size,
+                                                      groups[i + m].KT) == (size, KT):
+                m += 1
+            for x in range(m):
+                groups[i + x] = replace(groups[i + x], start=n + x * size, row=m * size)
+            out[i] = (n, n + m * size * KT)
+            n, i = n + m * size * KT, i + m
+        return out
 
     def _units(self):
         """Quantized weights: {(group, jj, first K tile): VMEM row} of each
@@ -604,6 +643,8 @@ class _Segment(FusedGroups):
 
     # ---- where step n is --------------------------------------------------------------
     def locate(self, n):
+        if self.where:
+            return self.where[n]
         grp = self.groups[bisect.bisect_right(self.starts, n) - 1]
         t, jj = divmod(n - grp.start, grp.size)
         return grp, t, jj
@@ -726,7 +767,7 @@ class _Segment(FusedGroups):
                               rows=grp.mrows, row_bytes=4 * ncols, ext_stride=op.bias.stride))
         if p.weights is None and op.quantized:
             loads += [self._unit_load(*key) for key in self.placed_units.get(n, ())]
-        elif p.weights is None:
+        elif p.weights is None or not p.weights.has(t, j):
             loads.append(dict(vmem_row=(n % self.W) * r,
                               ext_addr=op.b.addr + t * r * op.b.stride + 2 * j * c,
                               rows=k_rows, row_bytes=2 * ncols, ext_stride=op.b.stride))
@@ -760,7 +801,7 @@ class _Segment(FusedGroups):
         op, plan, c = p.op, p.plan, cfg.cols
         j = grp.j0 + jj
         k_rows = min(cfg.rows, op.K - t * cfg.rows)
-        if p.weights is not None:
+        if p.weights is not None and p.weights.has(t, j):
             wrow = p.weights.weight_row(t, j)
         elif op.quantized:
             t0 = self.chunk_of[grp.index][t]
@@ -812,6 +853,8 @@ class _Segment(FusedGroups):
                                                       < len(self.groups)) or barrier))
         if n + self.W < self.steps:
             self.batch(prog, n + self.W)
+        for load in self.preload_at.get(n, ()):
+            prog.load(**load)
         if self.prefetch_into is not None and n in self.prefetch_into[2]:
             x, nxt, at = self.prefetch_into
             if n == x:
@@ -838,6 +881,9 @@ class _Segment(FusedGroups):
         quantized weights, whose loads come where their pace puts them
         (`_units`), looks for runs again a period after one that is not
         regular, and checks every iteration of a run."""
+        if self.bundles:
+            span = self.bundles.get(grp.index)
+            return self.steps_program(*span) if span else Program()
         W, KT, G = self.W, self.placed[grp.op].plan.KT, grp.size
         period = self.loop_period(grp)
         quant = grp.index in self.chunk
@@ -980,6 +1026,21 @@ class _Segment(FusedGroups):
         nxt.hoisted = {m: units[:h].count(m) for m in sorted(set(units[:h]))}
         at = self._prefetch_steps(nxt)
         self.prefetch_into = (min(at), nxt, at)
+
+    def preload(self, loads):
+        """Issue `loads` (a later segment's `Preload` tiles, in order, none
+        with a token) evenly over this segment's steps after the first W
+        (whose batches go out at once): the bus has room beside each step's
+        weights (`handoff._bus_room`), and a later segment's first LOADW
+        waits for a token that a load after them pushes (the load engine
+        runs in program order)."""
+        if not loads:
+            return
+        if not self.units or any(not p.op.quantized for p in self.placed):
+            raise AssertionError("preloads go into a segment of quantized weights")
+        span = self.steps - self.W
+        for i, load in enumerate(loads):
+            self.preload_at.setdefault(self.W + i * span // len(loads), []).append(load)
 
     def _prefetch_steps(self, nxt, turn=0):
         """{step: loads} of `nxt`'s `hoisted` weight units in this segment
@@ -1151,6 +1212,19 @@ def _emit_runs(prog, units, loops, body_limit):
         i += 1
 
 
+def _attach_preloads(segments, segs, handoffs, ops):
+    """Give each segment the `Preload` LOADs it issues (of the ops whose
+    weight tiles it loads for later segments)."""
+    where = {i: k for k, placed in enumerate(segments) for i, _ in placed}
+    for k, (seg, placed) in enumerate(zip(segs, segments)):
+        if seg is None:
+            continue
+        preloads = [h for i, _ in placed for h in handoffs.preloads(i)]
+        if any(where[h.consumer] <= k for h in preloads):
+            raise AssertionError("a preload's consumer runs in the segment that loads it")
+        seg.preload([load for h in preloads for load in h.loads(ops[h.consumer])])
+
+
 def compile_matmuls(config, ops, *, loops=True, handoffs=True):
     """One `Program` for `ops` (a sequence of `MatmulOp` and, on a chip with the
     vector unit, `VectorOp`), in order; with `loops` False every step is spelled
@@ -1183,6 +1257,8 @@ def compile_matmuls(config, ops, *, loops=True, handoffs=True):
     for seg, nxt in zip(segs, segs[1:]):
         if seg is not None and nxt is not None:
             seg.prefetch(nxt)
+    if handoffs is not None:
+        _attach_preloads(segments, segs, handoffs, ops)
     for seg, placed in zip(segs, segments):
         if seg is None:
             emit_vector_op(config, placed[0][1], prog)

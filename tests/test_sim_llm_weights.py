@@ -90,6 +90,29 @@ def test_gguf_and_bf16_weights_give_the_same_bits(models):
                for c in compiled for seg in c.segments for _, plan in seg)
 
 
+def test_a_batch_16_decode_step_preloads_its_cached_tiles(models):
+    """At batch 16 the K, V and Q projections' steps (16 rows) outlast their
+    quantized tiles' beats: the heads' cached K^T and V tiles load in that
+    room, for later segments (docs/compiler.md, "Preloaded weights"). The
+    same bits as with bf16 weights (whose projections leave no room: no
+    preloads), and the program race-free."""
+    out = {}
+    for keep, lm in models.items():
+        model = lm.model
+        seqs = [model.new_sequence(32) for _ in range(16)]
+        try:
+            model.step(seqs, [[(7 * i + k) % CONFIG.vocab for k in range(17)] for i in range(16)])
+            out[keep], _ = model.step(seqs, [[3 * i] for i in range(16)])
+        finally:
+            for s in seqs:
+                s.free()
+    for k, (a, b) in enumerate(zip(out["gguf"], out["bf16"])):
+        golden.assert_bits_equal(a, b, what=f"sequence {k}'s logits, gguf vs bf16 weights")
+    chip = models["gguf"].chip
+    preloaded = [c for c in chip._programs.values() if c.preloads]
+    assert preloaded and all(races(chip.config, c.program) == [] for c in preloaded)
+
+
 def test_stats_count_the_bytes_each_mode_moves(models):
     """GenerationStats: the weight bytes per step by format (the file's bytes
     per block, Q8_0 8.5 bits a weight ...), and the decode roofline of those."""

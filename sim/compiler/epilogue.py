@@ -220,7 +220,7 @@ def epilogue_cost(word, row_elems, stores=True):
     `stores`, none for a SYNC. (A STORE's write responses, about 9 cycles
     more, counted too made a decode step's attention slower: 76,084 ->
     76,797 cycles on one Q4_1 layer of SmolLM2's sizes at batch 16; and the
-    STOREs of short softmaxes two at a time, spread, made its scores 8 %
+    STOREs of short softmaxes interleaved (two), spread, made its scores 8 %
     slower: they go at the end, 76,084 -> 74,855.)"""
     if is_vector(word):
         rows = field_value(word, Opcode.VECTOR, "rows")

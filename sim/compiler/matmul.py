@@ -43,7 +43,7 @@ from .plan import (MAX_GROUP, ceil_div, chunk_tiles, lead, plan_op, ring_rows, r
                    strip_chunks, unit_tiles)
 from .program import Program
 from .epilogue import Epilogue, FusedGroups, Pending, epilogue_param_loads, is_vector
-from .handoff import plan_handoffs
+from .handoff import Preload, plan_handoffs
 from .layerops import layer_op
 from .vectorop import VectorOp, emit_vector_op
 
@@ -154,6 +154,7 @@ class CompiledProgram:
     program: Program
     segments: tuple      # tuple of tuples of (op index, OpPlan)
     steps: int           # MATMUL steps in all segments
+    preloads: int = 0    # weight tiles loaded by a segment before their op's (`Preload`)
 
     @property
     def macs(self):
@@ -1266,5 +1267,7 @@ def compile_matmuls(config, ops, *, loops=True, handoffs=True):
         seg.emit(prog, loops)
         steps += seg.steps
     prog.halt()
+    preloads = sum(len(h.tiles) for h in (handoffs.items if handoffs else ())
+                   if isinstance(h, Preload))
     return CompiledProgram(prog, tuple(tuple((i, getattr(p, "plan", None)) for i, p in placed)
-                                       for placed in segments), steps)
+                                       for placed in segments), steps, preloads)

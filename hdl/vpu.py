@@ -597,17 +597,22 @@ def _swap_pairs(row):
 def _row_meta_layout(config):
     """What travels with each operand row to the ALU and beside it to the writer."""
     c = config
+    # `dst` after the flags: in a queue of metas it is a register too (below).
     return data.StructLayout({
         "op": VpuOp, "b_source": 2,          # 0 none, 1 operand buffer, 2 imm
-        "imm": 32, "dst": max(_addr_shape(c.acc_rows).width, _addr_shape(c.vmem_rows).width),
+        "imm": 32,
         "to_vmem": 1, "transpose": 1, "swap": 1, "last": 1, "push": Pushes,
+        "dst": max(_addr_shape(c.acc_rows).width, _addr_shape(c.vmem_rows).width),
     })
 
 
 def _meta_memory_bits(config):
     """The bits of a row's meta below its flags (`to_vmem`, `transpose`,
     `swap`, `last`, the pushes): what a queue of metas keeps in memory; the
-    flags stay in registers, which the proofs' lemmas name (docs/formal.md)."""
+    flags stay in registers, which the proofs' lemmas name (docs/formal.md),
+    and so does `dst`: the writer's readiness depends on it (the bank it
+    writes), and out of a block RAM it was the fpga-llm chip's worst path
+    (docs/synth.md, "The fpga-llm chip")."""
     return _row_meta_layout(config)["to_vmem"].offset
 
 

@@ -266,3 +266,36 @@ def test_quantized_ops_share_a_segment_only_when_their_rings_fit_one():
     assert not ring_shared(config, [q, k])
     assert ring_shared(config, [q]) and ring_shared(config, [k])
     assert ring_shared(config, [op(640, 1024, False), op(640, 1024, False)])
+
+
+def test_a_short_quantized_segment_preloads_the_next_ones_weights():
+    """One program: a quantized matmul of 16 rows whose few steps (fewer
+    than its lead) leave the bus room, then a plain matmul that reads
+    nothing the first one writes. The plain one's weight tiles load in that
+    room, from the first segment's last step (docs/compiler.md, "Preloaded
+    weights"); both results equal the golden ones, bit for bit, and the
+    program is race-free."""
+    from mxu.hdl import ChipConfig
+    from mxu.hdl.dtypes import bfloat16
+    from mxu.sim.compiler.matmul import compile_matmuls
+    from mxu.verif.hazards import races
+    chip = Chip(ChipConfig.preset("llm"), fast_mac=True)
+    cfg, fmt = chip.config, QuantFormat.Q4_0
+    n, k = 4 * cfg.cols, 4 * cfg.rows            # 16 steps at 16 rows
+    raw = random_blocks(fmt, n * k // QUANT_INFO[fmt].block, 23)
+    raw[:, D_AT.get(fmt, 0):D_AT.get(fmt, 0) + 2] = np.array([0.02], np.float16).view(np.uint8)
+    W = chip.upload_quantized(raw, fmt.name, (n, k), name="short weight")
+    rng = np.random.default_rng(29)
+    x, x2, w2 = (golden.as_bf16(rng.standard_normal(shape).astype(np.float32))
+                 for shape in ((16, k), (16, 2 * cfg.rows), (2 * cfg.rows, 2 * cfg.cols)))
+    X, X2, W2 = (chip.upload(a, dtype=bfloat16) for a in (x, x2, w2))
+    y, y2 = chip.empty((16, n)), chip.empty((16, 2 * cfg.cols))
+    with chip.record() as rec:
+        chip.matmul(X, W, out=y)
+        chip.matmul(X2, W2, out=y2)
+    ops = [op for call in rec.calls for op in call.ops]
+    compiled = compile_matmuls(cfg, ops)
+    assert compiled.preloads > 0 and races(cfg, compiled.program) == []
+    Wb = dequantize(raw, fmt, (n, k)).T.view(golden.bf16)
+    golden.assert_bits_equal(y.numpy(), golden.matmul(x, Wb, rows=cfg.rows), what="quantized")
+    golden.assert_bits_equal(y2.numpy(), golden.matmul(x2, w2, rows=cfg.rows), what="preloaded")

@@ -1031,7 +1031,8 @@ class _Segment(FusedGroups):
     def preload(self, loads):
         """Issue `loads` (a later segment's `Preload` tiles, in order, none
         with a token) evenly over this segment's steps after the first W
-        (whose batches go out at once): the bus has room beside each step's
+        (whose batches go out at once; of a segment of W steps or fewer,
+        from its last): the bus has room beside each step's
         weights (`handoff._bus_room`), and a later segment's first LOADW
         waits for a token that a load after them pushes (the load engine
         runs in program order)."""
@@ -1039,9 +1040,10 @@ class _Segment(FusedGroups):
             return
         if not self.units or any(not p.op.quantized for p in self.placed):
             raise AssertionError("preloads go into a segment of quantized weights")
-        span = self.steps - self.W
+        start = min(self.W, self.steps - 1)
         for i, load in enumerate(loads):
-            self.preload_at.setdefault(self.W + i * span // len(loads), []).append(load)
+            at = start + i * (self.steps - start) // len(loads)
+            self.preload_at.setdefault(at, []).append(load)
 
     def _prefetch_steps(self, nxt, turn=0):
         """{step: loads} of `nxt`'s `hoisted` weight units in this segment

@@ -67,10 +67,9 @@ class Handoff:
     tile: int           # rows = cols of the chip
     in_place: bool = False   # a residual left in its producer's output buffers (at base)
 
-    whole = True        # every tile of the operand (`Preload`: some)
-
     def has(self, t, j):
-        """Whether tile (t, j) of the consumer's weights is in the region."""
+        """Whether tile (t, j) of the consumer's weights is in the region
+        (every one: a `Preload` has some)."""
         return True
 
     @functools.cached_property
@@ -150,7 +149,6 @@ class Preload:
     to_vmem = True
     in_place = False
     sources = ()
-    whole = False
 
     @functools.cached_property
     def _index(self):

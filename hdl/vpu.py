@@ -919,15 +919,16 @@ class VectorUnit(wiring.Component):
         m.submodules.writer = writer = self.writer
         # The rows' meta beside the ALU: `SyncFIFOBuffered`'s cycles, the flags
         # from `to_vmem` on in registers the proofs' lemmas name (`BufferedFifo`).
-        self.beside = beside = BufferedFifo(_row_meta_layout(c).size,
-                                            _pow2_at_least(self._alu_latency() + 4),
-                                            memory_bits=_meta_memory_bits(c))
+        self.beside = beside = BufferedFifo(
+            _row_meta_layout(c).size,
+            _pow2_at_least(self._alu_latency() + self._registered() + self._output_depth() + 4),
+            memory_bits=_meta_memory_bits(c))
         m.submodules.beside = beside
         wiring.connect(m, reader.read_a, wiring.flipped(self.read_a))
         wiring.connect(m, reader.read_b, wiring.flipped(self.read_b))
         wiring.connect(m, writer.acc_write, wiring.flipped(self.acc_write))
         wiring.connect(m, writer.vmem_write, wiring.flipped(self.vmem_write))
-        wiring.connect(m, alu.o, writer.result)
+        self._output(m, alu, writer)
         m.d.comb += [writer.meta.valid.eq(beside.r_rdy), writer.meta.payload.eq(beside.r_data),
                      beside.r_en.eq(writer.meta.ready)]
         sync = self._intake(m, ranges, reader)
@@ -949,6 +950,35 @@ class VectorUnit(wiring.Component):
                          & ~self.complete.valid),
         ]
         return m
+
+    def _registered(self):
+        """The ALU's handshakes go through registers when its fp32 units are
+        pipelined for a clock (``vpu_stages`` > 1): an input stage and an
+        output queue (`_feed`, `_output`). With one-stage units the lanes
+        set the clock (docs/synth.md), and the chips keep their cycles."""
+        return self.config.vpu_stages > 1
+
+    def _output_depth(self):
+        """Rows of the queue between the ALU and the writer (`_output`)."""
+        return 3 if self._registered() else 0
+
+    def _output(self, m, alu, writer):
+        """ALU -> writer. With pipelined fp32 units, through a queue whose
+        ``w_rdy`` is a register, so that the ALU's stall (every lane
+        register's enable, then the operand reads) no longer hangs on the
+        writer's bank readiness and the row's meta: that chain was the
+        fpga-llm chip's worst path (docs/synth.md, "The fpga-llm chip"). Its
+        3 rows keep a row a cycle (an output register and two behind it)."""
+        depth = self._output_depth()
+        if not depth:
+            wiring.connect(m, alu.o, writer.result)
+            return
+        m.submodules.out = out = BufferedFifo(32 * self.config.cols, depth)
+        m.d.comb += [
+            out.w_en.eq(alu.o.valid), out.w_data.eq(alu.o.payload), alu.o.ready.eq(out.w_rdy),
+            writer.result.valid.eq(out.r_rdy), writer.result.payload.eq(out.r_data),
+            out.r_en.eq(writer.result.ready),
+        ]
 
     def _intake(self, m, ranges, reader):
         """The interlock; a VECTOR then moves into the issue stage. Returns
@@ -980,14 +1010,26 @@ class VectorUnit(wiring.Component):
         needs_b = rm.b_source == 1
         go = reader.a.valid & (~needs_b | reader.b.valid) & beside.w_rdy
         a = reader.a.payload.row
+        row = Signal.like(alu.i.payload)
         m.d.comb += [
-            alu.i.valid.eq(go),
-            alu.i.payload.op.eq(rm.op),
-            alu.i.payload.a.eq(Mux(rm.swap, _swap_pairs(a), a.as_value())),
-            alu.i.payload.b.eq(Mux(rm.b_source == 2, Cat(*([rm.imm] * c.cols)),
-                                   Mux(needs_b, reader.b.payload.as_value(), 0))),
+            row.op.eq(rm.op),
+            row.a.eq(Mux(rm.swap, _swap_pairs(a), a.as_value())),
+            row.b.eq(Mux(rm.b_source == 2, Cat(*([rm.imm] * c.cols)),
+                         Mux(needs_b, reader.b.payload.as_value(), 0))),
         ]
-        fire = alu.i.valid & alu.i.ready
+        if self._registered():
+            # An input stage: the operand buffers' memory read and the swap
+            # and ``b`` muxes end at a register, not in the lanes' first
+            # fp32 stage (in the fpga-llm netlist, 1 ns over at 50 MHz).
+            staged, staged_valid = Signal.like(alu.i.payload), Signal()
+            take = ~staged_valid | alu.i.ready
+            with m.If(take):
+                m.d.sync += [staged_valid.eq(go), staged.eq(row)]
+            m.d.comb += [alu.i.valid.eq(staged_valid), alu.i.payload.eq(staged)]
+            fire = go & take
+        else:
+            m.d.comb += [alu.i.valid.eq(go), alu.i.payload.eq(row)]
+            fire = alu.i.valid & alu.i.ready
         m.d.comb += [
             reader.a.ready.eq(fire), reader.b.ready.eq(fire & needs_b),
             beside.w_en.eq(fire), beside.w_data.eq(rm),

@@ -315,7 +315,7 @@ class ChipConfig:
         4 MiB accumulator: a chip of a `Pod`, docs/pod.md), ``"llm"`` (the vpu chip with 1 MiB of accumulator and 1 GiB of external memory: a
         decoder LLM's weights and KV caches, docs/llm.md), ``"fpga"`` (4x4, the largest array measured whose whole
         chip places and routes on an LFE5U-85F, see docs/synth.md) or
-        ``"fpga-llm"`` (16x1 with the vector unit of pipelined fp32 units and
+        ``"fpga-llm"`` (8x1 with the vector unit of pipelined fp32 units and
         1 GiB of external memory: the LLM chip sized for the LFE5U-85F,
         docs/synth.md)."""
         try:
@@ -367,16 +367,17 @@ _PRESETS = {
     # The LLM chip for the LFE5U-85F (docs/synth.md, "The fpga-llm chip"). A
     # vector lane is 15 fp32 multipliers (4 MULT18X18D each, 60 a lane) and
     # 14 adders, about 22k LUT4: one lane is what fits beside an array, so the
-    # array is one column wide (cols = lanes), and 16 rows deep: 16 PEs of 2
-    # MULT18X18D, whose batch-4 decode takes a tile's 16 weights in the 4
-    # cycles the 64-bit bus brings them. The lanes' fp32 units take
+    # array is one column wide (cols = lanes), and 8 rows deep: 8 PEs of 2
+    # MULT18X18D. 16 rows placed at 74 % of the LUT4s and never routed; 8
+    # route (61 %). A batch-4 decode step's MATMUL of 4 rows then outlasts
+    # its tile's 2 beats of the 64-bit bus. The lanes' fp32 units take
     # `vpu_stages` 4 stages, for 50 MHz (the timing guard's lane blocks).
     # Four accumulator banks keep the vector unit at a row a cycle beside the
     # array (docs/vpu.md); 128 KiB of accumulator, 64 KiB of VMEM, block RAM.
     # 1 GiB of external memory, as the llm chip: SmolLM2-135M's bf16 weights
     # and KV caches (off-chip: it costs address bits only). No weight
     # expander: one column is not a whole bus beat of any format's sections.
-    "fpga-llm": ChipConfig(rows=16, cols=1, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
+    "fpga-llm": ChipConfig(rows=8, cols=1, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
                            acc_bytes=128 << 10, acc_banks=4, axi_data_bits=64,
                            ext_mem_bytes=1 << 30, vpu=True, vpu_stages=4,
                            weight_rows_per_cycle=2, quant_formats=()),

@@ -976,7 +976,7 @@ class VectorUnit(wiring.Component):
         if not depth:
             wiring.connect(m, alu.o, writer.result)
             return
-        m.submodules.out = out = BufferedFifo(32 * self.config.cols, depth)
+        m.submodules.out = self.out = out = BufferedFifo(32 * self.config.cols, depth)
         m.d.comb += [
             out.w_en.eq(alu.o.valid), out.w_data.eq(alu.o.payload), alu.o.ready.eq(out.w_rdy),
             writer.result.valid.eq(out.r_rdy), writer.result.payload.eq(out.r_data),

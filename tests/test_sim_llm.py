@@ -204,7 +204,7 @@ def test_smollm2_generates_bit_exact_on_the_llm_chip(smollm2):
             s.free()
 
 
-# ---- the fpga-llm chip (docs/synth.md): one lane of 4-stage fp32 units, 16x1 ---------------
+# ---- the fpga-llm chip (docs/synth.md): one lane of 4-stage fp32 units, 8x1 ----------------
 
 FPGA_LLM = ChipConfig.preset("fpga-llm")
 
@@ -239,7 +239,7 @@ def _bit_exact_generation(lm, gold, prompts, steps, what):
 
 def test_tiny_llama_on_the_fpga_llm_chip():
     """The tiny Llama on the fpga-llm preset's chip itself (its pipelined
-    lane, one column, 16 rows): four prompts prefilled, then decode of the
+    lane, one column, 8 rows): four prompts prefilled, then decode of the
     batch of 4 through the KV cache, bit-exact to the golden Llama form for
     that chip (one lane: RoPE folded into the projections)."""
     weights = LlamaWeights.random(TINY, seed=3)

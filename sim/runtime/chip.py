@@ -41,7 +41,7 @@ __all__ = ["Chip", "Recording", "Profile", "PROGRAM_CACHE_SIZE", "PROGRAM_CACHE_
 # in all, the least recently used going first. A cached program is its image
 # (`FrozenProgram`, 16 bytes an instruction; a compiled `Program` with its
 # listing holds some 400), so the budget is 512 MiB: SmolLM2's programs on the
-# 16x1 fpga-llm chip are millions of instructions (docs/runtime.md).
+# 8x1 fpga-llm chip are millions of instructions (docs/runtime.md).
 PROGRAM_CACHE_SIZE = 256
 PROGRAM_CACHE_INSTRUCTIONS = 1 << 25
 

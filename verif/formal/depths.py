@@ -112,9 +112,12 @@ def array_depth(rows, cols, mac_stages, weight_rows=1):
                          f"stall ({STALL}) + 1 = {cycles}")
 
 
-def vector_depth(alu_latency):
+def vector_depth(alu_latency, registered=False):
     """A VECTOR taken (1), into the issue stage (1), its reads and their rows
-    into the buffers (2), the ALU, the write (1), and a stall."""
-    cycles = 1 + 1 + 2 + alu_latency + 1 + STALL
-    return Depth(cycles, f"intake (2) + reads (2) + ALU ({alu_latency}) + write (1) + "
-                         f"stall ({STALL}) = {cycles}")
+    into the buffers (2), the ALU (with `registered` handshakes, its input
+    stage and output queue: 2 more), the write (1), and a stall."""
+    around = 2 if registered else 0
+    cycles = 1 + 1 + 2 + alu_latency + around + 1 + STALL
+    return Depth(cycles, f"intake (2) + reads (2) + ALU ({alu_latency}"
+                         + (f" + {around} registered" if registered else "")
+                         + f") + write (1) + stall ({STALL}) = {cycles}")

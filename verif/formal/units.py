@@ -966,6 +966,8 @@ def _vector_lemmas(m, dut, open_):
             rows.append((i < fifo.level, flags[3], flags[1], flags[0]))
     rows.append((inflight_a, meta_q.last, meta_q.transpose, meta_q.to_vmem))
     lemma("beside.pointers", beside.lemma())
+    if dut._registered():
+        lemma("out.pointers", dut.out.lemma())
     lemma("buf_a.pointers", buf_a.lemma())
     lemma("credits_a", rd["credits_a"] + buf_a.level + inflight_a == buf_a.depth)
     lemma("credits_b", rd["credits_b"] + inner(dut, "reader", "buf_b")["level"]
@@ -1534,7 +1536,7 @@ def proofs_for(config, *, depth=None):
         # (k-induction; the covers are searched as deep as a VECTOR through
         # the intake, its reads, the stand-in ALU and the write, and a stall.)
         Proof("streams.vector", lambda: vector_harness(vpu), depth=VECTOR_K,
-              cover_depth=depths.vector_depth(FREE_ALU_LATENCY).cycles,
+              cover_depth=depths.vector_depth(FREE_ALU_LATENCY, vpu.vpu_stages > 1).cycles,
               why="k-induction; lemmas: the VECTORs in flight against the rows marked last "
                   "in the pipeline, a transposed instruction's rows within its block"),
         # (k-induction; the covers are searched to the array formula on its

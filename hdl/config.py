@@ -30,7 +30,10 @@ class MeasuredFmax:
 # (docs/synth.md has the runs): what cycle counts are turned into seconds with
 # (`mxu generate`'s tokens/s). A preset missing here was never routed; its
 # cycles are not turned into seconds.
-MEASURED_FMAX_MHZ = {"fpga": MeasuredFmax(51.87, commit="dfe8d82", seed=2)}
+# (fpga-llm: `mxu synth --preset fpga-llm --rows 8` at 7a2da22, the netlist of
+# the 8x1 preset since 070b520.)
+MEASURED_FMAX_MHZ = {"fpga": MeasuredFmax(51.87, commit="dfe8d82", seed=2),
+                     "fpga-llm": MeasuredFmax(49.93, commit="7a2da22", seed=1)}
 
 
 def _is_pow2(n):

@@ -374,7 +374,9 @@ _PRESETS = {
     # MULT18X18D. 16 rows placed at 74 % of the LUT4s and never routed; 8
     # route (61 %). A batch-4 decode step's MATMUL of 4 rows then outlasts
     # its tile's 2 beats of the 64-bit bus. The lanes' fp32 units take
-    # `vpu_stages` 4 stages, for 50 MHz (the timing guard's lane blocks).
+    # `vpu_stages` 5 stages, for 50 MHz: at 4, the multiplier's first stage
+    # (the shared unit's input select into the DSP product and its partial
+    # sums) was the routed chip's worst path (docs/synth.md).
     # Four accumulator banks keep the vector unit at a row a cycle beside the
     # array (docs/vpu.md); 128 KiB of accumulator, 64 KiB of VMEM, block RAM.
     # 1 GiB of external memory, as the llm chip: SmolLM2-135M's bf16 weights
@@ -382,6 +384,6 @@ _PRESETS = {
     # expander: one column is not a whole bus beat of any format's sections.
     "fpga-llm": ChipConfig(rows=8, cols=1, mac_stages=7, vmem_bytes=64 << 10, vmem_banks=2,
                            acc_bytes=128 << 10, acc_banks=4, axi_data_bits=64,
-                           ext_mem_bytes=1 << 30, vpu=True, vpu_stages=4,
+                           ext_mem_bytes=1 << 30, vpu=True, vpu_stages=5,
                            weight_rows_per_cycle=2, quant_formats=()),
 }

@@ -26,7 +26,7 @@ import itertools
 from collections import Counter
 from types import SimpleNamespace
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Shape, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -934,7 +934,7 @@ class VectorUnit(wiring.Component):
         self._output(m, alu, writer)
         m.d.comb += [writer.meta.valid.eq(beside.r_rdy), writer.meta.payload.eq(beside.r_data),
                      beside.r_en.eq(writer.meta.ready)]
-        sync = self._intake(m, ranges, reader)
+        sync, queued = self._intake(m, ranges, reader)
         self._feed(m, alu, reader, beside)
         # The completion reaches the controller through a register: its
         # token counters and error record are deep logic, and the writer's
@@ -950,7 +950,7 @@ class VectorUnit(wiring.Component):
             ranges.retire.eq(writer.retire),
             self.error.eq(ErrorCode.NONE),
             self.idle.eq(~reader.busy & (beside.level == 0) & ~writer.draining
-                         & ~self.complete.valid),
+                         & ~self.complete.valid & ~queued),
         ]
         return m
 
@@ -983,11 +983,32 @@ class VectorUnit(wiring.Component):
             out.r_en.eq(writer.result.ready),
         ]
 
+    def _queue(self, m):
+        """VECTORs -> the interlock. With pipelined fp32 units, through a
+        queue whose ``w_rdy`` is a register, so that ``cmd.ready`` (the
+        controller's token pops and pushes, its pcs and error record) no
+        longer waits for the interlock's range compares: that chain was the
+        fpga-llm chip's worst path at seed 2 (docs/synth.md, "The fpga-llm
+        chip"). Its 3 entries keep an instruction a cycle. Returns the
+        head's (valid, payload, ready, "any queued"), ready for the caller
+        to drive."""
+        is_sync = self.cmd.payload.opcode == Opcode.SYNC
+        vector = self.cmd.valid & ~is_sync
+        if not self._registered():
+            ready = Signal()
+            m.d.comb += self.cmd.ready.eq(ready & ~is_sync)
+            return vector, self.cmd.payload, ready, 0
+        m.submodules.queue = self.queue = q = BufferedFifo(Shape.cast(VectorInstr).width, 3)
+        m.d.comb += [q.w_en.eq(vector), q.w_data.eq(self.cmd.payload),
+                     self.cmd.ready.eq(q.w_rdy & ~is_sync)]
+        return q.r_rdy, VectorInstr(q.r_data), q.r_en, q.level != 0
+
     def _intake(self, m, ranges, reader):
         """The interlock; a VECTOR then moves into the issue stage. Returns
-        "a SYNC is taken" (once the engine is idle)."""
-        ins = self.cmd.payload
-        is_sync = ins.opcode == Opcode.SYNC
+        "a SYNC is taken" (once the engine is idle) and "a VECTOR is queued
+        in front of the interlock" (`_queue`)."""
+        valid, ins, ready, queued = self._queue(m)
+        is_sync = self.cmd.payload.opcode == Opcode.SYNC
         binary = Cat(*(ins.op == op for op in BINARY_VPU_OPS)).any()
         reads_b = binary & (ins.flags.b_mode != BMode.SCALAR)
         m.d.comb += [
@@ -999,12 +1020,14 @@ class VectorUnit(wiring.Component):
             ranges.add.payload.lo.eq(ins.dst_row), ranges.add.payload.hi.eq(ins.dst_row + ins.rows),
             ranges.add.payload.acc.eq(~ins.flags.to_vmem),
             reader.instr.payload.eq(ins),
-            reader.instr.valid.eq(self.cmd.valid & ~is_sync & ~ranges.hit & ranges.add.ready),
+            reader.instr.valid.eq(valid & ~ranges.hit & ranges.add.ready),
         ]
         start = reader.instr.valid & reader.instr.ready
         sync = self.cmd.valid & is_sync & self.idle
-        m.d.comb += [self.cmd.ready.eq(start | sync), ranges.add.valid.eq(start)]
-        return sync
+        with m.If(sync):
+            m.d.comb += self.cmd.ready.eq(1)
+        m.d.comb += [ready.eq(start), ranges.add.valid.eq(start)]
+        return sync, queued
 
     def _feed(self, m, alu, reader, beside):
         """Buffered operands -> ALU, the row's meta beside it."""

@@ -90,7 +90,7 @@ def test_fpga_llm_preset():
     simulation presets keep one-stage units (their cycles unchanged)."""
     c = ChipConfig.preset("fpga-llm")
     fpga, llm = ChipConfig.preset("fpga"), ChipConfig.preset("llm")
-    assert c.vpu and c.vpu_stages == 4 and (c.rows, c.cols) == (8, 1)
+    assert c.vpu and c.vpu_stages == 5 and (c.rows, c.cols) == (8, 1)
     assert c.ext_mem_bytes == llm.ext_mem_bytes and c.ext_mem_bytes <= 1 << c.axi_addr_bits
     assert (c.axi_data_bits, c.mac_stages) == (fpga.axi_data_bits, fpga.mac_stages)
     assert c.quant_formats == () and c.acc_banks == 4

@@ -178,7 +178,7 @@ def test_rtl_fp32_multiplier_by_powers_of_two(stages):
 
 
 # The deeper lane's sweep is 2.5 minutes (its build and 60k rows through a
-# 4-stage lane): `slow`; in make test the ALU's rows and reductions and each
+# 5-stage lane): `slow`; in make test the ALU's rows and reductions and each
 # fp32 unit check that depth.
 @pytest.mark.parametrize("stages", [pytest.param(s, marks=pytest.mark.slow) if s > 1 else s
                                     for s in LANE_STAGES])

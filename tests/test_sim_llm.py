@@ -204,7 +204,7 @@ def test_smollm2_generates_bit_exact_on_the_llm_chip(smollm2):
             s.free()
 
 
-# ---- the fpga-llm chip (docs/synth.md): one lane of 4-stage fp32 units, 8x1 ----------------
+# ---- the fpga-llm chip (docs/synth.md): one lane of 5-stage fp32 units, 8x1 ----------------
 
 FPGA_LLM = ChipConfig.preset("fpga-llm")
 

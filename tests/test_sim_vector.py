@@ -301,6 +301,37 @@ def test_fast_lanes_give_the_same_results_and_cycles(stages):
     np.testing.assert_array_equal(results[0][2], results[1][2])
 
 
+def _two_vectors_cycles(chip, n, rng):
+    """Load `n` rows, run two independent VECTORs of `n` rows each (an add
+    and a multiply) and store their results; its cycles, the results checked
+    against the ISA model."""
+    cols = chip.config.cols
+    out = 0x40000
+    p = Program().load(acc_row=0, ext_addr=0, rows=n, row_bytes=4 * cols, push_next=True)
+    p.sync("compute", pop_prev=True, push_next=True, vector=True)
+    p.vector("add", a_row=0, rows=n, dst_row=n, b_row=0, pop_prev=True)
+    p.vector("mul", a_row=0, rows=n, dst_row=2 * n, b_row=0, push_next=True)
+    p.store(acc_row=n, ext_addr=out, rows=2 * n, row_bytes=4 * cols, pop_prev=True,
+            vector=True).halt()
+    assert not races(chip.config, p)
+    image = {0: programs.fp32_operands(rng, (n, cols))}
+    return _run_checked(chip, p, image, [(out, out + 8 * n * cols)]).counters["cycles"]
+
+
+@pytest.mark.parametrize("stages", sorted({2, ChipConfig.preset("fpga-llm").vpu_stages}))
+def test_pipelined_vector_unit_keeps_a_row_a_cycle(stages):
+    """The registered handshakes of a pipelined vector unit (the queue in
+    front of the interlock, the input stage, the output queue: docs/vpu.md,
+    "Pipeline depth") cost latency, not throughput: 192 more rows in each of
+    two VECTORs add as many cycles at `stages` as with one-stage units."""
+    def extra(config):
+        chip = Chip(config, fast_mac=True)
+        rng = np.random.default_rng(SEED + 5)
+        return _two_vectors_cycles(chip, 256, rng) - _two_vectors_cycles(chip, 64, rng)
+    base = VPU_SHAPES["4x4"]
+    assert extra(base.replace(vpu_stages=stages)) == extra(base)
+
+
 def _vector_program_runs(chips, seed):
     """The vector program on each of `chips` (checked against the ISA model):
     its counters and output bytes, per chip."""

@@ -77,6 +77,19 @@ def test_fast_lane_row_against_the_golden_alu(chip, cols):
 
 
 def test_vector_errors_then_a_good_program(chip):
+    _errors_then_a_good_program(chip)
+
+
+def test_pipelined_vector_errors_then_a_good_program():
+    """As above on the 4x4 chip with the fpga-llm preset's pipelined vector
+    unit, whose VECTORs wait in a queue in front of the interlock."""
+    cfg = VPU_SHAPES["4x4"].replace(vpu_stages=ChipConfig.preset("fpga-llm").vpu_stages)
+    _errors_then_a_good_program(Chip(cfg, fast_mac=True))
+
+
+def _errors_then_a_good_program(chip):
+    """Each of the vector error programs stops at its pc with its code (chip
+    and ISA model); then a good program on the same chip is right."""
     cases = programs.vector_error_programs(chip.config)
     good, image, outputs = programs.vector_program(chip.config, np.random.default_rng(SEED + 1))
     for name, (program, code, pc) in cases.items():

@@ -851,9 +851,10 @@ class VectorUnit(wiring.Component):
     accumulator row it reads (`_WriteRanges`); results leave in order, and an
     instruction completes when its last row is written (after its last block
     has drained, with ``transpose``), so completions are in program order.
-    With pipelined fp32 units (``vpu_stages`` > 1) an input stage and an
-    output queue put the ALU's handshakes through registers
-    (`_registered`, docs/vpu.md "Pipeline depth").
+    With pipelined fp32 units (``vpu_stages`` > 1) a queue of VECTORs in
+    front of the interlock, an input stage and an output queue put the
+    handshakes through registers (`_registered`, docs/vpu.md "Pipeline
+    depth").
 
     Parameters
     ----------

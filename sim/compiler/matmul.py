@@ -251,18 +251,22 @@ def _place(config, items, hold_tables=True):
     limit = min(item[3][0] for item in items)
     acc_limit = min(item[3][1] for item in items)
     ring = max(ring_rows(config, item[1]) for item in items)
-    vmem = ring + sum(item[2].vmem_rows for item in items if not item[4])
-    a_base = ring
+    owner = _shared_activations(items)
+    vmem = ring + sum(item[2].vmem_rows for n, item in enumerate(items)
+                      if not item[4] and owner[n] is None)
+    a_base, bases = ring, {}
 
     def placed_op(i, op, plan, handed, outs, operands, *regions, table_base=None):
         nonlocal a_base
-        base = handed.base if handed else a_base
-        if not handed:
+        n = len(bases)
+        base = handed.base if handed else bases.get(owner[n], a_base)
+        bases[n] = base
+        if not handed and owner[n] is None:
             a_base += plan.vmem_rows
         pairs, unstored = outs or ((), ())
-        return i, _Placed(op, plan, base, *regions, handed=bool(handed), handoffs=pairs,
-                          unstored=unstored, weights=operands[0], residual=operands[1],
-                          table_base=table_base)
+        return i, _Placed(op, plan, base, *regions, handed=bool(handed) or owner[n] is not None,
+                          handoffs=pairs, unstored=unstored, weights=operands[0],
+                          residual=operands[1], table_base=table_base)
 
     if items[0][1].epilogue is None:
         placed, acc = [], 0
@@ -303,6 +307,35 @@ def _place(config, items, hold_tables=True):
         return placed
     # Tables held once are a saving, not a need: without them the ops may fit.
     return _place(config, items, hold_tables=False) if hold_tables else None
+
+
+def _activation_key(op):
+    a = op.a
+    return a.addr, a.rows, a.cols, a.stride, a.dtype
+
+
+def _shared_activations(items):
+    """For each item of a segment, the index of an earlier item whose
+    activation buffer it reads instead of loading its own, or None: both
+    read the same activations, neither is handed them, and both plans hold
+    them in one M block (the buffer is the whole operand, in the same
+    layout). The owner's steps come first (a segment's groups run op by op;
+    not in a bundle of interleaved groups, `_interleave`), so each K tile's
+    LOAD is awaited by the owner's MATMUL before any reader's. A decode
+    step's K, V and Q projections read one normalized x: it is loaded once,
+    not three times (docs/compiler.md, "Shared activations")."""
+    owner, first = [None] * len(items), {}
+    if items[0][1].epilogue is not None and _interleave([item[2] for item in items]) > 1:
+        return owner
+    for n, (_, op, plan, _, handed, *_) in enumerate(items):
+        if handed or plan.blocks != 1:
+            continue
+        key = _activation_key(op)
+        if key in first:
+            owner[n] = first[key]
+        else:
+            first[key] = n
+    return owner
 
 
 def _held_table(op, plan, operands):

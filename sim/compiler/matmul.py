@@ -247,7 +247,9 @@ def _place(config, items, hold_tables=True):
     get regions of their own; a fused segment's ops share a `_Ring` of output,
     residual and working rows, and an op's table gets rows of its own when
     they fit (`hold_tables`, `_held_table`). An op whose activations are
-    handed off (docs/compiler.md) reads them where the hand-off put them."""
+    handed off (docs/compiler.md) reads them where the hand-off put them,
+    one that reads an earlier op's activations reads that op's buffer
+    (`_shared_activations`)."""
     limit = min(item[3][0] for item in items)
     acc_limit = min(item[3][1] for item in items)
     ring = max(ring_rows(config, item[1]) for item in items)

@@ -385,6 +385,43 @@ def test_an_epilogue_hands_its_result_to_the_next_matmul_in_vmem(kind, M, K, F, 
     assert transient == 0 < kept < stored
 
 
+@pytest.mark.parametrize("kind, M, K, F", [("gelu", 37, 12, 24), ("softmax", 8, 40, 16),
+                                           ("gelu", 40, 4, 4)])
+def test_a_groups_last_matmul_hands_its_epilogue_the_token(kind, M, K, F):
+    """The epilogue of a fused group waits for its last MATMUL's own token,
+    not for a SYNC on compute, which would hold the compute queue until the
+    array had drained (docs/compiler.md, "Schedule and tokens"). Only a last
+    MATMUL that also pops a store token (a group of one step) keeps the
+    SYNC. The results are the program's through memory, bit for bit."""
+    config = SHAPES["4x4"].replace(vpu=True)
+    mem = Memory(config)
+    ops = _layer_ops(mem, np.random.default_rng(SEED + 10), M, K, F, 4, kind, False)
+    compiled = mem.run(ops, handoffs=False)
+    pushes, syncs, last = 0, 0, None
+    for word in _issued(config, compiled.program):
+        op, f = decode(word)
+        to_vector = f["deps"]["push_next"] and f["flags"].get("vector")
+        if op is Opcode.MATMUL:
+            last = f
+            pushes += bool(to_vector)
+        elif op is Opcode.SYNC and f["flags"]["engine"] == 1 and to_vector:
+            assert last["deps"]["pop_next"], "a SYNC drains the array after a MATMUL that could push"
+            syncs += 1
+    plan = compiled.segments[0][0][1]
+    groups = sum(len(plan.groups_of_block(last=b == plan.blocks - 1)) for b in range(plan.blocks))
+    assert pushes > 0 and pushes + syncs == groups
+    golden.assert_bits_equal(mem.get(ops[0].c), _through_memory(config, ops, kind), kind)
+
+
+def _through_memory(config, ops, kind):
+    """Op 0's result from a program of op 0 alone, for comparison."""
+    mem = Memory(config)
+    again = _layer_ops(mem, np.random.default_rng(SEED + 10), ops[0].M, ops[0].K, ops[0].N, 4,
+                       kind, False)
+    mem.run(again[:1], handoffs=False)
+    return mem.get(again[0].c)
+
+
 def test_a_layer_norm_hands_its_bf16_copy_and_keeps_the_fp32_result():
     """add_layer_norm with an fp32 result and a transient bf16 copy that the
     next matmul reads: the copy stays in VMEM, the fp32 result is stored."""

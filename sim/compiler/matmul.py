@@ -855,14 +855,22 @@ class _Segment(FusedGroups):
             seed, seed_row = SeedMode.ZERO, 0
         last_t = t == plan.KT - 1
         fused = op.epilogue is not None
-        prog.matmul(act_row=self.a_row(grp, t), m_rows=grp.mrows, out_row=self.out_row(grp, jj),
-                    seed=seed, seed_row=seed_row, new_weights=True,
-                    pop_next=(t == 0 and jj == 0 and grp.index >= self.buffers),
-                    push_prev=self._matmul_pushes(n),
-                    push_next=last_t and not fused)
         last_of_group = jj == grp.size - 1
-        if fused and last_t and last_of_group:
-            prog.sync("compute", push_next=True, vector=True)
+        pops = t == 0 and jj == 0 and grp.index >= self.buffers
+        # The group's last MATMUL hands the epilogue its token itself, as it
+        # completes: a SYNC would hold the compute queue until the array's
+        # pipeline had drained. (Its `vector` flag also makes its pop the
+        # vector engine's, so a MATMUL that pops the store engine keeps the
+        # SYNC.)
+        hands = fused and last_t and last_of_group
+        own = hands and not pops
+        prog.matmul(act_row=self.a_row(grp, t), m_rows=grp.mrows, out_row=self.out_row(grp, jj),
+                    seed=seed, seed_row=seed_row, new_weights=True, pop_next=pops,
+                    push_prev=self._matmul_pushes(n),
+                    push_next=(last_t and not fused) or own, vector=own)
+        if hands:
+            if not own:
+                prog.sync("compute", push_next=True, vector=True)
             barrier = not self.last and grp.index == len(self.groups) - 1
             self.waiting.append(self.epilogue_program(
                 grp, grp.index + self.buffers < len(self.groups) or barrier))

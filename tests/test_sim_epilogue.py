@@ -201,7 +201,7 @@ def test_short_softmax_heads_interleave_their_epilogues(chip, spread):
     race-free."""
     cfg = chip.config
     rng = np.random.default_rng(SEED + 11)
-    rows, d, heads = 3, cfg.rows + 2, 5
+    rows, d, heads = 3, cfg.rows + 2, 9
     lengths = [cfg.cols + 1 + spread * h for h in range(heads)]
     q = golden.as_bf16(rng.standard_normal((heads * rows, d)).astype(np.float32))
     kts = [golden.as_bf16(rng.standard_normal((d, L)).astype(np.float32)) for L in lengths]
@@ -222,12 +222,31 @@ def test_short_softmax_heads_interleave_their_epilogues(chip, spread):
     (placed,) = plan_segments(cfg, ops, plan_handoffs(cfg, ops))
     bundles = _Segment(cfg, [p for _, p in placed], last=True).bundles
     if spread == 0:         # one group a head, in bundles of _SOFTMAX_BUNDLE
-        assert sorted(bundles) == [0, _SOFTMAX_BUNDLE]
-    assert races(cfg, compile_matmuls(cfg, ops).program) == []
+        assert sorted(bundles) == list(range(0, heads, _SOFTMAX_BUNDLE))
+    program = compile_matmuls(cfg, ops).program
+    assert races(cfg, program) == []
+    _stores_wait_behind_matmuls(program)
     for h, (kt, mask) in enumerate(zip(kts, masks)):
         s = golden.matmul(q[h * rows:(h + 1) * rows], kt, rows=cfg.rows)
         want = golden.fp32_to_bf16(golden.f32_bits(vpu.softmax(s, mask, lanes=cfg.cols)))
         golden.assert_bits_equal(_bits(probs[h]), want, f"head {h}")
+
+
+def _stores_wait_behind_matmuls(program):
+    """A STORE that waits for the vector unit's token (the k-th such STORE
+    takes the k-th token a VECTOR pushes) comes MATMULs after that VECTOR
+    (`_defer_stores`), or after the last MATMUL: not right behind it, where
+    its wait would fill the store engine's queue and hold the array's next
+    instructions up."""
+    from mxu.hdl.isa import Opcode, decode
+    kinds = [decode(w) for w in program.words]
+    matmuls = np.cumsum([op is Opcode.MATMUL for op, _ in kinds])
+    pushes = [i for i, (op, f) in enumerate(kinds) if op is Opcode.VECTOR and f["deps"]["push_next"]]
+    stores = [i for i, (op, f) in enumerate(kinds) if op is Opcode.STORE
+              and f["deps"]["pop_prev"] and f["flags"]["vector"]]
+    assert len(stores) == len(pushes) > 0
+    for push, store in zip(pushes, stores):
+        assert matmuls[store] > matmuls[push] or matmuls[store] == matmuls[-1], (push, store)
 
 
 def test_an_epilogue_that_does_not_fit_runs_unfused():

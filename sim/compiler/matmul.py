@@ -36,7 +36,7 @@ import collections
 import math
 from dataclasses import dataclass, replace
 
-from mxu.hdl.isa import INSTR_BITS, Opcode, SeedMode, field_value
+from mxu.hdl.isa import INSTR_BITS, Deps, Engine, Opcode, SeedMode, SyncFlags, field_value
 
 from .operands import MatmulOp
 from .plan import (MAX_GROUP, ceil_div, chunk_tiles, lead, plan_op, ring_rows, ring_shared,
@@ -1169,8 +1169,6 @@ class _Segment(FusedGroups):
             prog.sync("load", pop_next=True)
 
 
-_POP_PREV, _POP_NEXT, _VECTOR_FLAG = 1 << 4, 1 << 5, 1 << 15
-
 # MATMULs a segment of short softmaxes (`_interleave`) puts between a STORE
 # that waits for a token and where its epilogue put it (`_defer_stores`).
 # Two SmolLM2 layers at batch 16 on 16 cached positions: 565,563 cycles
@@ -1179,24 +1177,37 @@ _POP_PREV, _POP_NEXT, _VECTOR_FLAG = 1 << 4, 1 << 5, 1 << 15
 # 2,086,598): there the STOREs were already where the array had room.
 _STORE_DEFER = 8
 
+_POP_PREV, _POP_NEXT = (1 << Deps.as_shape()[name].offset for name in ("pop_prev", "pop_next"))
+_VECTOR_FLAG = 1 << SyncFlags.as_shape()["vector"].offset     # bit 7 of every engine's flags
+_ENGINE = SyncFlags.as_shape()["engine"]
+
+
+def _sync_engine(word):
+    flags = field_value(word, Opcode.SYNC, "flags")
+    return Engine((flags >> _ENGINE.offset) & ((1 << _ENGINE.width) - 1)), flags
+
 
 def _store_engine(word):
+    """Whether the instruction runs on the store engine (STORE, SYNC on store)."""
     op = word & 0xF
-    return op == Opcode.STORE.value or (op == Opcode.SYNC.value and (word >> 8) & 3 == 2)
+    return op == Opcode.STORE.value or (op == Opcode.SYNC.value
+                                        and _sync_engine(word)[0] is Engine.STORE)
 
 
 def _pops_store(word):
     """Whether the instruction takes a token the store engine gives."""
-    op = word & 0xF
-    if not word & _POP_NEXT:
+    op = Opcode(word & 0xF)
+    if op in (Opcode.LOAD, Opcode.STORE, Opcode.LOOP, Opcode.HALT):
         return False
-    if op == Opcode.VECTOR.value:
+    if not field_value(word, op, "deps") & _POP_NEXT:
+        return False
+    if op is Opcode.VECTOR:
         return True
-    if op in (Opcode.MATMUL.value, Opcode.LOADW.value):
-        return not word & _VECTOR_FLAG
-    if op == Opcode.SYNC.value:
-        engine = (word >> 8) & 3
-        return engine == 3 or (engine == 1 and not word & _VECTOR_FLAG)
+    if op in (Opcode.MATMUL, Opcode.LOADW):
+        return not field_value(word, op, "flags") & _VECTOR_FLAG
+    if op is Opcode.SYNC:
+        engine, flags = _sync_engine(word)
+        return engine is Engine.VECTOR or (engine is Engine.COMPUTE and not flags & _VECTOR_FLAG)
     return False
 
 
@@ -1229,7 +1240,7 @@ def _defer_stores(prog, start, lag):
             continue
         if _pops_store(w):
             flush()
-        if _store_engine(w) and (held or w & _POP_PREV):
+        if _store_engine(w) and (held or field_value(w, w & 0xF, "deps") & _POP_PREV):
             held.append((w, text[i], matmuls))
         else:
             out_w.append(w)

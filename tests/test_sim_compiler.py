@@ -490,6 +490,27 @@ def test_an_add_rms_norm_hands_its_norm_or_stores_it_tile_by_tile(consumer):
                                  "from the norm in VMEM")
     else:
         golden.assert_bits_equal(mem.get(x1b).view(np.uint16), norm, "the stored norm")
+        assert _each_sum_store_follows_its_add(config, compiled.program, x1) == M * N // config.cols
+
+
+def _each_sum_store_follows_its_add(config, program, out):
+    """How many rows the STOREs into `out` move, after checking that each
+    one takes its own vector token and comes after the ADD that last wrote
+    its rows (add_rms_norm's sum, tile by tile, when its STOREs bound the
+    tail: docs/compiler.md, "Norm tails")."""
+    from mxu.hdl.isa import Opcode, VpuOp, decode
+    lo, hi = out.span
+    written, rows = {}, 0
+    for word in _issued(config, program):
+        op, f = decode(word)
+        if op == Opcode.VECTOR and not f["flags"]["to_vmem"]:
+            written[f["dst_row"]] = (f["op"], f["rows"], f["deps"]["push_next"])
+        elif op == Opcode.STORE and lo <= f["ext_addr"] < hi:
+            assert f["deps"]["pop_prev"] and f["flags"]["vector"], "a STORE without its own token"
+            assert written.get(f["chip_row"]) == (VpuOp.ADD.value, f["rows"], 1), \
+                "a STORE of the sum before the add of its tile"
+            rows += f["rows"]
+    return rows
 
 
 def test_a_transient_result_another_op_reads_is_still_stored():

@@ -175,7 +175,7 @@ def out_tiles(ep, G):
 
 
 def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=0, m0=0,
-                  on_sum=None, **first):
+                  on_sum=None, sum_by_tile=False, **first):
     """The VECTORs of `ep` on the group `x` (a `Tiles` in the accumulator,
     updated in place; its first tile is the op's tile `j0`): `params`,
     `scratch` and `residual` are the accumulator rows of its parameters
@@ -194,7 +194,7 @@ def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=
     emit = VectorEmitter(prog, config).begin(**first)
     if ep.scale != 1.0 and ep.desc.scaled:
         emit.map(VpuOp.MUL, x, x, scalar=ep.scale)     # x * 1 is x: no pass
-    outs = ep.desc.emit(emit, Group(ep, x, params, at, residual, j0, m0, on_sum))
+    outs = ep.desc.emit(emit, Group(ep, x, params, at, residual, j0, m0, on_sum, sum_by_tile))
     if ep.transposed and vmem is not None:
         E, blocks = config.vmem_row_elems, -(-x.m // config.vmem_row_elems)
         for t, k in out_tiles(ep, x.count):
@@ -292,14 +292,49 @@ def _retarget(prog, i, row):
 
 
 def _last_pass(prog, tiles):
-    """The indices of `prog`'s last VECTORs when they write `tiles` one
-    tile each, in order (a norm's last pass), else None."""
-    vectors = [i for i, word in enumerate(prog.words) if is_vector(word)][-tiles.count:]
-    if len(vectors) < tiles.count or any(
-            field_value(prog.words[i], Opcode.VECTOR, "dst_row") != tiles.tile(t)
-            for t, i in enumerate(vectors)):
+    """The indices of `prog`'s last VECTORs into `tiles` when they write it
+    one tile each, in order, and nothing but its tiles after the first of
+    them (a norm's last pass, whose per-tile VECTORs may alternate with the
+    pass before it), else None."""
+    vectors = [i for i, word in enumerate(prog.words) if is_vector(word)]
+    last, whole = [None] * tiles.count, [False] * tiles.count
+    inside = {}
+    for i in vectors:
+        dst = field_value(prog.words[i], Opcode.VECTOR, "dst_row")
+        rows = field_value(prog.words[i], Opcode.VECTOR, "rows")
+        first, end = (dst - tiles.base) // tiles.m, -(-(dst + rows - tiles.base) // tiles.m)
+        inside[i] = dst >= tiles.base and end <= tiles.count
+        for t in range(max(first, 0), min(end, tiles.count)):
+            last[t], whole[t] = i, dst == tiles.tile(t) and rows == tiles.m
+    if None in last or not all(whole) or last != sorted(last) or not all(
+            inside[i] for i in vectors if i > last[0]):
         return None
-    return vectors
+    return last
+
+
+def _sum_stores(prog, adds, before, stores, depth):
+    """Put STORE i of `stores` (a tile each, each taking its own token)
+    into `prog`: the first `depth` (a queue's worth) `_STORE_LAG` adds
+    after add i (`adds`: the per-tile VECTORs that push their tokens), the
+    rest spread evenly over the instructions from the last add to
+    `before` (the norm's first last-pass VECTOR): every one before the
+    norm's STOREs, whose tokens the vector engine pushes later, and not
+    all at once, which would fill the store queue and hold up the VECTORs
+    behind them in the chip's in-order issue."""
+    items = list(zip(prog.words, prog.text))
+    queue = list(zip(stores.words, stores.text))
+    head, tail = queue[:depth], queue[depth:]
+    place = {}
+    for i, item in enumerate(head):
+        place.setdefault(adds[min(i + _STORE_LAG, len(adds) - 1)], []).append(item)
+    slots = list(range(adds[-1], before))
+    for k, item in enumerate(tail):
+        place.setdefault(slots[k * len(slots) // len(tail)], []).append(item)
+    out = []
+    for i, item in enumerate(items):
+        out.append(item)
+        out += place.get(i, [])
+    prog.words, prog.text = [w for w, _ in out], [t for _, t in out]
 
 
 def _interleave(prog, at, stores, depth):
@@ -445,13 +480,25 @@ class FusedGroups:
         # i's first MATMUL waits for, and the vector engine waits for group i.
         vmem = ring.t_base + (grp.index % self.buffers) * ring.t_slot
         stored = op.c not in p.unstored
-        early, at = (), None
+        early, at, adds = (), None, []
+        norm = op.outputs[1]
+        # The sum's add tile by tile, each tile's STORE after its own, when
+        # the STOREs, not the vector unit, bound the tail: the fp32 sum and
+        # the norm both stored, a tile of rows or more (docs/compiler.md,
+        # "Norm tails").
+        sum_by_tile = (stored and not op.transposed and op.epilogue.desc.outputs[1] == "norm"
+                       and norm is not None and norm not in p.unstored and not p.handoffs
+                       and grp.mrows >= cfg.rows and len(self._pieces(op.c, grp)) == 1)
 
         def store_the_sum(emit):
             # The norm only reads x: its STOREs need not wait for the norm.
-            nonlocal early, at
+            nonlocal early, at, adds
             if stored and not op.transposed:
-                emit.end(push_next=True)
+                adds = (_last_pass(ep_prog, x) or []) if sum_by_tile else []
+                for i in adds:
+                    flag_instruction(ep_prog, i, push_next=True)
+                if not adds:
+                    emit.end(push_next=True)
                 early, at = (op.c,), len(ep_prog)
         # A norm stored from the shared scratch (add_rms_norm): the next
         # group's VECTORs, which may write the scratch, wait for its STOREs.
@@ -459,7 +506,8 @@ class FusedGroups:
         scratch = ring.scratch_base + (grp.index % ring.interleave) * ring.scratch_rows
         emit, outs = emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, scratch,
                                    self.residual_row(grp), j0=grp.j0, m0=grp.m0,
-                                   on_sum=store_the_sum, pop_prev=True, pop_next=owed)
+                                   on_sum=store_the_sum, sum_by_tile=sum_by_tile,
+                                   pop_prev=True, pop_next=owed)
         blocks = self.transposed_blocks(grp) if op.transposed and stored else []
         transposes = []
         for t, k, off, height, slot, *_ in blocks:
@@ -482,7 +530,6 @@ class FusedGroups:
         # block's STORE follows its transpose closely: the stores run beside
         # the transposes instead of after all of them.
         each = len(blocks) > 1 and handed == len(ep_prog)
-        norm = op.outputs[1]
         # A norm whose sum is stored early and that is stored alone after
         # its last pass (add_rms_norm): each tile's STORE follows that
         # tile's last VECTOR, as the transposed blocks' do, instead of all
@@ -498,7 +545,13 @@ class FusedGroups:
         elif emit.emitted:
             if not by_tile:
                 flag_instruction(ep_prog, len(ep_prog) - 1, push_next=True)
-            if early:
+            if early and adds:
+                stores = Program()
+                self.result_stores(stores, grp, (x, None), p.unstored, only=early, each=True)
+                norm_pass = _last_pass(ep_prog, outs[1]) if by_tile else None
+                _sum_stores(ep_prog, adds, norm_pass[0] if norm_pass else len(ep_prog), stores,
+                            cfg.cmd_queue_depth)
+            elif early:
                 stores = Program()
                 self.result_stores(stores, grp, (x, None), p.unstored, only=early)
                 _interleave(ep_prog, at, stores, cfg.cmd_queue_depth)
@@ -580,15 +633,16 @@ class FusedGroups:
             return [(a - grp.m0, n, o, r) for a, n, o, r in out.rows_in(grp.m0, grp.m0 + grp.mrows)]
         return [(0, grp.mrows, out, grp.m0)]
 
-    def result_stores(self, prog, grp, outs, unstored=(), only=None):
+    def result_stores(self, prog, grp, outs, unstored=(), only=None, each=False):
         """The group's outputs to external memory (c from ``outs[0]``'s tiles,
         extra from ``outs[1]``'s), except the `unstored` ones (handed off,
         not needed there), or `only` those given; whether any STORE was
-        emitted."""
+        emitted. The first STORE takes the vector engine's token, or with
+        `each` every tile's first."""
         op, c = self.placed[grp.op].op, self.config.cols
         ep = op.epilogue
         N = op.out_cols
-        first = dict(pop_prev=True, vector=True)
+        first, emitted = dict(pop_prev=True, vector=True), False
         for out, tiles in zip(op.outputs, outs):
             if out is None or out in unstored or (only is not None and out not in only):
                 continue
@@ -600,7 +654,10 @@ class FusedGroups:
                                rows=rows, row_bytes=target.elem * min(c, N - j * c),
                                ext_stride=target.stride, to_bf16=target.dtype == "bf16", **first)
                     first = {}
-        return not first
+                    emitted = True
+                if each:
+                    first = dict(pop_prev=True, vector=True)
+        return emitted
 
     def transposed_blocks(self, grp):
         """The transposed blocks of a group: (result tile, output tile, row

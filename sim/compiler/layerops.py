@@ -67,7 +67,9 @@ class Group:
     at : {region: accumulator row} of its working rows (`scratch`);
     residual : the accumulator row of the group's row operand;
     on_sum : called with the emitter when an op with two outputs has its
-    first one final (its STOREs may go while the rest runs), or None.
+    first one final (its STOREs may go while the rest runs), or None;
+    sum_by_tile : that output's last pass is one VECTOR a tile, so that each
+    tile's STORE can follow its own.
     """
     ep: object
     x: Tiles
@@ -77,6 +79,7 @@ class Group:
     j0: int = 0
     m0: int = 0
     on_sum: object = None
+    sum_by_tile: bool = False
 
     @property
     def count(self):
@@ -401,7 +404,9 @@ class _LayerNorm(_Norm):
 
 def emit_rms_norm(emit, x, gamma, eps, dst, sq, row):
     """RMSNorm of `x` (a `Tiles`) into `dst` (may be x, or sq): ``ss =
-    tree_sum(x*x)``, ``inv = rsqrt(ss * (1/n) + eps)``, ``(x * inv) * gamma``.
+    tree_sum(x*x)``, ``inv = rsqrt(ss * (1/n) + eps)``, ``(x * inv) * gamma``
+    (the last two passes tile by tile, alternating: each tile of the norm
+    is final early, and its STORE can go).
     The spare lanes of a partial tile hold +0 (a matmul's padded columns, the
     DMA's padding), so x*x adds nothing there. `sq`: x.count tiles; `row`: m
     spare rows; `gamma`: a one-row matrix."""
@@ -411,8 +416,11 @@ def emit_rms_norm(emit, x, gamma, eps, dst, sq, row):
     emit.op(VpuOp.MUL, row, x.m, row, scalar=float(np.float32(1 / x.n)))
     emit.op(VpuOp.ADD, row, x.m, row, scalar=float(np.float32(eps)))
     emit.op(VpuOp.RSQRT, row, x.m, row)
-    emit.per_tile(VpuOp.MUL, x, r, dst)
-    return emit.per_tile(VpuOp.MUL, dst, gamma, dst, broadcast=True)
+    return emit.per_tile_pairs(
+        lambda t: emit.op(VpuOp.MUL, x.tile(t), x.m, dst.tile(t), b_row=r.base),
+        lambda t: emit.op(VpuOp.MUL, dst.tile(t), x.m, dst.tile(t), b_row=gamma.tile(t),
+                          broadcast=True),
+        x.count)
 
 
 class _RmsNorm(_Norm):
@@ -423,7 +431,12 @@ class _RmsNorm(_Norm):
         x = g.x
         outs = (x, x)
         if self.row_operand:
-            emit.map(VpuOp.ADD, x, x, b_row=g.residual)
+            if g.sum_by_tile:
+                residual = x.like(g.residual)
+                for t in range(x.count):
+                    emit.op(VpuOp.ADD, x.tile(t), x.m, x.tile(t), b_row=residual.tile(t))
+            else:
+                emit.map(VpuOp.ADD, x, x, b_row=g.residual)
             outs = (x, x.like(g.at["sq"]))
             if g.on_sum is not None:
                 g.on_sum(emit)

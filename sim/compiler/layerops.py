@@ -68,8 +68,9 @@ class Group:
     residual : the accumulator row of the group's row operand;
     on_sum : called with the emitter when an op with two outputs has its
     first one final (its STOREs may go while the rest runs), or None;
-    sum_by_tile : that output's last pass is one VECTOR a tile, so that each
-    tile's STORE can follow its own.
+    sum_by_tile : add_rms_norm adds its row operand with one VECTOR a tile
+    (on_sum then finds them with its tiles' last writers), so that each
+    tile's STORE can follow its own add.
     """
     ep: object
     x: Tiles

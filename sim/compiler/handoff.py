@@ -298,7 +298,7 @@ def _sources(config, ops, k, operand):
     """The `Source`s that cover op k's `operand` ("a", "b" or "other")
     exactly, or None: the outputs of earlier matmuls with no ReLU and no
     matrix bias, bf16 (fp32 for a residual), disjoint, whole tiles, and no
-    vector op in between. Weights and residuals come from one producer (of
+    vector op in between; of activations, the last of them op k - 1. Weights and residuals come from one producer (of
     weights, perhaps a transpose); activations from any number."""
     x = _operand(ops[k], operand)
     if x is None:
@@ -319,6 +319,12 @@ def _sources(config, ops, k, operand):
         return None
     if operand != "a":
         return found if len(found) == 1 and _covers(config, found, x) else None
+    # Activations go only to the op right after their last producer: a
+    # hand-off fixes its consumer's plan, which would cut a later op from
+    # the ops beside it into a segment of its own (a decode step's V and Q
+    # after the previous layer's down projection, in one program).
+    if max(s.producer for s in found) != k - 1:
+        return None
     return found if _covers(config, found, x) else None
 
 
@@ -570,21 +576,14 @@ def plan_handoffs(config, ops):
 _PRELOAD_START = 6
 
 
-def _bus_room(config, ops, first):
-    """Bus beats that the quantized matmuls from op `first` on (those that
-    follow each other) leave free: at each step the array takes a block's
-    rows or its weight port's cycles, the bus a weight tile's beats
-    (at batch 16, 16 cycles against Q4_1's 10 beats; at batch 1, 9
-    against 10: none)."""
-    room = 0
-    for op in ops[first:]:
-        if not (isinstance(op, MatmulOp) and op.quantized):
-            break
-        step = max(min(op.M, config.rows), config.weight_load_cycles + 1)
-        beats = op.b.tile_beats(config.rows, config.axi_data_bytes)
-        steps = _full_steps(config, op)
-        room += (steps or 0) * max(0, step - beats)
-    return room
+def _bus_room(config, op):
+    """Bus beats that quantized matmul `op`'s steps leave free: at each step
+    the array takes a block's rows or its weight port's cycles, the bus a
+    weight tile's beats (at batch 16, 16 cycles against Q4_1's 10 beats;
+    at batch 1, 9 against 10: none)."""
+    step = max(min(op.M, config.rows), config.weight_load_cycles + 1)
+    beats = op.b.tile_beats(config.rows, config.axi_data_bytes)
+    return (_full_steps(config, op) or 0) * max(0, step - beats)
 
 
 def _written_before(ops, k, tile):
@@ -606,25 +605,36 @@ def _preload_tiles(config, ops, k):
 
 
 def _preloaded(config, given, state):
-    """`state` with `Preload`s: when a program starts with quantized matmuls
-    whose steps leave the bus room (a decode step's K, V and Q projections
-    at batch 16), the later plain matmuls' weight tiles that nothing in the
-    program writes (the heads' cached keys and values) load in that room,
-    into regions stacked below the others, as many as the room takes and
-    the ops in between still plan in no more steps."""
+    """`state` with `Preload`s: the quantized matmuls whose steps leave the
+    bus room (at batch 16: a decode step's K, V and Q projections, and the
+    FFN before them when the program holds the previous layer's end) load
+    the weight tiles of the plain matmuls after them that nothing in the
+    program writes (the heads' cached keys and values) in that room, into
+    regions stacked below the others. Each loader in turn, the most room
+    first, takes as many tiles as its room and the ops in between still
+    planning in no more steps allow."""
     ops = state.ops
-    first = next((i for i, op in enumerate(ops) if isinstance(op, MatmulOp)), None)
-    if first is None or not ops[first].quantized:
-        return state
-    T = config.rows
-    budget = _bus_room(config, ops, first) // (
+    loaders = [i for i, op in enumerate(ops) if isinstance(op, MatmulOp) and op.quantized
+               and any(isinstance(o, MatmulOp) and not o.quantized for o in ops[i + 1:])]
+    for first in sorted(loaders, key=lambda i: (-_bus_room(config, ops[i]), i)):
+        state = _preloaded_by(config, given, state, first)
+    return state
+
+
+def _preloaded_by(config, given, state, first):
+    """`state` with the `Preload`s that op `first`'s segment loads: the
+    tiles of the plain matmuls after it that have none yet, in program
+    order, as many as its room takes (`_preloaded`)."""
+    ops, T = state.ops, config.rows
+    budget = _bus_room(config, ops[first]) // (
         T * ceil_div(2 * config.cols, config.axi_data_bytes) + _PRELOAD_START)
     items = list(state.items)
     for k in range(first + 1, len(ops)):
         op = ops[k]
-        if not isinstance(op, MatmulOp) or budget <= 0:
+        if budget <= 0:
             break
-        if op.quantized or state.to(k, "b") is not None or op.b.dtype != "bf16":
+        if (not isinstance(op, MatmulOp) or op.quantized or state.to(k, "b") is not None
+                or op.b.dtype != "bf16"):
             continue
         chosen = _preload_tiles(config, ops, k)[:budget]
         if not chosen:
@@ -636,6 +646,8 @@ def _preloaded(config, given, state):
         items.append(replace(h, base=base))
         budget -= len(chosen)
     added = items[len(state.items):]
+    if not added:
+        return state
     # The most of them (in program order) under which every op in their
     # range still plans in no more steps.
     lo, hi = 0, len(added)

@@ -375,17 +375,8 @@ class ChipLlama:
         masks = self._masks(seqs, counts, upload)
         stats, result = None, None
         try:
-            for i, lw in enumerate(self.layers):
-                before = (lambda: self._embedding_ops(x, xn)) if i == 0 else None
-                x_next, xn_next, result, run = self._layer(i, lw, x, xn, seqs, counts, ropes,
-                                                           masks, before, logits)
-                temps += [x_next, xn_next]
-                if stats is None:
-                    stats = RunStats(rows=run.rows, cols=run.cols)
-                stats += run
-                x, xn = x_next, xn_next
-                if tick is not None:
-                    tick()
+            stats, x, xn, result = self._layers(x, xn, seqs, counts, ropes, masks, logits,
+                                                temps, tick)
             for s, n, t in zip(seqs, counts, tokens):
                 s.length += n
                 s.tokens += list(t)
@@ -422,42 +413,55 @@ class ChipLlama:
                 out.append(upload(np.where(visible, 0, -np.inf)))
         return out
 
-    def _layer(self, i, lw, x, xn, seqs, counts, ropes, masks, before, logits):
-        """Layer i as two programs: the attention (it changes with the caches'
-        lengths) and the rest (the output projection and the FFN, the same
-        program at every step of a batch: it replays from the compile cache);
-        the last layer's logits are a third. Returns (x, its RMSNorm for the
-        next layer (bf16), the logits tensor or None, the `RunStats`). What
-        the two programs hold is the family's (`_attention_ops`,
-        `_block_end_ops`)."""
+    def _layers(self, x, xn, seqs, counts, ropes, masks, logits, temps, tick):
+        """Every layer, in programs that each end with a layer's attention:
+        the first layer's attention (after the embeddings' ops), then each
+        layer's output projection and FFN (`_block_end_ops`) with the next
+        layer's attention (`_attention_ops`), the last layer's alone, then
+        the logits. A program that runs the FFN's weights ahead of the
+        heads gives the bus room of its quantized matmuls to the heads'
+        cached keys and values (docs/compiler.md, "Preloads"). Returns
+        (the `RunStats`, x, its RMSNorm (bf16), the logits tensor)."""
         chip, c = self.chip, self.config
         M, bf = sum(counts), bfloat16
         temp = lambda shape, dtype=np.float32: chip.empty(shape, dtype, transient=True)
-        q, ctx = temp((M, c.q_dim), bf), chip.empty((M, c.q_dim), bf)
-        x_next, xn_next = chip.empty((M, c.hidden)), chip.empty((M, c.hidden), bf)
-        temps = [q, ctx]
+        starts = [int(r) for r in np.cumsum([0] + counts[:-1])]
         stats = RunStats(rows=chip.config.rows, cols=chip.config.cols)
+        ctx, layer_temps = None, []
+
+        def attention(i, xn):
+            q, ctx = temp((M, c.q_dim), bf), chip.empty((M, c.q_dim), bf)
+            layer_temps.extend([q, ctx])
+            self._attention_ops(i, self.layers[i], xn, q, ctx, seqs, counts, starts, ropes,
+                                masks, temp, layer_temps)
+            return ctx
         try:
             with chip.record() as rec:
-                if before is not None:
-                    before()
-                starts = [int(r) for r in np.cumsum([0] + counts[:-1])]
-                self._attention_ops(i, lw, xn, q, ctx, seqs, counts, starts, ropes, masks, temp,
-                                    temps)
+                self._embedding_ops(x, xn)
+                ctx = attention(0, xn)
             stats += rec.stats
-            x2, xn2, h = temp((M, c.hidden)), temp((M, c.hidden), bf), temp((M, c.ffn), bf)
-            temps += [x2, xn2, h]
-            with chip.record() as rec:
-                self._block_end_ops(i, lw, x, ctx, x2, xn2, h, x_next, xn_next)
-            stats += rec.stats
+            for i, lw in enumerate(self.layers):
+                done, layer_temps = layer_temps, []
+                x2, xn2, h = temp((M, c.hidden)), temp((M, c.hidden), bf), temp((M, c.ffn), bf)
+                x_next, xn_next = chip.empty((M, c.hidden)), chip.empty((M, c.hidden), bf)
+                temps += [x_next, xn_next]
+                with chip.record() as rec:
+                    self._block_end_ops(i, lw, x, ctx, x2, xn2, h, x_next, xn_next)
+                    if i + 1 < c.layers:
+                        ctx = attention(i + 1, xn_next)
+                stats += rec.stats
+                for t in done + [x2, xn2, h]:
+                    t.free()
+                x, xn = x_next, xn_next
+                if tick is not None:
+                    tick()
         finally:
-            for t in temps:
-                t.free()
-        result = None
-        if i == c.layers - 1:
-            result = self._logits(xn_next, counts, logits, x_next)
-            stats += chip.last_stats
-        return x_next, xn_next, result, stats
+            for t in layer_temps:
+                if not t.freed:
+                    t.free()
+        result = self._logits(xn, counts, logits, x)
+        stats += chip.last_stats
+        return stats, x, xn, result
 
     def _attention_ops(self, i, lw, xn, q, ctx, seqs, counts, starts, ropes, masks, temp, temps):
         """Layer i's attention program: RoPE'd Q and K (K and V into each

@@ -252,7 +252,7 @@ class _LayerWeights(LayerMatrices):
 class ChipLlama:
     """A Llama decoder resident on a chip with the vector unit: its bf16
     weights uploaded once, and `step`, which runs new tokens of several
-    sequences through every layer (two programs per layer) and returns the
+    sequences through every layer (a program per layer, `_layers`) and returns the
     logits the host asked for. Bit-exact to the golden Llama form (docs/llm.md)
     with ``rows, lanes = chip.config.rows, cols`` and `rope_mode`. A family
     (`gemma3.ChipGemma3`) changes its `_prepare`, `_upload_layer` and the
@@ -414,20 +414,21 @@ class ChipLlama:
         return out
 
     def _layers(self, x, xn, seqs, counts, ropes, masks, logits, temps, tick):
-        """Every layer, in programs that each end with a layer's attention:
-        the first layer's attention (after the embeddings' ops), then each
-        layer's output projection and FFN (`_block_end_ops`) with the next
-        layer's attention (`_attention_ops`), the last layer's alone, then
-        the logits. A program that runs the FFN's weights ahead of the
-        heads gives the bus room of its quantized matmuls to the heads'
-        cached keys and values (docs/compiler.md, "Preloads"). Returns
-        (the `RunStats`, x, its RMSNorm (bf16), the logits tensor)."""
+        """Every layer, one program per layer: the first layer's attention
+        (after the embeddings' ops), then each layer's output projection and
+        FFN (`_block_end_ops`) with the next layer's attention
+        (`_attention_ops`), and the last layer's with the logits (a program
+        of their own when they gather rows). The heads then load their
+        cached keys and values in the bus room of the FFN's quantized
+        weights, and a program starts once a layer instead of twice
+        (docs/llm.md, "Programs"). Returns (the `RunStats`, x, its RMSNorm
+        (bf16), the logits tensor)."""
         chip, c = self.chip, self.config
         M, bf = sum(counts), bfloat16
         temp = lambda shape, dtype=np.float32: chip.empty(shape, dtype, transient=True)
         starts = [int(r) for r in np.cumsum([0] + counts[:-1])]
         stats = RunStats(rows=chip.config.rows, cols=chip.config.cols)
-        ctx, layer_temps = None, []
+        ctx, layer_temps, result = None, [], None
 
         def attention(i, xn):
             q, ctx = temp((M, c.q_dim), bf), chip.empty((M, c.q_dim), bf)
@@ -449,18 +450,25 @@ class ChipLlama:
                     self._block_end_ops(i, lw, x, ctx, x2, xn2, h, x_next, xn_next)
                     if i + 1 < c.layers:
                         ctx = attention(i + 1, xn_next)
+                    elif not self._gathers(counts, logits):
+                        result = self._logits(xn_next, counts, logits, x_next)
                 stats += rec.stats
                 for t in done + [x2, xn2, h]:
                     t.free()
                 x, xn = x_next, xn_next
                 if tick is not None:
                     tick()
+        except BaseException:
+            if result is not None and not result.freed:
+                result.free()
+            raise
         finally:
             for t in layer_temps:
                 if not t.freed:
                     t.free()
-        result = self._logits(xn, counts, logits, x)
-        stats += chip.last_stats
+        if result is None:
+            result = self._logits(xn, counts, logits, x)
+            stats += chip.last_stats
         return stats, x, xn, result
 
     def _attention_ops(self, i, lw, xn, q, ctx, seqs, counts, starts, ropes, masks, temp, temps):
@@ -528,13 +536,16 @@ class ChipLlama:
         adjacent (a packed prefill) are gathered by the final RMSNorm: run
         again on each one's fp32 row of `x`, it writes them one under the
         other (the same bits as the fused norm that wrote `xn`)."""
-        if which == "all" or all(n == 1 for n in counts):
-            rows = xn
-        elif len(counts) == 1:
-            rows = xn[counts[0] - 1:counts[0]]
-        else:
+        if self._gathers(counts, which):
             return self._gathered_logits(x, counts)
+        rows = xn if which == "all" or len(counts) > 1 else xn[counts[0] - 1:counts[0]]
         return self.chip.matmul(rows, self.unembed, keep=True)
+
+    @staticmethod
+    def _gathers(counts, which):
+        """Whether the rows `_logits` takes are gathered by a norm of their
+        own (several sequences' last rows that are not adjacent)."""
+        return which != "all" and len(counts) > 1 and any(n != 1 for n in counts)
 
     def _gathered_logits(self, x, counts):
         chip, c = self.chip, self.config

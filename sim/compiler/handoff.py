@@ -298,7 +298,7 @@ def _sources(config, ops, k, operand):
     """The `Source`s that cover op k's `operand` ("a", "b" or "other")
     exactly, or None: the outputs of earlier matmuls with no ReLU and no
     matrix bias, bf16 (fp32 for a residual), disjoint, whole tiles, and no
-    vector op in between; of activations, the last of them op k - 1. Weights and residuals come from one producer (of
+    vector op in between. Weights and residuals come from one producer (of
     weights, perhaps a transpose); activations from any number."""
     x = _operand(ops[k], operand)
     if x is None:
@@ -319,11 +319,12 @@ def _sources(config, ops, k, operand):
         return None
     if operand != "a":
         return found if len(found) == 1 and _covers(config, found, x) else None
-    # Activations go only to the op right after their last producer: a
-    # hand-off fixes its consumer's plan, which would cut a later op from
+    # Not to an op after another that reads the same activations without a
+    # hand-off: a hand-off fixes its consumer's plan, which would cut it from
     # the ops beside it into a segment of its own (a decode step's V and Q
-    # after the previous layer's down projection, in one program).
-    if max(s.producer for s in found) != k - 1:
+    # after K, which reads the previous layer's norm from memory).
+    if any(isinstance(o, MatmulOp) and o.a == x
+           for o in ops[max(s.producer for s in found) + 1:k]):
         return None
     return found if _covers(config, found, x) else None
 
@@ -628,6 +629,14 @@ def _preloaded_by(config, given, state, first):
     ops, T = state.ops, config.rows
     budget = _bus_room(config, ops[first]) // (
         T * ceil_div(2 * config.cols, config.axi_data_bytes) + _PRELOAD_START)
+    # The loader's segment may begin with the quantized matmuls before it
+    # that it does not read (`plan_segments`), and its LOADs go out from
+    # the segment's first steps: the regions clear every region those use.
+    start = first
+    while start and isinstance(ops[start - 1], MatmulOp) and ops[start - 1].quantized and not any(
+            r.overlaps(w) for w in ops[start - 1].writes for o in ops[start:first + 1]
+            for r in o.reads):
+        start -= 1
     items = list(state.items)
     for k in range(first + 1, len(ops)):
         op = ops[k]
@@ -640,7 +649,7 @@ def _preloaded_by(config, given, state, first):
         if not chosen:
             continue
         h = Preload(k, first, 0, tuple(chosen), config.cols)
-        base = _fit(items, h, config.vmem_rows)
+        base = _fit(items, replace(h, first=start), config.vmem_rows)
         if base is None:
             break
         items.append(replace(h, base=base))

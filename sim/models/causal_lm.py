@@ -417,8 +417,8 @@ class ChipLlama:
         """Every layer, one program per layer: the first layer's attention
         (after the embeddings' ops), then each layer's output projection and
         FFN (`_block_end_ops`) with the next layer's attention
-        (`_attention_ops`), and the last layer's with the logits (a program
-        of their own when they gather rows). The heads then load their
+        (`_attention_ops`), and the last layer's, with the logits when they
+        join it (`_logits_join`; else a program of their own). The heads then load their
         cached keys and values in the bus room of the FFN's quantized
         weights, and a program starts once a layer instead of twice
         (docs/llm.md, "Programs"). Returns (the `RunStats`, x, its RMSNorm
@@ -450,7 +450,7 @@ class ChipLlama:
                     self._block_end_ops(i, lw, x, ctx, x2, xn2, h, x_next, xn_next)
                     if i + 1 < c.layers:
                         ctx = attention(i + 1, xn_next)
-                    elif not self._gathers(counts, logits):
+                    elif self._logits_join(counts, logits):
                         result = self._logits(xn_next, counts, logits, x_next)
                 stats += rec.stats
                 for t in done + [x2, xn2, h]:
@@ -540,6 +540,21 @@ class ChipLlama:
             return self._gathered_logits(x, counts)
         rows = xn if which == "all" or len(counts) > 1 else xn[counts[0] - 1:counts[0]]
         return self.chip.matmul(rows, self.unembed, keep=True)
+
+    def programs(self, counts, which="last"):
+        """The programs `step` runs for new tokens `counts` (one per
+        sequence): one a layer, the first layer's attention's, and the
+        logits' unless they join the last layer's (`_logits_join`)."""
+        return self.config.layers + 1 + (not self._logits_join(counts, which))
+
+    def _logits_join(self, counts, which):
+        """Whether the logits join the last layer's program: when their
+        weights are the file's blocks, so that the down projection's tail
+        loads their first weights (docs/compiler.md, "The next segment's
+        first weights": between quantized segments only), and they need no
+        gathering norm. With bf16 weights nothing is gained (two SmolLM2
+        layers, a 64-token prefill: 2,881 cycles more)."""
+        return hasattr(self.unembed, "format") and not self._gathers(counts, which)
 
     @staticmethod
     def _gathers(counts, which):

@@ -444,6 +444,7 @@ class ChipLlama:
             for i, lw in enumerate(self.layers):
                 done, layer_temps = layer_temps, []
                 x2, xn2, h = temp((M, c.hidden)), temp((M, c.hidden), bf), temp((M, c.ffn), bf)
+                layer_temps += done + [x2, xn2, h]      # freed below even if the program fails
                 x_next, xn_next = chip.empty((M, c.hidden)), chip.empty((M, c.hidden), bf)
                 temps += [x_next, xn_next]
                 with chip.record() as rec:
@@ -455,6 +456,7 @@ class ChipLlama:
                 stats += rec.stats
                 for t in done + [x2, xn2, h]:
                     t.free()
+                layer_temps = [t for t in layer_temps if not t.freed]
                 x, xn = x_next, xn_next
                 if tick is not None:
                     tick()

@@ -211,11 +211,7 @@ def layer_programs(bus, prefill, batches, context, model="SmolLM2-135M-Instruct"
         finally:
             for s in seqs:
                 s.free()
-        # The logits join the last layer's program with the file's blocks
-        # (`ChipLlama.programs`).
-        names = (["attention", "output projection + FFN", "logits"] if len(log) == 3 else
-                 ["attention", "output projection + FFN + logits"])
-        for name, st in zip(names, log):
+        for name, st in zip(["attention", "output projection + FFN", "logits"], log):
             rows.append([label, name, f"{st.program_bytes:,}", f"{st.cycles:,}",
                          f"{st.macs / (config.rows * config.cols):,.0f}"])
     return rows

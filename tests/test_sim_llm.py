@@ -69,7 +69,7 @@ def test_tiny_llama_prefill_and_batched_decode_are_bit_exact(tiny):
             for k, g, w in zip(live, got, want):
                 _same(g, w, f"decode step {step} of sequence {k}")
                 nxt[k] = int(np.argmax(g))
-            assert stats.programs == model.programs([1] * len(live)) == TINY.layers + 2
+            assert stats.programs == model.programs() == TINY.layers + 2
     finally:
         for s in seqs:
             s.free()
@@ -177,7 +177,7 @@ def test_smollm2_prefill_is_bit_exact_on_the_llm_chip(smollm2):
     _same(got, want, "SmolLM2 prefill")
     assert int(np.argmax(got[-1])) == int(np.argmax(reference_logits(lm.weights, ids)[-1]))
     s = lm.last_stats.prefill
-    assert s.programs == lm.model.programs([len(ids)], "all") == lm.config.layers + 1
+    assert s.programs == lm.model.programs() == lm.config.layers + 2
     assert 0 < s.mfu < 1 and 0 < s.roofline_share <= 1
 
 

@@ -417,18 +417,17 @@ class ChipLlama:
         """Every layer, one program per layer: the first layer's attention
         (after the embeddings' ops), then each layer's output projection and
         FFN (`_block_end_ops`) with the next layer's attention
-        (`_attention_ops`), and the last layer's, with the logits when they
-        join it (`_logits_join`; else a program of their own). The heads then load their
-        cached keys and values in the bus room of the FFN's quantized
-        weights, and a program starts once a layer instead of twice
-        (docs/llm.md, "Programs"). Returns (the `RunStats`, x, its RMSNorm
-        (bf16), the logits tensor)."""
+        (`_attention_ops`), and the last layer's alone; then the logits'.
+        The heads then load their cached keys and values in the bus room of
+        the FFN's quantized weights, and a program starts once a layer
+        instead of twice (docs/llm.md, "Programs"). Returns (the
+        `RunStats`, x, its RMSNorm (bf16), the logits tensor)."""
         chip, c = self.chip, self.config
         M, bf = sum(counts), bfloat16
         temp = lambda shape, dtype=np.float32: chip.empty(shape, dtype, transient=True)
         starts = [int(r) for r in np.cumsum([0] + counts[:-1])]
         stats = RunStats(rows=chip.config.rows, cols=chip.config.cols)
-        ctx, layer_temps, result = None, [], None
+        ctx, layer_temps = None, []
 
         def attention(i, xn):
             q, ctx = temp((M, c.q_dim), bf), chip.empty((M, c.q_dim), bf)
@@ -451,8 +450,6 @@ class ChipLlama:
                     self._block_end_ops(i, lw, x, ctx, x2, xn2, h, x_next, xn_next)
                     if i + 1 < c.layers:
                         ctx = attention(i + 1, xn_next)
-                    elif self._logits_join(counts, logits):
-                        result = self._logits(xn_next, counts, logits, x_next)
                 stats += rec.stats
                 for t in done + [x2, xn2, h]:
                     t.free()
@@ -460,17 +457,12 @@ class ChipLlama:
                 x, xn = x_next, xn_next
                 if tick is not None:
                     tick()
-        except BaseException:
-            if result is not None and not result.freed:
-                result.free()
-            raise
         finally:
             for t in layer_temps:
                 if not t.freed:
                     t.free()
-        if result is None:
-            result = self._logits(xn, counts, logits, x)
-            stats += chip.last_stats
+        result = self._logits(xn, counts, logits, x)
+        stats += chip.last_stats
         return stats, x, xn, result
 
     def _attention_ops(self, i, lw, xn, q, ctx, seqs, counts, starts, ropes, masks, temp, temps):
@@ -538,31 +530,13 @@ class ChipLlama:
         adjacent (a packed prefill) are gathered by the final RMSNorm: run
         again on each one's fp32 row of `x`, it writes them one under the
         other (the same bits as the fused norm that wrote `xn`)."""
-        if self._gathers(counts, which):
+        if which == "all" or all(n == 1 for n in counts):
+            rows = xn
+        elif len(counts) == 1:
+            rows = xn[counts[0] - 1:counts[0]]
+        else:
             return self._gathered_logits(x, counts)
-        rows = xn if which == "all" or len(counts) > 1 else xn[counts[0] - 1:counts[0]]
         return self.chip.matmul(rows, self.unembed, keep=True)
-
-    def programs(self, counts, which="last"):
-        """The programs `step` runs for new tokens `counts` (one per
-        sequence): one a layer, the first layer's attention's, and the
-        logits' unless they join the last layer's (`_logits_join`)."""
-        return self.config.layers + 1 + (not self._logits_join(counts, which))
-
-    def _logits_join(self, counts, which):
-        """Whether the logits join the last layer's program: when their
-        weights are the file's blocks, so that the down projection's tail
-        loads their first weights (docs/compiler.md, "The next segment's
-        first weights": between quantized segments only), and they need no
-        gathering norm. With bf16 weights nothing is gained (two SmolLM2
-        layers, a 64-token prefill: 2,881 cycles more)."""
-        return hasattr(self.unembed, "format") and not self._gathers(counts, which)
-
-    @staticmethod
-    def _gathers(counts, which):
-        """Whether the rows `_logits` takes are gathered by a norm of their
-        own (several sequences' last rows that are not adjacent)."""
-        return which != "all" and len(counts) > 1 and any(n != 1 for n in counts)
 
     def _gathered_logits(self, x, counts):
         chip, c = self.chip, self.config

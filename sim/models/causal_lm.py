@@ -523,6 +523,11 @@ class ChipLlama:
                               probs, mask=mask))
         return heads
 
+    def programs(self):
+        """The programs `step` runs: one a layer, the first layer's
+        attention's and the logits' (`_layers`)."""
+        return self.config.layers + 2
+
     def _logits(self, xn, counts, which, x):
         """The logits matmul of the rows the host samples from: every
         sequence's last new row (a decode step: all of them; a prefill: its

@@ -299,3 +299,40 @@ def test_a_short_quantized_segment_preloads_the_next_ones_weights():
     Wb = dequantize(raw, fmt, (n, k)).T.view(golden.bf16)
     golden.assert_bits_equal(y.numpy(), golden.matmul(x, Wb, rows=cfg.rows), what="quantized")
     golden.assert_bits_equal(y2.numpy(), golden.matmul(x2, w2, rows=cfg.rows), what="preloaded")
+
+
+def test_a_wide_add_rms_norm_on_quantized_weights_runs_in_chunks():
+    """A batch-16 decode step's output projection: add_rms_norm over every N
+    tile of 16-row steps that outlast their Q4_1 tiles' beats. Its N tiles
+    go in chunks (24, 8 and 4 of SmolLM2's 36; here 8, 8 and 4 of 20), each
+    chunk's tiles added, squared and summed into the tree while the array
+    goes on (docs/compiler.md, "Norm chunks"): a compute token for each
+    chunk's part, a race-free program, and the sum and the norm bit for bit
+    the golden VPU form's."""
+    from mxu.hdl import ChipConfig
+    from mxu.hdl.dtypes import bfloat16
+    from mxu.sim.compiler.matmul import compile_matmuls
+    from mxu.verif import vpu
+    from mxu.verif.hazards import races
+    chip = Chip(ChipConfig.preset("llm"), fast_mac=True)
+    cfg, fmt, M = chip.config, QuantFormat.Q4_1, 16
+    n, k = 20 * cfg.cols, 4 * cfg.rows
+    raw = random_blocks(fmt, n * k // QUANT_INFO[fmt].block, 31)
+    raw[:, D_AT.get(fmt, 0):D_AT.get(fmt, 0) + 2] = np.array([0.02], np.float16).view(np.uint8)
+    W = chip.upload_quantized(raw, fmt.name, (n, k), name="o_proj")
+    rng = np.random.default_rng(37)
+    a = golden.as_bf16(rng.standard_normal((M, k)).astype(np.float32))
+    res = rng.standard_normal((M, n)).astype(np.float32)
+    gamma = (1 + 0.1 * rng.standard_normal((1, n))).astype(np.float32)
+    out, norm = chip.empty((M, n)), chip.empty((M, n), bfloat16)
+    with chip.record() as rec:
+        chip.matmul(chip.upload(a, dtype=bfloat16), W, out=out, out_bf16=norm, then="add_rms_norm",
+                    other=chip.upload(res), params=chip.upload(gamma), eps=1e-5)
+    program = compile_matmuls(cfg, rec.calls[0].ops).program
+    parts = [t for t in program.text if t.startswith("VECTOR") and "pop_prev" in t]
+    assert len(parts) == 3, parts
+    assert races(cfg, program) == []
+    x = golden.matmul(a, dequantize(raw, fmt, (n, k)).T.view(golden.bf16), rows=cfg.rows) + res
+    golden.assert_bits_equal(out.numpy(), x, "the sum")
+    want = golden.fp32_to_bf16(golden.f32_bits(vpu.rms_norm(x, gamma[0], 1e-5, lanes=cfg.cols)))
+    golden.assert_bits_equal(norm.numpy().view(np.uint16), want, "the norm")

@@ -21,7 +21,7 @@ from mxu.hdl.isa import Opcode, VectorFlags, VectorInstr, VpuOp, field_value
 from .layerops import EPILOGUE_KINDS, LAYER_OPS, Group, layer_op
 from .operands import Operand, Scatter
 from .program import Program
-from .vector import Tiles, VectorEmitter, flag_instruction, tile_moves
+from .vector import Tiles, VectorEmitter, flag_instruction, tile_moves, tree_ready
 
 __all__ = ["EPILOGUE_KINDS", "Epilogue", "epilogue_operands", "epilogue_scratch",
            "epilogue_param_rows", "epilogue_param_loads", "transpose_vmem_rows", "emit_epilogue",
@@ -175,7 +175,7 @@ def out_tiles(ep, G):
 
 
 def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=0, m0=0,
-                  on_sum=None, sum_by_tile=False, **first):
+                  on_sum=None, sum_by_tile=False, summed=False, **first):
     """The VECTORs of `ep` on the group `x` (a `Tiles` in the accumulator,
     updated in place; its first tile is the op's tile `j0`): `params`,
     `scratch` and `residual` are the accumulator rows of its parameters
@@ -194,7 +194,8 @@ def emit_epilogue(config, ep, prog, x, params, scratch, residual, vmem=None, j0=
     emit = VectorEmitter(prog, config).begin(**first)
     if ep.scale != 1.0 and ep.desc.scaled:
         emit.map(VpuOp.MUL, x, x, scalar=ep.scale)     # x * 1 is x: no pass
-    outs = ep.desc.emit(emit, Group(ep, x, params, at, residual, j0, m0, on_sum, sum_by_tile))
+    outs = ep.desc.emit(emit, Group(ep, x, params, at, residual, j0, m0, on_sum, sum_by_tile,
+                                    summed))
     if ep.transposed and vmem is not None:
         E, blocks = config.vmem_row_elems, -(-x.m // config.vmem_row_elems)
         for t, k in out_tiles(ep, x.count):
@@ -421,6 +422,20 @@ class FusedGroups:
         span = grp.end - first
         if span < 1:
             raise AssertionError("a residual load lands after its group (plan_op prevents this)")
+        if grp.chunk:
+            # A chunked group's part adds its tiles' rows as the chunk's last
+            # MATMUL completes (`norm_part`): each tile's pieces load evenly
+            # over its own chunk's steps.
+            out = []
+            for k in range(count * per_tile):
+                c, pos = grp.place(k // per_tile)
+                lo, hi = grp.span(c)
+                lo = max(lo, first)
+                if hi <= lo:
+                    raise AssertionError("a chunk's residual loads land after it")
+                out.append(lo + (pos * per_tile + k % per_tile) * (hi - lo)
+                           // (len(grp.chunks[c]) * per_tile))
+            return out
         period = self.loop_period(grp)
         total = count * per_tile
         for q in range(1, count + 1):
@@ -467,14 +482,57 @@ class FusedGroups:
         n = p.op.out_cols if whole else grp.size * self.config.cols
         return Tiles(self.out_row(grp, 0), p.plan.Mb, n, self.config.cols)
 
+    def norm_part(self, grp, c, prog=None):
+        """Chunk c's share of a chunked group's add_rms_norm (`_Group.chunk`,
+        docs/compiler.md, "Norm chunks"), as its last MATMUL completes: each
+        of its tiles' residual add (and the fp32 sum's STORE, when stored)
+        and square, then the pairs of the squares' tree that its tiles
+        complete (`tree_ready`). The same operations on every element as the
+        whole group's epilogue, in an order that respects each row's
+        dependences. The first VECTOR pops the compute token (and the last
+        epilogue's scratch token). Appended to `prog` (a new one if None)."""
+        cfg, p = self.config, self.placed[grp.op]
+        op, c_cols = p.op, cfg.cols
+        prog = Program() if prog is None else prog
+        x = self.epilogue_tiles(grp)
+        layout, _ = epilogue_scratch(op.epilogue.kind, x.count, x.count, x.m)
+        scratch = self.ring.scratch_base + (grp.index % self.ring.interleave) * self.ring.scratch_rows
+        sq = x.like(scratch + layout["sq"][0])
+        residual = x.like(self.residual_row(grp))
+        owed, self.scratch_token = self.scratch_token, False
+        emit = VectorEmitter(prog, cfg).begin(pop_prev=True, pop_next=owed)
+        stored = op.c not in p.unstored
+        for jj in grp.chunks[c]:
+            emit.op(VpuOp.ADD, x.tile(jj), x.m, x.tile(jj), b_row=residual.tile(jj))
+            if stored:
+                emit.end(push_next=True)
+            emit.op(VpuOp.MUL, x.tile(jj), x.m, sq.tile(jj), b_row=x.tile(jj))
+            if stored:
+                j, first = grp.j0 + jj, dict(pop_prev=True, vector=True)
+                for off, rows, target, r in self._pieces(op.c, grp):
+                    prog.store(acc_row=x.tile(jj) + off,
+                               ext_addr=target.addr + r * target.stride + target.elem * j * c_cols,
+                               rows=rows, row_bytes=target.elem * min(c_cols, op.out_cols - j * c_cols),
+                               ext_stride=target.stride, to_bf16=target.dtype == "bf16", **first)
+                    first = {}
+        before = {jj for k in range(c) for jj in grp.chunks[k]}
+        done = set(tree_ready(x.count, before))
+        emit.tree_pairs(sq, [pair for pair in tree_ready(x.count, before | set(grp.chunks[c]))
+                             if pair not in done])
+        return prog
+
     def epilogue_program(self, grp, push_store):
         """Group `grp`'s epilogue: its VECTORs (the first pops the compute
         token, the last pushes the store's), then its STOREs, then the store
-        token that frees the buffer (`push_store`)."""
+        token that frees the buffer (`push_store`). A chunked group's starts
+        with its last chunk's part (`norm_part`)."""
         cfg, p = self.config, self.placed[grp.op]
         op, ring = p.op, self.ring
         x = self.epilogue_tiles(grp)
         ep_prog = Program()
+        summed = bool(grp.chunk)
+        if summed:
+            self.norm_part(grp, len(grp.chunks) - 1, ep_prog)
         # A transpose's VMEM slot, like the output buffer, was last read by the
         # stores of group i - buffers: they precede the store SYNC that group
         # i's first MATMUL waits for, and the vector engine waits for group i.
@@ -486,14 +544,17 @@ class FusedGroups:
         # the STOREs, not the vector unit, bound the tail: the fp32 sum and
         # the norm both stored, a tile of rows or more (docs/compiler.md,
         # "Norm tails").
-        sum_by_tile = (stored and not op.transposed and op.epilogue.desc.outputs[1] == "norm"
+        sum_by_tile = (not summed and stored and not op.transposed
+                       and op.epilogue.desc.outputs[1] == "norm"
                        and norm is not None and norm not in p.unstored and not p.handoffs
                        and grp.mrows >= cfg.rows and len(self._pieces(op.c, grp)) == 1)
 
         def store_the_sum(emit):
             # The norm only reads x: its STOREs need not wait for the norm.
             nonlocal early, at, adds
-            if stored and not op.transposed:
+            if summed:
+                early = (op.c,)     # stored by the parts
+            elif stored and not op.transposed:
                 adds = (_last_pass(ep_prog, x) or []) if sum_by_tile else []
                 for i in adds:
                     flag_instruction(ep_prog, i, push_next=True)
@@ -504,10 +565,11 @@ class FusedGroups:
         # group's VECTORs, which may write the scratch, wait for its STOREs.
         owed, self.scratch_token = self.scratch_token, False
         scratch = ring.scratch_base + (grp.index % ring.interleave) * ring.scratch_rows
+        first = {} if summed else dict(pop_prev=True, pop_next=owed)
         emit, outs = emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, scratch,
                                    self.residual_row(grp), j0=grp.j0, m0=grp.m0,
-                                   on_sum=store_the_sum, sum_by_tile=sum_by_tile,
-                                   pop_prev=True, pop_next=owed)
+                                   on_sum=store_the_sum, sum_by_tile=sum_by_tile, summed=summed,
+                                   **first)
         blocks = self.transposed_blocks(grp) if op.transposed and stored else []
         transposes = []
         for t, k, off, height, slot, *_ in blocks:
@@ -551,7 +613,7 @@ class FusedGroups:
                 norm_pass = _last_pass(ep_prog, outs[1]) if by_tile else None
                 _sum_stores(ep_prog, adds, norm_pass[0] if norm_pass else len(ep_prog), stores,
                             cfg.cmd_queue_depth)
-            elif early:
+            elif early and not summed:
                 stores = Program()
                 self.result_stores(stores, grp, (x, None), p.unstored, only=early)
                 _interleave(ep_prog, at, stores, cfg.cmd_queue_depth)

@@ -71,6 +71,9 @@ class Group:
     sum_by_tile : add_rms_norm adds its row operand with one VECTOR a tile
     (on_sum then finds them with its tiles' last writers), so that each
     tile's STORE can follow its own add.
+    summed : add_rms_norm's adds, squares and tree pairs are done (a chunked
+    group's parts, `FusedGroups.norm_part`): only the row sums and the norm
+    are left.
     """
     ep: object
     x: Tiles
@@ -81,6 +84,7 @@ class Group:
     m0: int = 0
     on_sum: object = None
     sum_by_tile: bool = False
+    summed: bool = False
 
     @property
     def count(self):
@@ -403,17 +407,20 @@ class _LayerNorm(_Norm):
 
 # ---- RMSNorm -----------------------------------------------------------------------
 
-def emit_rms_norm(emit, x, gamma, eps, dst, sq, row):
+def emit_rms_norm(emit, x, gamma, eps, dst, sq, row, summed=False):
     """RMSNorm of `x` (a `Tiles`) into `dst` (may be x, or sq): ``ss =
     tree_sum(x*x)``, ``inv = rsqrt(ss * (1/n) + eps)``, ``(x * inv) * gamma``
     (the last two passes tile by tile, alternating: each tile of the norm
     is final early, and its STORE can go).
     The spare lanes of a partial tile hold +0 (a matmul's padded columns, the
     DMA's padding), so x*x adds nothing there. `sq`: x.count tiles; `row`: m
-    spare rows; `gamma`: a one-row matrix."""
+    spare rows; `gamma`: a one-row matrix. `summed`: the squares and the
+    tree's pairs are in `sq` already (a chunked group's parts,
+    `FusedGroups.norm_part`)."""
     r = Tiles(row, x.m, x.cols, x.cols)
-    emit.map(VpuOp.MUL, x, sq, b_row=x.base)
-    emit.reduce("sum", sq, row, sq, squares=True)
+    if not summed:
+        emit.map(VpuOp.MUL, x, sq, b_row=x.base)
+    emit.reduce("sum", sq, row, sq, squares=True, summed=summed)
     emit.op(VpuOp.MUL, row, x.m, row, scalar=float(np.float32(1 / x.n)))
     emit.op(VpuOp.ADD, row, x.m, row, scalar=float(np.float32(eps)))
     emit.op(VpuOp.RSQRT, row, x.m, row)
@@ -432,7 +439,9 @@ class _RmsNorm(_Norm):
         x = g.x
         outs = (x, x)
         if self.row_operand:
-            if g.sum_by_tile:
+            if g.summed:
+                pass                # added by the group's parts
+            elif g.sum_by_tile:
                 residual = x.like(g.residual)
                 for t in range(x.count):
                     emit.op(VpuOp.ADD, x.tile(t), x.m, x.tile(t), b_row=residual.tile(t))
@@ -442,7 +451,8 @@ class _RmsNorm(_Norm):
             if g.on_sum is not None:
                 g.on_sum(emit)
         gamma = Tiles(g.params, 1, x.n, x.cols)
-        emit_rms_norm(emit, x, gamma, g.ep.eps, outs[1], x.like(g.at["sq"]), g.at["spare"])
+        emit_rms_norm(emit, x, gamma, g.ep.eps, outs[1], x.like(g.at["sq"]), g.at["spare"],
+                      summed=g.summed)
         return outs
 
     def vector_operands(self, R, n, cols, group):

@@ -33,6 +33,7 @@ program's size grows with the number of M blocks, not with M*K*N.
 
 import bisect
 import collections
+import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -45,6 +46,7 @@ from .program import Program
 from .epilogue import Epilogue, FusedGroups, Pending, epilogue_param_loads, is_vector
 from .handoff import Preload, plan_handoffs
 from .layerops import layer_op
+from .vector import tree_order
 from .vectorop import VectorOp, emit_vector_op
 
 __all__ = ["CompiledProgram", "compile_matmuls", "plan_segments"]
@@ -142,10 +144,42 @@ class _Group:
     first_of_op: bool
     KT: int
     row: int = 0         # steps from one of its t rows to the next (a bundle's: more than size)
+    # Chunked (docs/compiler.md, "Norm chunks"): its N tiles in chunks of
+    # the sizes `chunk`, in the order `order`, each chunk's every K tile
+    # before the next chunk; (): every t row across all its tiles.
+    chunk: tuple = ()
+    order: tuple = ()
 
     @property
     def end(self):
         return self.start + (self.KT - 1) * (self.row or self.size) + self.size
+
+    @property
+    def chunks(self):
+        """The N tiles (jj) of each chunk, in step order."""
+        bounds = list(itertools.accumulate(self.chunk, initial=0))
+        return [self.order[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def place(self, jj):
+        """(chunk, position in it) of N tile jj of a chunked group."""
+        pos = self.order.index(jj)
+        for c, n in enumerate(self.chunk):
+            if pos < n:
+                return c, pos
+            pos -= n
+        raise ValueError(f"N tile {jj} is not in the group")
+
+    def span(self, c):
+        """(first step, step past the last) of chunk c."""
+        first = self.start + sum(self.chunk[:c]) * self.KT
+        return first, first + self.chunk[c] * self.KT
+
+    def step_of(self, t, jj):
+        """The segment step of (K tile t, N tile jj)."""
+        if not self.chunk:
+            return self.start + t * (self.row or self.size) + jj
+        c, pos = self.place(jj)
+        return self.span(c)[0] + t * len(self.chunks[c]) + pos
 
 
 @dataclass(frozen=True)
@@ -422,10 +456,15 @@ class _Segment(FusedGroups):
                     self.groups.append(grp)
                     g += 1
         self.bundles = self._bundle(placed[0].ring)
+        for i, grp in enumerate(self.groups):
+            chunk = self._norm_chunk(grp)
+            if chunk:
+                self.groups[i] = replace(grp, chunk=chunk, order=tuple(tree_order(grp.size)))
         self.starts = [grp.start for grp in self.groups]
-        # Step -> (group, t, jj) of bundled groups, whose steps interleave.
-        self.where = {grp.start + t * grp.row + jj: (grp, t, jj)
-                      for grp in self.groups if grp.row for t in range(grp.KT)
+        # Step -> (group, t, jj) of bundled groups, whose steps interleave,
+        # and of chunked ones.
+        self.where = {grp.step_of(t, jj): (grp, t, jj)
+                      for grp in self.groups if grp.row or grp.chunk for t in range(grp.KT)
                       for jj in range(grp.size)}
         self.steps = max(grp.end for grp in self.groups)
         self.W = min(lead(placed[0].op, config), self.steps)
@@ -446,6 +485,32 @@ class _Segment(FusedGroups):
         self.prefetch_into = None
         self.hoisted = {}          # {batch: its first units the segment before loads}
         self.preload_at = {}       # {step: the `Preload` LOADs issued after its MATMUL}
+
+    def _norm_chunk(self, grp):
+        """The sizes of group `grp`'s chunks of N tiles, or () (not chunked): an
+        add_rms_norm's group of every N tile, of quantized weights, whose
+        t rows go without outer LOOPs (`_rows_only`: a batch-16 decode
+        step's output and down projections). Its chunks end one after
+        another, and each chunk's tiles are added and squared while the
+        array goes on (`FusedGroups.norm_part`): the norm's tail is then
+        the last chunk's, not the whole row's (docs/compiler.md, "Norm
+        chunks")."""
+        p = self.placed[grp.op]
+        op = p.op
+        if p.ring is None or op.epilogue is None or op.epilogue.kind != "add_rms_norm" \
+                or not op.quantized or p.weights is not None or op.transposed \
+                or grp.size <= MAX_GROUP or grp.size < p.plan.NT or grp.KT < 2 \
+                or not self._rows_only(grp):
+            return ()
+        # The last chunk as short as the array's latency allows (`hide`
+        # tiles a t row), the one before it twice that, the rest first:
+        # 24, 8 and 4 of SmolLM2's 36 tiles (two file layers at batch 16:
+        # 549,882 cycles; 12, 12, 12: 552,303; 12, 12, 8, 4: 550,176;
+        # 28, 4, 4: 550,660; chunks of 2 left the array waiting).
+        hide = p.plan.hide
+        if grp.size < 4 * hide:
+            return ()
+        return (grp.size - 3 * hide, 2 * hide, hide)
 
     def _bundle(self, ring):
         """Interleave the steps of each `_Ring.interleave` groups whose
@@ -516,7 +581,8 @@ class _Segment(FusedGroups):
                 c = chunk_tiles(cfg, p.op, grp.size, cap, top)
             self.chunk[grp.index] = c
             chunks = strip_chunks(grp.KT, c, unit)
-            if grp.size > MAX_GROUP and grp.index == len(self.groups) - 1 and len(chunks) > 1:
+            if grp.size > MAX_GROUP and grp.index == len(self.groups) - 1 and len(chunks) > 1 \
+                    and not grp.chunk:
                 # The array goes through the last round after the bus is
                 # done: in chunks of one unit, that tail is short.
                 t0, n = chunks.pop()
@@ -542,8 +608,10 @@ class _Segment(FusedGroups):
                 if grp.size > MAX_GROUP:
                     pace = math.ceil(pace)
                 for jj in range(grp.size):
-                    units.append(((grp.index, jj, t0, n), grp.start + t0 * grp.size + jj,
-                                  grp.start + (t0 + n - 1) * grp.size + jj, pace))
+                    units.append(((grp.index, jj, t0, n), grp.step_of(t0, jj),
+                                  grp.step_of(t0 + n - 1, jj), pace))
+        # In the order the array reads them (a chunked group's chunk by chunk).
+        units.sort(key=lambda unit: unit[1])
         # Groups of quantized weights whose bus is the bound (a step shorter
         # than a tile's beats).
         bus_bound = {g.index for g in self.groups if self.placed[g.op].op.quantized
@@ -577,7 +645,8 @@ class _Segment(FusedGroups):
                 # the FFN's last group at M = 1; at M = 16 the Q8_0 logits
                 # were 104 cycles slower so).
                 at[u] = min(at[u], max(least, at[u - 1] + math.ceil(units[u - 1][3])))
-            if grp.size > MAX_GROUP and at[u] > grp.start and grp.index in bus_bound:
+            if grp.size > MAX_GROUP and at[u] > grp.start and grp.index in bus_bound \
+                    and not grp.chunk:
                 # A wide group's loads, when the bus is the bound, go at one
                 # of `ROW_PARTS` places of a t row (earlier, as their slots
                 # allow): loads anywhere in a row cut its LOADW/MATMUL pairs
@@ -679,7 +748,7 @@ class _Segment(FusedGroups):
 
     # ---- where step n is --------------------------------------------------------------
     def locate(self, n):
-        if self.where:
+        if n in self.where:
             return self.where[n]
         grp = self.groups[bisect.bisect_right(self.starts, n) - 1]
         t, jj = divmod(n - grp.start, grp.size)
@@ -856,6 +925,13 @@ class _Segment(FusedGroups):
         last_t = t == plan.KT - 1
         fused = op.epilogue is not None
         last_of_group = jj == grp.size - 1
+        part = None
+        if grp.chunk and last_t:
+            # A chunk's last MATMUL hands its part of the norm its token.
+            c, pos = grp.place(jj)
+            last_of_group = n == grp.end - 1
+            if pos == len(grp.chunks[c]) - 1 and not last_of_group:
+                part = c
         pops = t == 0 and jj == 0 and grp.index >= self.buffers
         # The group's last MATMUL hands the epilogue its token itself, as it
         # completes: a SYNC would hold the compute queue until the array's
@@ -863,11 +939,16 @@ class _Segment(FusedGroups):
         # vector engine's, so a MATMUL that pops the store engine keeps the
         # SYNC.)
         hands = fused and last_t and last_of_group
-        own = hands and not pops
+        own = (hands or part is not None) and not pops
         prog.matmul(act_row=self.a_row(grp, t), m_rows=grp.mrows, out_row=self.out_row(grp, jj),
                     seed=seed, seed_row=seed_row, new_weights=True, pop_next=pops,
                     push_prev=self._matmul_pushes(n),
                     push_next=(last_t and not fused) or own, vector=own)
+        if part is not None:
+            if not own or self.waiting:
+                raise AssertionError("a chunk's last MATMUL pops, or waits on interleaved epilogues")
+            self.pending.append(Pending(self.norm_part(grp, part), n,
+                                        self._due(grp, part + 1) - 1, cfg.vmem_row_elems))
         if hands:
             if not own:
                 prog.sync("compute", push_next=True, vector=True)
@@ -879,7 +960,7 @@ class _Segment(FusedGroups):
                 ep_prog = (self.waiting[0] if len(self.waiting) == 1
                            else _merge_epilogues(self.waiting))
                 self.waiting = []
-                self.pending.append(Pending(ep_prog, n, nxt.end - 1, cfg.vmem_row_elems,
+                self.pending.append(Pending(ep_prog, n, self._due(nxt) - 1, cfg.vmem_row_elems,
                                             stores=self.ring.interleave == 1))
         elif last_t and not fused:
             self.drain(prog)
@@ -908,6 +989,16 @@ class _Segment(FusedGroups):
             for i, load in enumerate(at[n]):
                 prog.load(**load, push_next=push and i == len(at[n]) - 1)
         self.drain(prog, n)
+
+    def _due(self, grp, c=0):
+        """The step past which the epilogue instructions spread over group
+        `grp` (or over its chunk c) must all be out: its end, or a chunked
+        group's chunk c's end (the group's end past its last chunk), so that
+        what was due before a chunk's part does not hold it up (the pending
+        epilogues go out in order)."""
+        if grp.chunk and c < len(grp.chunks):
+            return grp.span(c)[1]
+        return grp.end
 
     # ---- emission with loops ---------------------------------------------------------
     def steps_program(self, lo, hi):
@@ -1125,7 +1216,7 @@ class _Segment(FusedGroups):
                 for key, t0 in ((k, k[2]) for k in self.units if k[0] == grp.index):
                     tiles = sum(1 for t, first in self.chunk_of[grp.index].items() if first == t0)
                     out.append((self.units[key], self.units[key] + tiles * rows,
-                                grp.start + (t0 + tiles - 1) * grp.size + key[1]))
+                                grp.step_of(t0 + tiles - 1, key[1])))
             self._reads = out
         return self._reads
 

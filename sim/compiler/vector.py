@@ -27,7 +27,8 @@ import numpy as np
 
 from mxu.hdl.isa import VpuOp
 
-__all__ = ["Tiles", "VectorEmitter", "tile_moves", "move_tiles", "flag_instruction"]
+__all__ = ["Tiles", "VectorEmitter", "tile_moves", "move_tiles", "flag_instruction", "tree_ready",
+           "tree_order"]
 
 
 _NEG_INF = float("-inf")
@@ -133,7 +134,7 @@ class VectorEmitter:
                 second(k - lag)
         return self
 
-    def reduce(self, kind, x, dst, scratch, squares=False):
+    def reduce(self, kind, x, dst, scratch, squares=False, summed=False):
         """Row reduction ("sum" or "max") of `x` into the m rows at `dst` (every
         lane holds the row's result), in the golden VPU form's tree order;
         `scratch` holds up to ``x.count`` tiles. `squares`: a sum of squares
@@ -141,12 +142,13 @@ class VectorEmitter:
         would be added +0 into its own rows, which leaves its bits as they
         are (a NaN is the canonical one already), so that pass is left out
         (36 tiles: 28 of them at the first level, about 500 cycles of a
-        batch-16 decode step's RMSNorm)."""
+        batch-16 decode step's RMSNorm). `summed`: the tree's pairs are
+        done already (`tree_pairs`), only the last tile's row sum is left."""
         combine, pad = (VpuOp.ADD, 0.0) if kind == "sum" else (VpuOp.MAX, _NEG_INF)
         keep = squares and kind == "sum" and scratch.base == x.base
         real, count = x.count, 1 << max(0, (x.count - 1).bit_length())
         src = x
-        while count > 1:
+        while count > 1 and not summed:
             half = count // 2
             paired = max(0, min(real - half, half))
             if paired:
@@ -156,6 +158,20 @@ class VectorEmitter:
                 self.op(combine, src.tile(paired), alone * x.m, scratch.tile(paired), scalar=pad)
             src, real, count = scratch, min(real, half), half
         return self.op(VpuOp.RSUM if kind == "sum" else VpuOp.RMAX, src.base, x.m, dst)
+
+    def tree_pairs(self, sq, pairs):
+        """The given pairs ``(half, i)`` of a sum of squares' tree in place
+        in `sq` (`tree_ready`), in the order given, consecutive tiles of one
+        level as one VECTOR."""
+        runs = []
+        for half, i in pairs:
+            if runs and runs[-1][0] == half and runs[-1][1] + runs[-1][2] == i:
+                runs[-1][2] += 1
+            else:
+                runs.append([half, i, 1])
+        for half, i, n in runs:
+            self.op(VpuOp.ADD, sq.tile(i), n * sq.m, sq.tile(i), b_row=sq.tile(i + half))
+        return self
 
     # ---- the layer ops ----------------------------------------------------------------
     def softmax(self, x, bias, dst, scratch, row):
@@ -282,3 +298,28 @@ def move_tiles(prog, kind, operand, r0, m, tiles, first_deps, *, to_bf16=False, 
             prog.store(to_bf16=to_bf16, **args, **flags)
         emitted.append(len(prog.words) - 1)
     return emitted
+
+
+def tree_ready(count, squared):
+    """The pairs ``(half, i)`` of `VectorEmitter.reduce`'s tree of a sum of
+    squares over `count` tiles (tile i += tile i + half, level by level,
+    the halves falling) whose inputs are final once the tiles in `squared`
+    are: pair (half, i) sums the tiles ``i, i + half, i + 2 half, ..``, so
+    it is ready when all of those are squared. In emission order."""
+    pairs, real, n = [], count, 1 << max(0, (count - 1).bit_length())
+    while n > 1:
+        half = n // 2
+        for i in range(max(0, min(real - half, half))):
+            if all(k in squared for k in range(i, count, half)):
+                pairs.append((half, i))
+        real, n = min(real, half), half
+    return pairs
+
+
+def tree_order(count):
+    """An order of `count` tiles in which `tree_ready`'s pairs complete
+    early: by the bit-reversed index (tiles 0, 32, 16, 8, 24, .. of 36), so
+    that each residue class of a level is squared together."""
+    bits = max(0, (count - 1).bit_length())
+    rev = lambda i: int(format(i, f"0{bits}b")[::-1], 2) if bits else 0
+    return sorted(range(count), key=rev)

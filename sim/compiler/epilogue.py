@@ -492,12 +492,11 @@ class FusedGroups:
         dependences. The first VECTOR pops the compute token (and the last
         epilogue's scratch token). Appended to `prog` (a new one if None)."""
         cfg, p = self.config, self.placed[grp.op]
-        op, c_cols = p.op, cfg.cols
+        op = p.op
         prog = Program() if prog is None else prog
         x = self.epilogue_tiles(grp)
         layout, _ = epilogue_scratch(op.epilogue.kind, x.count, x.count, x.m)
-        scratch = self.ring.scratch_base + (grp.index % self.ring.interleave) * self.ring.scratch_rows
-        sq = x.like(scratch + layout["sq"][0])
+        sq = x.like(self._scratch_row(grp) + layout["sq"][0])
         residual = x.like(self.residual_row(grp))
         owed, self.scratch_token = self.scratch_token, False
         emit = VectorEmitter(prog, cfg).begin(pop_prev=True, pop_next=owed)
@@ -508,13 +507,7 @@ class FusedGroups:
                 emit.end(push_next=True)
             emit.op(VpuOp.MUL, x.tile(jj), x.m, sq.tile(jj), b_row=x.tile(jj))
             if stored:
-                j, first = grp.j0 + jj, dict(pop_prev=True, vector=True)
-                for off, rows, target, r in self._pieces(op.c, grp):
-                    prog.store(acc_row=x.tile(jj) + off,
-                               ext_addr=target.addr + r * target.stride + target.elem * j * c_cols,
-                               rows=rows, row_bytes=target.elem * min(c_cols, op.out_cols - j * c_cols),
-                               ext_stride=target.stride, to_bf16=target.dtype == "bf16", **first)
-                    first = {}
+                self._tile_stores(prog, grp, op.c, x, jj)
         before = {jj for k in range(c) for jj in grp.chunks[k]}
         done = set(tree_ready(x.count, before))
         emit.tree_pairs(sq, [pair for pair in tree_ready(x.count, before | set(grp.chunks[c]))
@@ -564,7 +557,7 @@ class FusedGroups:
         # A norm stored from the shared scratch (add_rms_norm): the next
         # group's VECTORs, which may write the scratch, wait for its STOREs.
         owed, self.scratch_token = self.scratch_token, False
-        scratch = ring.scratch_base + (grp.index % ring.interleave) * ring.scratch_rows
+        scratch = self._scratch_row(grp)
         first = {} if summed else dict(pop_prev=True, pop_next=owed)
         emit, outs = emit_epilogue(cfg, op.epilogue, ep_prog, x, p.ep_base, scratch,
                                    self.residual_row(grp), j0=grp.j0, m0=grp.m0,
@@ -673,20 +666,32 @@ class FusedGroups:
         its tile (the pass into `tiles` is the epilogue's last, tile by
         tile), each VECTOR pushing the store engine a token and each STORE
         taking one (`_follow`)."""
-        op, c = self.placed[grp.op].op, self.config.cols
-        norm, vectors = op.outputs[1], _last_pass(ep_prog, tiles)
+        norm = self.placed[grp.op].op.outputs[1]
+        vectors = _last_pass(ep_prog, tiles)
         stores = Program()
         for t, i in enumerate(vectors):
             flag_instruction(ep_prog, i, push_next=True)
-            first = dict(pop_prev=True, vector=True)
-            j = grp.j0 + t
-            for off, rows, target, r in self._pieces(norm, grp):
-                stores.store(acc_row=tiles.tile(t) + off,
-                             ext_addr=target.addr + r * target.stride + target.elem * j * c,
-                             rows=rows, row_bytes=target.elem * min(c, op.out_cols - j * c),
-                             ext_stride=target.stride, to_bf16=target.dtype == "bf16", **first)
-                first = {}
+            self._tile_stores(stores, grp, norm, tiles, t)
         _follow(ep_prog, vectors, stores, _STORE_LAG)
+
+    def _tile_stores(self, prog, grp, out, tiles, t):
+        """The STOREs of tile t of the group's rows in output `out` (an
+        `Operand` or a `Scatter`) from `tiles`, the first taking the vector
+        engine's token."""
+        op, c = self.placed[grp.op].op, self.config.cols
+        j, first = grp.j0 + t, dict(pop_prev=True, vector=True)
+        for off, rows, target, r in self._pieces(out, grp):
+            prog.store(acc_row=tiles.tile(t) + off,
+                       ext_addr=target.addr + r * target.stride + target.elem * j * c,
+                       rows=rows, row_bytes=target.elem * min(c, op.out_cols - j * c),
+                       ext_stride=target.stride, to_bf16=target.dtype == "bf16", **first)
+            first = {}
+
+    def _scratch_row(self, grp):
+        """The first accumulator row of group `grp`'s epilogue scratch (the
+        ring's, shared by the groups whose epilogues interleave)."""
+        ring = self.ring
+        return ring.scratch_base + (grp.index % ring.interleave) * ring.scratch_rows
 
     def _pieces(self, out, grp):
         """(row offset in the group, rows, operand, first row in the operand)

@@ -146,17 +146,13 @@ class VectorEmitter:
         done already (`tree_pairs`), only the last tile's row sum is left."""
         combine, pad = (VpuOp.ADD, 0.0) if kind == "sum" else (VpuOp.MAX, _NEG_INF)
         keep = squares and kind == "sum" and scratch.base == x.base
-        real, count = x.count, 1 << max(0, (x.count - 1).bit_length())
         src = x
-        while count > 1 and not summed:
-            half = count // 2
-            paired = max(0, min(real - half, half))
+        for half, paired, alone in ([] if summed else _tree_levels(x.count)):
             if paired:
                 self.op(combine, src.base, paired * x.m, scratch.base, b_row=src.tile(half))
-            alone = min(real, half) - paired
             if alone and not keep:
                 self.op(combine, src.tile(paired), alone * x.m, scratch.tile(paired), scalar=pad)
-            src, real, count = scratch, min(real, half), half
+            src = scratch
         return self.op(VpuOp.RSUM if kind == "sum" else VpuOp.RMAX, src.base, x.m, dst)
 
     def tree_pairs(self, sq, pairs):
@@ -306,14 +302,20 @@ def tree_ready(count, squared):
     the halves falling) whose inputs are final once the tiles in `squared`
     are: pair (half, i) sums the tiles ``i, i + half, i + 2 half, ..``, so
     it is ready when all of those are squared. In emission order."""
-    pairs, real, n = [], count, 1 << max(0, (count - 1).bit_length())
+    return [(half, i) for half, paired, _ in _tree_levels(count) for i in range(paired)
+            if all(k in squared for k in range(i, count, half))]
+
+
+def _tree_levels(count):
+    """The levels of the row reduction's tree over `count` tiles: (half,
+    tiles i < paired that take tile i + half, the `alone` tiles after them
+    that have no partner), the halves falling from the padded power of two."""
+    real, n = count, 1 << max(0, (count - 1).bit_length())
     while n > 1:
         half = n // 2
-        for i in range(max(0, min(real - half, half))):
-            if all(k in squared for k in range(i, count, half)):
-                pairs.append((half, i))
+        paired = max(0, min(real - half, half))
+        yield half, paired, min(real, half) - paired
         real, n = min(real, half), half
-    return pairs
 
 
 def tree_order(count):

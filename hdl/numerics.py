@@ -195,6 +195,11 @@ def at_least(value, k):
     return value[top] | at_least(value[:top], k)
 
 
+def _trailing_zeros(value):
+    """Number of trailing zero bits of `value` (``len(value)`` if it is zero)."""
+    return leading_zeros(Cat(*(value[i] for i in reversed(range(len(value))))))
+
+
 def _classify(number, frac_bits):
     """(is_nan, is_inf, is_zero) of a BF16/FP32 view."""
     exp_max = number.exp == (1 << len(number.exp)) - 1
@@ -869,8 +874,9 @@ class Fp32Multiplier(wiring.Component):
     ``stages > 1``.
     """
 
-    # Right shifts beyond this leave nothing at or above the guard bit.
-    _MAX_RIGHT = 26
+    # The bits the leading-zero count sees: with a normal operand and a
+    # nonzero one the product is at least 2**23, 24 leading zeros at most.
+    _TOP = 24
     # The MULT18X18D's width: the significands' low halves.
     _SPLIT = 18
     _SHIFTS = (0, _SPLIT, _SPLIT, 2 * _SPLIT)
@@ -916,37 +922,43 @@ class Fp32Multiplier(wiring.Component):
             b_nan = b_inf = b_zero = C(0, 1)
         m.d.comb += [nan.eq(a_nan | b_nan | (a_inf & b_zero) | (a_zero & b_inf)),
                      inf.eq(a_inf | b_inf), sign.eq(a.sign ^ b.sign)]
+        # The product's trailing zeros are its factors' together; 64 (bit 6)
+        # when it is zero.
+        tz = Signal(7)
+        tz_b = C(23) if self.power_of_two else _trailing_zeros(sig_b)
+        m.d.comb += tz.eq(Mux(a_zero | b_zero, 64, _trailing_zeros(sig_a) + tz_b))
         parts = self._partial_products(m, sig_a, sig_b)
-        *parts, exp_sum, nan, inf, sign = cut(5, *parts, exp_sum, nan, inf, sign)
+        *parts, exp_sum, tz, nan, inf, sign = cut(5, *parts, exp_sum, tz, nan, inf, sign)
         product = Signal(48)
         m.d.comb += product.eq(sum(part << shift for part, shift in zip(parts, self._SHIFTS)))
-        product, exp_sum, nan, inf, sign = cut(2, product, exp_sum, nan, inf, sign)
+        product, exp_sum, tz, nan, inf, sign = cut(2, product, exp_sum, tz, nan, inf, sign)
 
-        lz = Signal(range(49))
-        # One expression, not named steps: with them the lane's multiplier
-        # mapped to 25.0 MHz on the ECP5, below its floor (docs/synth.md).
-        m.d.comb += lz.eq(leading_zeros(product))
+        # The leading zeros of the top `_TOP` bits only: more means both
+        # operands are subnormal (then the grid, far below, is the amount) or
+        # one is zero (then the result is zero at any amount).
+        lz = Signal(range(self._TOP + 1))
+        m.d.comb += lz.eq(leading_zeros(product[48 - self._TOP:]))
         grid = Signal(signed(11))
         m.d.comb += grid.eq(exp_sum - 127)
         amount = Signal(signed(11))
         m.d.comb += amount.eq(Mux(grid < lz, grid, lz))
-        product, exp_sum, amount, nan, inf, sign = cut(4, product, exp_sum, amount, nan, inf, sign)
+        product, exp_sum, amount, tz, nan, inf, sign = cut(4, product, exp_sum, amount, tz,
+                                                           nan, inf, sign)
 
-        left = Signal(48)
-        m.d.comb += left.eq(product << Mux(amount < 0, 0, amount[:6]))
-        right = Signal(range(self._MAX_RIGHT + 1))
-        with m.If(amount >= 0):
-            m.d.comb += right.eq(0)
-        with m.Elif(-amount > self._MAX_RIGHT):
-            m.d.comb += right.eq(self._MAX_RIGHT)
-        with m.Else():
-            m.d.comb += right.eq(-amount)
-        window = Signal(48 + self._MAX_RIGHT)
-        m.d.comb += window.eq(Cat(C(0, self._MAX_RIGHT), left) >> right)
+        # The normalised product's bit j is the product's bit j - amount: `sig`
+        # and the guard bit are one window of the product (a right shift when
+        # amount < 0, a left one when it is above), and the bits below the guard
+        # are nonzero exactly when the product has fewer trailing zeros than
+        # the guard's place, 23 - amount.
+        start = Signal(range(64))
+        m.d.comb += start.eq(Mux(amount < self._TOP - 63, 63, self._TOP - amount))
+        top = Signal(25)
+        m.d.comb += top.eq(Cat(C(0, self._TOP - 23), product) >> start)
         sig = Signal(24)
         guard = Signal()
         sticky = Signal()
-        m.d.comb += [sig.eq(window[-24:]), guard.eq(window[-25]), sticky.eq(window[:-25] != 0)]
+        m.d.comb += [sig.eq(top[1:]), guard.eq(top[0]),
+                     sticky.eq(~tz[-1] & (tz + amount < 23))]
         # Bit 23 of `sig` has the biased exponent exp_sum - 126 - amount.
         biased = Signal(signed(12))
         m.d.comb += biased.eq(exp_sum - 126 - amount)

@@ -157,9 +157,17 @@ def test_rtl_fp32_multiplier_bit_exact(stages):
     eb = np.clip(253 - ea + rng.integers(-40, 40, n), 0, 254).astype(np.uint32)
     a2 = (a & 0x807FFFFF) | (ea.astype(np.uint32) << 23)
     b2 = (b & 0x807FFFFF) | (eb << 23)
+    # A subnormal with its leading one at every place (the product's leading
+    # zeros, 1 to 24) times every exponent field, both ways round.
+    lead, field = np.meshgrid(np.arange(23, dtype=np.uint32), np.arange(256, dtype=np.uint32))
+    lead, field = np.repeat(lead.ravel(), 4), np.repeat(field.ravel(), 4)
+    low = rng.integers(0, 1 << 23, lead.size, dtype=np.uint32) & ((np.uint32(1) << lead) - 1)
+    sub = (np.uint32(1) << lead) | low | (rng.integers(0, 2, lead.size, dtype=np.uint32) << 31)
+    other = (field << 23) | (rng.integers(0, 1 << 23, lead.size, dtype=np.uint32)
+                             & rng.choice(np.uint32([0, 0x7FFFFF]), lead.size))
     sa, sb = np.meshgrid(SPECIALS, SPECIALS)
-    x = np.concatenate([a, a2, sa.ravel()]).astype(np.uint32)
-    y = np.concatenate([b, b2, sb.ravel()]).astype(np.uint32)
+    x = np.concatenate([a, a2, sub, other, sa.ravel()]).astype(np.uint32)
+    y = np.concatenate([b, b2, other, sub, sb.ravel()]).astype(np.uint32)
     np.testing.assert_array_equal(simulate_fp32_mul(x, y, stages=stages), gold.fmul(x, y))
 
 

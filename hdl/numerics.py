@@ -847,13 +847,17 @@ class Fp32Multiplier(wiring.Component):
     only `Bf16ExactMultiplier`); combinational with one stage, else pipelined.
 
     The 48-bit significand product ``P`` (value ``P * 2**(ea + eb - 300)``, with
-    effective exponents) is normalised by one left shift of ``min(lz, ea + eb -
-    127)``: by its leading-zero count when the result is normal, or only as far as
-    the 2**-149 grid allows when it is subnormal. A negative amount (results below
-    half the smallest subnormal, or just above it) becomes a right shift of at most
-    26 bits into a window that keeps every bit, so the sticky bit is exact. Then
-    round to nearest-even on the packed magnitude (a carry moves into the exponent,
-    and up to inf).
+    effective exponents) is normalised by ``amount = min(lz, ea + eb - 127)``: by
+    its leading-zero count when the result is normal, or only as far as the
+    2**-149 grid allows when it is subnormal (a negative amount, for results
+    below the smallest normal, shifts right). The count sees the top 24 bits
+    only: with one normal operand and a nonzero one ``P >= 2**23``. Both shifts
+    are one window, the 25 bits of ``P`` from bit ``23 - amount`` up (the
+    significand and the guard bit), and the sticky bit needs no shifted copy:
+    the bits below the guard are nonzero exactly when ``P`` has fewer than ``23
+    - amount`` trailing zeros, and ``P``'s trailing zeros are its factors'
+    together, counted before the product. Then round to nearest-even on the
+    packed magnitude (a carry moves into the exponent, and up to inf).
 
     With ``power_of_two=True``, `b` must be a power of two (a normal number
     whose fraction is zero): the significand product is then a shift, and no

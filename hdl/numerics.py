@@ -773,7 +773,9 @@ class _Stages:
         regs = []
         for k, value in enumerate(values):
             shape = value.shape() if isinstance(value, data.View) else Value.cast(value).shape()
-            reg = Signal(shape, name=f"cut{depth}_{k}")
+            # No reset: a value is used only with its row's valid bit, which has
+            # one (and 16k flip-flops on one reset net crowd the ECP5's routing).
+            reg = Signal(shape, name=f"cut{depth}_{k}", reset_less=True)
             with self.m.If(self.en):
                 self.m.d.sync += reg.eq(value)
             regs.append(reg)

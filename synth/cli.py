@@ -114,6 +114,11 @@ def register(subparsers):
     ecp5.add_argument("--widelut", action="store_true",
                       help="let Yosys use PFUMX/L6MUX wide-LUT cells (more LUT4s, see "
                            "docs/synth.md)")
+    ecp5.add_argument("--global-controls", type=int, default=defaults.global_controls,
+                      metavar="PINS",
+                      help="put each flip-flop enable or reset net with at least PINS CE/LSR "
+                           "pins on the global network, through a DCCA (0: none; default: "
+                           "%(default)s; docs/synth.md)")
     synth.add_argument("--json", metavar="FILE", type=output_path("--json"), help="also write the report as JSON to FILE")
     synth.add_argument("--workdir", metavar="DIR", type=output_path("--workdir", "dir"),
                        help="directory for the Verilog, netlists and tool logs (default: a new "
@@ -163,7 +168,8 @@ def run_synth(args):
         else:
             options = Ecp5Options(device=args.device, freq_mhz=args.freq, seed=args.seed,
                                   placer=args.placer, router=args.router,
-                                  timing_driven=not args.no_tmdriv, widelut=args.widelut)
+                                  timing_driven=not args.no_tmdriv, widelut=args.widelut,
+                                  global_controls=args.global_controls)
             report = synth_ecp5(the_design, options, workdir=workdir, phases=phases)
             print(f"{the_design.name} on {options.device} ({'placed and routed' if report.placed else 'Yosys only'})",
                   file=out)

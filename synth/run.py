@@ -37,6 +37,7 @@ from .flow import Phases, run_tool
 from .paths import parse_sdf, worst_paths
 from .report import (format_table, lut4_equivalent, parse_nextpnr_log, readable_cell,
                      source_commit, yosys_cells)
+from .globals import promote_controls
 from .verilog import component_verilog, pe_module_name, pe_module_verilog, vpu_modules_verilog
 from .wrap import RegisteredPorts, SerialPorts
 
@@ -90,6 +91,8 @@ class Ecp5Options:
     router: str = "router1"      # nextpnr --router: router1 or router2
     timing_driven: bool = True   # False: --no-tmdriv
     widelut: bool = False        # Yosys synth_ecp5 without -nowidelut
+    global_controls: int = 1000  # flip-flop control nets of at least this many CE/LSR
+                                 # pins onto the global network (`promote_controls`); 0: none
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -99,6 +102,9 @@ class Ecp5Options:
             raise ValueError(f"placer must be 'heap' or 'sa', not {self.placer!r}")
         if self.router not in ("router1", "router2"):
             raise ValueError(f"router must be 'router1' or 'router2', not {self.router!r}")
+        if self.global_controls < 0:
+            raise ValueError(f"global_controls must be 0 (none) or positive, "
+                             f"not {self.global_controls!r}")
         if not self.freq_mhz > 0:
             raise ValueError(f"the target frequency must be positive, not {self.freq_mhz!r}")
 
@@ -402,6 +408,8 @@ class Ecp5Report:
                                                 # (`mxu.synth.paths.TimingPath`)
     alone: dict = field(default_factory=dict)   # block -> its cells synthesised alone
                                                 # (`synth_blocks_alone`)
+    promoted: list = field(default_factory=list)  # [name, CE/LSR pins] of each net put on
+                                                  # the global network (`promote_controls`)
 
     @property
     def seed(self):
@@ -444,6 +452,8 @@ class Ecp5Report:
             lines.append(f"{block}: {lut4_equivalent(cells)} LUT4, {cells.get('MULT18X18D', 0)} "
                          f"MULT18X18D, {cells.get('TRELLIS_FF', 0)} FF (Yosys synth_ecp5 of the "
                          f"block alone, as the chip builds it; in the counts above)")
+        for name, pins in self.promoted:
+            lines.append(f"on the global network: {name} ({pins} flip-flop CE/LSR pins)")
         lines.append(f"commit {self.commit}, nextpnr seed {self.seed}")
         if not self.placed:
             lines.append("NOT PLACED: the design does not fit the device (Yosys counts above).")
@@ -541,6 +551,9 @@ def synth_ecp5(design, options=None, *, workdir=None, phases=None, paths_count=5
                           dsps=cells.get("MULT18X18D", 0), brams=cells.get("DP16KD", 0),
                           fmax_mhz=None, critical_start=None, critical_end=None, critical_ns=None,
                           times=dict(phases.times), placed=False, **base)
+    promoted = phases.run("controls onto the global network", promote_controls,
+                          workdir / "top.json", min_sinks=options.global_controls)
+    base["promoted"] = [[p.name, p.sinks] for p in promoted]
     text = phases.run("nextpnr-ecp5 place and route", run_tool, nextpnr_args(options),
                       cwd=workdir, log="nextpnr.log", what="nextpnr-ecp5")
     result = parse_nextpnr_log(text)

@@ -64,7 +64,11 @@ class PipelineOps(_FpOps):
     every fp32 operation takes `stages` stages and the integer steps none
     (docs/vpu.md, "Pipeline depth").
     Every register loads only while `enable` is high (the pipeline stalls as a
-    whole). Values are `Value` objects; `lift` makes one from a signal.
+    whole), and takes no reset: a word in the pipeline is used only beside its
+    row's valid bit, which the caller keeps (with a reset) in a chain of its
+    own; on the FPGA, a reset on every data register is a net of thousands
+    of pins (docs/synth.md, "Controls on the global network"). Values are
+    `Value` objects; `lift` makes one from a signal.
 
     `unit_modules` maps "fadd", "fmul" and "fscale" (the power-of-two
     `Fp32Multiplier`) to Verilog module names: those units are then black-box
@@ -111,7 +115,8 @@ class PipelineOps(_FpOps):
         _, taps = self._delayed.setdefault(id(v.value), (v, {}))
         if stage not in taps:
             self._count += 1
-            taps[stage] = Signal(len(v.value), name=f"{self.prefix}delay_s{stage}_{self._count}")
+            taps[stage] = Signal(len(v.value), name=f"{self.prefix}delay_s{stage}_{self._count}",
+                                 reset_less=True)
         return taps[stage]
 
     def _build_delays(self):
@@ -127,7 +132,8 @@ class PipelineOps(_FpOps):
                 else:
                     for _ in range(at + 1, stage):
                         self._count += 1
-                        reg = Signal(len(prev), name=f"{self.prefix}delay_r{self._count}")
+                        reg = Signal(len(prev), name=f"{self.prefix}delay_r{self._count}",
+                                     reset_less=True)
                         self.registers.append((reg, prev))
                         prev = reg
                     self.registers.append((taps[stage], prev))
@@ -136,7 +142,7 @@ class PipelineOps(_FpOps):
 
     def _signal(self, name):
         self._count += 1
-        return Signal(32, name=f"{self.prefix}{name}_{self._count}")
+        return Signal(32, name=f"{self.prefix}{name}_{self._count}", reset_less=True)
 
     def _operands(self, *values):
         stages = [v.stage for v in values if v.stage is not None]

@@ -30,10 +30,10 @@ class MeasuredFmax:
 # (docs/synth.md has the runs): what cycle counts are turned into seconds with
 # (`mxu generate`'s tokens/s). A preset missing here was never routed; its
 # cycles are not turned into seconds.
-# (fpga-llm: `mxu synth --preset fpga-llm --rows 8` at 7a2da22, the netlist of
-# the 8x1 preset since 070b520.)
+# (fpga-llm: `mxu synth --preset fpga-llm --target ecp5 --seed 4` at 916bbcf,
+# with its enable and resets on the global network.)
 MEASURED_FMAX_MHZ = {"fpga": MeasuredFmax(55.91, commit="00b4d5c", seed=2),
-                     "fpga-llm": MeasuredFmax(49.93, commit="7a2da22", seed=1)}
+                     "fpga-llm": MeasuredFmax(52.39, commit="916bbcf", seed=4)}
 
 
 def _is_pow2(n):

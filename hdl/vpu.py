@@ -597,7 +597,7 @@ def _swap_pairs(row):
 def _row_meta_layout(config):
     """What travels with each operand row to the ALU and beside it to the writer."""
     c = config
-    # `dst` after the flags: in a queue of metas it is a register too (below).
+    # `dst` after the flags: in the operand buffer it is a register too (below).
     return data.StructLayout({
         "op": VpuOp, "b_source": 2,          # 0 none, 1 operand buffer, 2 imm
         "imm": 32,
@@ -608,12 +608,59 @@ def _row_meta_layout(config):
 
 def _meta_memory_bits(config):
     """The bits of a row's meta below its flags (`to_vmem`, `transpose`,
-    `swap`, `last`, the pushes): what a queue of metas keeps in memory; the
-    flags stay in registers, which the proofs' lemmas name (docs/formal.md),
-    and so does `dst`: the writer's readiness depends on it (the bank it
-    writes), and out of a block RAM it was the fpga-llm chip's worst path
-    (docs/synth.md, "The fpga-llm chip")."""
+    `swap`, `last`, the pushes): what the operand buffer ``a`` keeps in
+    memory; the flags stay in registers, which the proofs' lemmas name
+    (docs/formal.md), and so do the pushes and `dst` (a few entries; the
+    meta queue beside the ALU splits its 128 otherwise: `_BesideSplit`)."""
     return _row_meta_layout(config)["to_vmem"].offset
+
+
+class _BesideSplit:
+    """How the meta queue beside the ALU (`BufferedFifo`) splits a row's meta
+    between its memory and its registers.
+
+    In registers: the flags from `to_vmem` to `last`, which the proofs'
+    lemmas name as the first bits of each entry (docs/formal.md), and
+    ``dst``'s bank bits, on which the writer's readiness depends (the bank it
+    writes: out of a block RAM it was the fpga-llm chip's worst path,
+    docs/synth.md, "The fpga-llm chip"). In memory: the rest (op, ``b_source``,
+    ``imm``, the pushes, ``dst``'s row within its bank), read only into write
+    addresses and registers. A register part of 128 entries is a wide
+    multiplexer and thousands of flip-flops: on the fpga-llm chip the queue
+    was the largest share of router2's overused wires while ``dst`` and the
+    pushes were registers.
+
+    Attributes
+    ----------
+    memory_bits : int
+        The queue's ``memory_bits``: the word's low bits.
+    """
+
+    def __init__(self, config):
+        layout = _row_meta_layout(config)
+        lg = (max(config.acc_banks, config.vmem_banks) - 1).bit_length()
+        flags, push, dst = layout["to_vmem"].offset, layout["push"], layout["dst"]
+        dst_width = Shape.cast(dst.shape).width
+        memory = [(0, flags), (push.offset, Shape.cast(push.shape).width),
+                  (dst.offset + lg, dst_width - lg)]
+        registers = [(flags, push.offset - flags), (dst.offset, lg)]
+        # (offset in the meta, width) in the word's order, low bits first.
+        self._slices = [(o, w) for o, w in memory + registers if w]
+        self.memory_bits = sum(w for o, w in memory)
+        self.layout = layout
+
+    def pack(self, meta):
+        """The queue's word for `meta` (a value of the meta layout)."""
+        bits = Cat(meta)
+        return Cat(*(bits[o:o + w] for o, w in self._slices))
+
+    def unpack(self, word):
+        """The meta (a view of its layout) that `word` holds."""
+        at, pieces = 0, []
+        for o, w in self._slices:
+            pieces.append((o, word[at:at + w]))
+            at += w
+        return self.layout(Cat(*(p for o, p in sorted(pieces, key=lambda x: x[0]))))
 
 
 class _OperandReader(wiring.Component):
@@ -923,17 +970,19 @@ class VectorUnit(wiring.Component):
         m.submodules.writer = writer = self.writer
         # The rows' meta beside the ALU: `SyncFIFOBuffered`'s cycles, the flags
         # from `to_vmem` on in registers the proofs' lemmas name (`BufferedFifo`).
+        self.beside_split = split = _BesideSplit(c)
         self.beside = beside = BufferedFifo(
             _row_meta_layout(c).size,
             _pow2_at_least(self._alu_latency() + self._registered() + self._output_depth() + 4),
-            memory_bits=_meta_memory_bits(c))
+            memory_bits=split.memory_bits)
         m.submodules.beside = beside
         wiring.connect(m, reader.read_a, wiring.flipped(self.read_a))
         wiring.connect(m, reader.read_b, wiring.flipped(self.read_b))
         wiring.connect(m, writer.acc_write, wiring.flipped(self.acc_write))
         wiring.connect(m, writer.vmem_write, wiring.flipped(self.vmem_write))
         self._output(m, alu, writer)
-        m.d.comb += [writer.meta.valid.eq(beside.r_rdy), writer.meta.payload.eq(beside.r_data),
+        m.d.comb += [writer.meta.valid.eq(beside.r_rdy),
+                     writer.meta.payload.eq(split.unpack(beside.r_data)),
                      beside.r_en.eq(writer.meta.ready)]
         sync, queued = self._intake(m, ranges, reader)
         self._feed(m, alu, reader, beside)
@@ -1059,6 +1108,6 @@ class VectorUnit(wiring.Component):
             fire = alu.i.valid & alu.i.ready
         m.d.comb += [
             reader.a.ready.eq(fire), reader.b.ready.eq(fire & needs_b),
-            beside.w_en.eq(fire), beside.w_data.eq(rm),
+            beside.w_en.eq(fire), beside.w_data.eq(self.beside_split.pack(rm)),
             self.active.eq(fire),
         ]

@@ -299,3 +299,40 @@ def test_rtl_row_transpose(rows, cols):
         np.testing.assert_array_equal(got, np.array(want), err_msg=storage)
         timing.append((run.first, run.last, run.cycles))
     assert timing[0] == timing[1]
+
+
+@pytest.mark.parametrize("preset", ["vpu", "fpga-llm"])
+def test_meta_queue_split_round_trips_with_the_flags_first(preset):
+    """The meta queue's word (`_BesideSplit`) gives back every meta bit, and
+    its register part is the flags the proofs name, then dst's bank bits."""
+    from amaranth.hdl import Module, Signal
+    from amaranth.sim import Simulator
+
+    from mxu.hdl.vpu import _BesideSplit
+    config = ChipConfig.preset(preset)
+    split = _BesideSplit(config)
+    layout = split.layout
+    meta, word, back = Signal(layout), Signal(layout.size), Signal(layout.size)
+    m = Module()
+    m.d.comb += [word.eq(split.pack(meta)), back.eq(split.unpack(word).as_value())]
+    lg = (max(config.acc_banks, config.vmem_banks) - 1).bit_length()
+    flags, dst = layout["to_vmem"].offset, layout["dst"].offset
+    rng = np.random.default_rng(7)
+    seen = []
+
+    async def bench(ctx):
+        for value in [0, (1 << layout.size) - 1,
+                      *(int(v) for v in rng.integers(0, 1 << 62, 64, dtype=np.uint64))]:
+            value &= (1 << layout.size) - 1
+            ctx.set(meta, layout.from_bits(value))
+            registers = ctx.get(word) >> split.memory_bits
+            seen.append((value, ctx.get(back), registers))
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    for value, returned, registers in seen:
+        assert returned == value
+        assert registers & 0xF == (value >> flags) & 0xF
+        assert registers >> 4 == (value >> dst) & ((1 << lg) - 1)
+    assert split.memory_bits == layout.size - 4 - lg

@@ -25,7 +25,7 @@ from mxu.sim.cli import add_command, check_outputs, output_path, preset_help
 
 from .flow import Phases, ToolError, stop_tools_on_sigterm
 from .report import write_json
-from .run import DEVICES, TARGETS, UNITS, Ecp5Options, design, synth_ecp5, synth_generic
+from .run import DEVICES, PLACERS, TARGETS, UNITS, Ecp5Options, design, synth_ecp5, synth_generic
 
 __all__ = ["register", "main", "config_from_args", "port_list"]
 
@@ -104,7 +104,7 @@ def register(subparsers):
                       help="nextpnr timing target in MHz (default: %(default)g)")
     ecp5.add_argument("--seed", type=int, default=defaults.seed,
                       help="nextpnr placement seed (default: %(default)s)")
-    ecp5.add_argument("--placer", choices=("heap", "sa"), default=defaults.placer,
+    ecp5.add_argument("--placer", choices=PLACERS, default=defaults.placer,
                       help="nextpnr placer (default: %(default)s)")
     ecp5.add_argument("--router", choices=("router1", "router2"), default=defaults.router,
                       help="nextpnr router (default: %(default)s)")

@@ -80,6 +80,10 @@ BLOCKS = [
 ]
 
 
+# nextpnr-ecp5's placers (docs/synth.md, "nextpnr options").
+PLACERS = ("heap", "sa", "static")
+
+
 @dataclass(frozen=True)
 class Ecp5Options:
     """How to run the ECP5 flow (docs/synth.md has the measurements behind the
@@ -87,7 +91,7 @@ class Ecp5Options:
     device: str = "LFE5U-85F"
     freq_mhz: float = 50.0       # nextpnr's timing target
     seed: int = 1
-    placer: str = "heap"         # nextpnr --placer: heap or sa
+    placer: str = "heap"         # nextpnr --placer: heap, sa or static
     router: str = "router1"      # nextpnr --router: router1 or router2
     timing_driven: bool = True   # False: --no-tmdriv
     widelut: bool = False        # Yosys synth_ecp5 without -nowidelut
@@ -98,8 +102,8 @@ class Ecp5Options:
         if self.device not in DEVICES:
             raise ValueError(f"unknown ECP5 device {self.device!r}; choose one of "
                              f"{', '.join(DEVICES)}")
-        if self.placer not in ("heap", "sa"):
-            raise ValueError(f"placer must be 'heap' or 'sa', not {self.placer!r}")
+        if self.placer not in PLACERS:
+            raise ValueError(f"placer must be one of {', '.join(PLACERS)}, not {self.placer!r}")
         if self.router not in ("router1", "router2"):
             raise ValueError(f"router must be 'router1' or 'router2', not {self.router!r}")
         if self.global_controls < 0:

@@ -53,6 +53,10 @@ def test_ecp5_options():
         Ecp5Options(device="LFE5U-99F")
     args = nextpnr_args(Ecp5Options(device="LFE5U-45F", timing_driven=False))
     assert "--45k" in args and "--no-tmdriv" in args and "--package" in args
+    args = nextpnr_args(Ecp5Options(placer="static"))
+    assert args[args.index("--placer") + 1] == "static"
+    with pytest.raises(ValueError, match="placer must be one of heap, sa, static, not 'anneal'"):
+        Ecp5Options(placer="anneal")
 
 
 def test_generic_pe_smoke(capsys, tmp_path):

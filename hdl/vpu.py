@@ -968,8 +968,8 @@ class VectorUnit(wiring.Component):
         m.submodules.ranges = ranges = _WriteRanges(self.RANGES, _addr_shape(c.acc_rows).width)
         m.submodules.reader = reader = self.reader
         m.submodules.writer = writer = self.writer
-        # The rows' meta beside the ALU: `SyncFIFOBuffered`'s cycles, the flags
-        # from `to_vmem` on in registers the proofs' lemmas name (`BufferedFifo`).
+        # The rows' meta beside the ALU: `SyncFIFOBuffered`'s cycles
+        # (`BufferedFifo`), in registers only what `_BesideSplit` keeps there.
         self.beside_split = split = _BesideSplit(c)
         self.beside = beside = BufferedFifo(
             _row_meta_layout(c).size,
